@@ -1,0 +1,97 @@
+"""One exception hierarchy for the whole library.
+
+Every error raised on purpose derives from :class:`PrefectODMError`; where a built-in exception
+has the same meaning the subclass inherits it too (as rasterio does), so ``except ValueError``
+still works for callers who do not know this package.
+"""
+
+from __future__ import annotations
+
+
+class PrefectODMError(Exception):
+    """Root of every error this package raises on purpose."""
+
+
+class InputError(PrefectODMError, ValueError):
+    """Bad input: a missing path, a folder without images, images without GPS, bad options."""
+
+
+class NoImagesError(InputError):
+    """The input location holds no usable image."""
+
+
+class PlanningError(PrefectODMError, ValueError):
+    """A split plan cannot be made (too few images, a submodel larger than any node)."""
+
+
+class StorageError(PrefectODMError, OSError):
+    """Reading or writing an input or output location failed."""
+
+
+class NodeError(PrefectODMError):
+    """A NodeODM-API node failed or answered badly.
+
+    Attributes:
+        node_url: the node's URL without any token.
+        task_uuid: the NodeODM task UUID, when one exists.
+        submodel_id: the submodel being processed, when known.
+        last_output: the last console lines of the node's task.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        node_url: str | None = None,
+        task_uuid: str | None = None,
+        submodel_id: str | None = None,
+        last_output: list[str] | None = None,
+    ) -> None:
+        self.node_url = node_url
+        self.task_uuid = task_uuid
+        self.submodel_id = submodel_id
+        self.last_output = list(last_output or [])
+        parts = [message]
+        if submodel_id:
+            parts.append(f"submodel {submodel_id}")
+        if node_url:
+            parts.append(f"node {node_url}")
+        if task_uuid:
+            parts.append(f"task {task_uuid}")
+        text = "; ".join(parts)
+        if self.last_output:
+            text += "\nlast output lines:\n  " + "\n  ".join(self.last_output[-10:])
+        super().__init__(text)
+
+
+class TransientNodeError(NodeError):
+    """Connection refused, timeout, HTTP 5xx, node restarted: worth retrying, maybe elsewhere."""
+
+
+class OutOfMemoryError(NodeError, MemoryError):
+    """The node's task ran out of memory (exit 137 / "Not enough memory")."""
+
+
+class ProcessingFailedError(NodeError):
+    """The node processed the submodel and failed for good (bad images, reconstruction failed)."""
+
+
+class OutputValidationError(PrefectODMError, ValueError):
+    """A downloaded or merged output does not open or lacks what it must carry (CRS, points)."""
+
+
+class MergeError(PrefectODMError):
+    """Merging submodel outputs failed or produced an unacceptable result (empty, half empty)."""
+
+
+class IncompleteRunError(PrefectODMError):
+    """Some planned submodels failed and ``allow_partial`` is off.
+
+    Attributes:
+        failed: submodel id -> reason.
+    """
+
+    def __init__(self, failed: dict[str, str]) -> None:
+        self.failed = dict(failed)
+        lines = "\n".join(f"  {sid}: {why}" for sid, why in sorted(self.failed.items()))
+        super().__init__(f"{len(self.failed)} submodel(s) failed:\n{lines}")

@@ -1,0 +1,212 @@
+"""Persisted records: the survey, the split plan, submodel results and the run manifest.
+
+Pydantic models at the edges (flow parameters, JSON written next to the outputs) so that Prefect
+validates them and shows their schema. Coordinates of the plan are in the plan's projected CRS
+(``crs_epsg``, a UTM zone), in metres; geometries are GeoJSON-like dicts in that CRS.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+OptionValue = str | int | float | bool
+
+RejectReason = Literal[
+    "no_gps",
+    "gps_zero",
+    "unreadable",
+    "truncated",
+    "empty_file",
+    "not_an_image",
+    "duplicate",
+    "position_outlier",
+    "low_altitude",
+]
+
+
+class ImageRecord(BaseModel):
+    """One accepted image of a survey.
+
+    Attributes are in the units their names give; latitude/longitude are WGS 84 degrees
+    (EPSG:4326), altitudes are metres as recorded by the camera (absolute GPS altitude; DJI
+    relative altitude is above the take-off point).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str = Field(description="Path relative to the survey root, with forward slashes.")
+    url: str = Field(description="Full local path or fsspec URL of the file.")
+    identity: str = Field(description="Content identity, e.g. 'sha256:<hex>' or 'etag:<etag>:<size>'.")
+    size_bytes: int
+    width: int
+    height: int
+    latitude: float
+    longitude: float
+    altitude_m: float | None = None
+    relative_altitude_m: float | None = None
+    gimbal_pitch_deg: float | None = None
+    gimbal_yaw_deg: float | None = None
+    flight_yaw_deg: float | None = None
+    make: str | None = None
+    model: str | None = None
+    focal_length_mm: float | None = None
+    focal_length_35mm: float | None = None
+    capture_time: datetime | None = None
+
+    @property
+    def camera(self) -> str:
+        """'make model' as one label, 'unknown' when EXIF has neither."""
+        return " ".join(p for p in (self.make, self.model) if p) or "unknown"
+
+
+class RejectedImage(BaseModel):
+    """An input file left out of the survey, with the reason."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    url: str
+    reason: RejectReason
+    detail: str = ""
+
+
+class Survey(BaseModel):
+    """The scanned survey: accepted images (sorted by name) and rejected files with reasons."""
+
+    source: str = Field(description="The images location as given (path or fsspec URL).")
+    images: list[ImageRecord]
+    rejected: list[RejectedImage] = Field(default_factory=list)
+    crs_epsg: int = Field(description="EPSG code of the survey's UTM zone (WGS 84 / UTM).")
+    fingerprint: str = Field(description="Hash of the sorted image identities.")
+    cameras: dict[str, int] = Field(default_factory=dict, description="Camera label -> image count.")
+
+
+class ProcessingOptions(BaseModel):
+    """Options sent to every NodeODM node for every submodel.
+
+    Names follow OpenDroneMap's options; ``extra`` passes any other ODM option through unchanged.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    orthophoto_resolution_cm: float = Field(
+        5.0, gt=0, description="ODM 'orthophoto-resolution' in cm/pixel (capped at the GSD)."
+    )
+    dsm: bool = Field(True, description="Build a digital surface model (ODM 'dsm').")
+    dtm: bool = Field(False, description="Build a digital terrain model (ODM 'dtm').")
+    pipeline: Literal["sfm", "direct"] = Field(
+        "sfm",
+        description=(
+            "Built-in engine method: 'sfm' (structure from motion) or 'direct' (direct "
+            "georeferencing from GPS and attitude). Ignored by a real NodeODM."
+        ),
+    )
+    extra: dict[str, OptionValue] = Field(
+        default_factory=dict, description="Other ODM options by name, passed as given."
+    )
+
+    def to_nodeodm(self) -> dict[str, OptionValue]:
+        """Options as the NodeODM name -> value mapping (sorted by name)."""
+        out: dict[str, OptionValue] = {
+            "orthophoto-resolution": self.orthophoto_resolution_cm,
+            "dsm": self.dsm,
+            "dtm": self.dtm,
+            "pipeline": self.pipeline,
+        }
+        out.update(self.extra)
+        return dict(sorted(out.items()))
+
+
+class CameraPosition(BaseModel):
+    """A camera's position in the plan CRS and the submodel whose core it belongs to."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    x_m: float
+    y_m: float
+    z_m: float | None = None
+    submodel_id: str
+
+
+class Submodel(BaseModel):
+    """One planned submodel.
+
+    ``image_names`` is everything the node processes (core plus overlap images), sorted;
+    ``core_image_names`` are the images the submodel owns. ``core_area`` and ``footprint`` are
+    GeoJSON Polygon/MultiPolygon dicts in the plan CRS (metres).
+    """
+
+    id: str
+    image_names: list[str]
+    core_image_names: list[str]
+    overlap_image_count: int
+    core_area: dict[str, Any]
+    footprint: dict[str, Any]
+    area_m2: float
+    estimated_memory_gib: float
+    fingerprint: str
+
+
+class SplitPlan(BaseModel):
+    """The partition of a survey into submodels, in one projected CRS."""
+
+    survey_fingerprint: str
+    crs_epsg: int
+    split: int
+    split_overlap_m: float
+    min_submodel_images: int
+    options: ProcessingOptions
+    engine_identity: str
+    submodels: list[Submodel]
+    cameras: list[CameraPosition]
+    fingerprint: str
+
+    def submodel(self, submodel_id: str) -> Submodel:
+        """The submodel with this id; raises KeyError naming it when absent."""
+        for sm in self.submodels:
+            if sm.id == submodel_id:
+                return sm
+        raise KeyError(f"no submodel {submodel_id!r} in plan {self.fingerprint[:12]}")
+
+
+ProductName = Literal["orthophoto", "dsm", "dtm", "point_cloud"]
+
+
+class SubmodelResult(BaseModel):
+    """What processing one submodel produced (or why it failed)."""
+
+    submodel_id: str
+    fingerprint: str
+    status: Literal["completed", "reused", "failed"]
+    products: dict[str, str] = Field(
+        default_factory=dict, description="Product name -> URL of the stored file."
+    )
+    node_url: str | None = None
+    task_uuid: str | None = None
+    attempts: int = 0
+    duration_seconds: float = 0.0
+    method: str | None = Field(None, description="Engine method that made the outputs.")
+    error: str | None = None
+    last_output: list[str] = Field(default_factory=list)
+
+
+class Manifest(BaseModel):
+    """Written last, next to the merged products: what this run produced and from what."""
+
+    version: str
+    created: datetime
+    source: str
+    survey_fingerprint: str
+    plan_fingerprint: str
+    merge_fingerprint: str
+    crs_epsg: int
+    products: dict[str, str]
+    submodels: list[SubmodelResult]
+    failed_submodels: dict[str, str] = Field(default_factory=dict)
+    rejected_images: list[RejectedImage] = Field(default_factory=list)
+    coverage: dict[str, float] = Field(default_factory=dict)
+    timings_seconds: dict[str, float] = Field(default_factory=dict)

@@ -1,0 +1,105 @@
+"""Storage adapter over fsspec: local paths and URLs (``s3://`` and others) alike.
+
+Writes go to a temporary name and are promoted when complete, so a crash never leaves a
+half-written file under the final name and nothing is deleted before its replacement exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import fsspec
+from fsspec.core import url_to_fs
+
+from prefect_odm.errors import StorageError
+
+
+def is_local(url: str) -> bool:
+    """True for plain paths and ``file://`` URLs."""
+    return "://" not in url or url.startswith("file://")
+
+
+def local_path(url: str) -> Path:
+    """The local path of a plain path or ``file://`` URL."""
+    return Path(url[len("file://") :] if url.startswith("file://") else url)
+
+
+def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The fsspec filesystem and the path inside it for ``url``."""
+    try:
+        return url_to_fs(url)
+    except (ImportError, ValueError) as exc:
+        raise StorageError(f"{url}: cannot open this location ({exc})") from exc
+
+
+def exists(url: str) -> bool:
+    fs, path = filesystem(url)
+    return bool(fs.exists(path))
+
+
+def read_bytes(url: str) -> bytes:
+    fs, path = filesystem(url)
+    try:
+        with fs.open(path, "rb") as fh:
+            return fh.read()  # type: ignore[no-any-return]
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise StorageError(f"{url}: cannot read ({exc})") from exc
+
+
+def read_json(url: str) -> Any:
+    return json.loads(read_bytes(url))
+
+
+def write_bytes_atomic(url: str, data: bytes) -> None:
+    """Write ``data`` to ``url`` through a temporary name, then promote it."""
+    if is_local(url):
+        path = local_path(url)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+        return
+    fs, path_in = filesystem(url)
+    # Object stores write whole objects: a PUT is already atomic.
+    with fs.open(path_in, "wb") as fh:
+        fh.write(data)
+
+
+def write_json_atomic(url: str, value: Any) -> None:
+    write_bytes_atomic(url, (json.dumps(value, indent=2, sort_keys=True, default=str) + "\n").encode())
+
+
+def put_file(local: Path, url: str) -> None:
+    """Copy a local file to ``url`` (temporary name, then promoted)."""
+    if is_local(url):
+        dest = local_path(url)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp")
+        shutil.copyfile(local, tmp)
+        os.replace(tmp, dest)
+        return
+    fs, path = filesystem(url)
+    try:
+        fs.put_file(str(local), path)
+    except OSError as exc:
+        raise StorageError(f"{url}: cannot write ({exc})") from exc
+
+
+def get_file(url: str, local: Path) -> Path:
+    """Make ``url`` available as a local file; local URLs are returned as they are."""
+    if is_local(url):
+        return local_path(url)
+    fs, path = filesystem(url)
+    local.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fs.get_file(path, str(local))
+    except OSError as exc:
+        raise StorageError(f"{url}: cannot read ({exc})") from exc
+    return local
