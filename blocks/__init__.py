@@ -1,0 +1,9 @@
+"""Prefect blocks of prefect-odm (installed as ``prefect_odm.blocks``).
+
+Registered through the ``prefect.collections`` entry point, so ``prefect block register -m
+prefect_odm.blocks`` is not needed once the package is installed.
+"""
+
+from prefect_odm.blocks.nodes import NodeODM, NodeODMPool
+
+__all__ = ["NodeODM", "NodeODMPool"]

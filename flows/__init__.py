@@ -1,0 +1,6 @@
+"""Prefect flows of prefect-odm (installed as ``prefect_odm.flows``)."""
+
+from prefect_odm.flows.process_submodel import process_submodel
+from prefect_odm.flows.reconstruct import reconstruct
+
+__all__ = ["process_submodel", "reconstruct"]

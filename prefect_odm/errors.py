@@ -84,6 +84,20 @@ class MergeError(PrefectODMError):
     """Merging submodel outputs failed or produced an unacceptable result (empty, half empty)."""
 
 
+class SubmodelFailedError(NodeError):
+    """A submodel failed for good; ``result`` is its :class:`~prefect_odm.models.SubmodelResult`."""
+
+    def __init__(self, result: object) -> None:
+        self.result = result
+        super().__init__(
+            str(getattr(result, "error", "") or "failed"),
+            node_url=getattr(result, "node_url", None),
+            task_uuid=getattr(result, "task_uuid", None),
+            submodel_id=getattr(result, "submodel_id", None),
+            last_output=getattr(result, "last_output", None),
+        )
+
+
 class IncompleteRunError(PrefectODMError):
     """Some planned submodels failed and ``allow_partial`` is off.
 

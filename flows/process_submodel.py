@@ -1,0 +1,96 @@
+"""The ``process_submodel`` flow: one submodel on the node pool, as its own flow run.
+
+Run inline as a subflow of ``reconstruct`` (notebooks, the command line) or as a deployment run
+(workers on other machines; the UI's Retry button). Its parameters are small: a reference to the
+stored plan and the submodel id, never the image list.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from prefect import flow, get_run_logger
+
+from prefect_odm import storage
+from prefect_odm.cluster import Cluster, connect_nodes, embedded_engine
+from prefect_odm.errors import SubmodelFailedError
+from prefect_odm.layout import OutputLayout
+from prefect_odm.models import SplitPlan, SubmodelResult, Survey
+from prefect_odm.submodels import SubmodelRunner
+
+_active: dict[tuple[str, ...], Cluster] = {}
+_active_lock = threading.Lock()
+
+
+@contextmanager
+def sharing_cluster(cluster: Cluster) -> Iterator[None]:
+    """Let ``process_submodel`` runs in this process place work through ``cluster``'s pool.
+
+    Concurrent inline subflows must share one placement pool, or each would think it had the
+    nodes to itself.
+    """
+    key = tuple(sorted(cluster.clients))
+    with _active_lock:
+        _active[key] = cluster
+    try:
+        yield
+    finally:
+        with _active_lock:
+            _active.pop(key, None)
+
+
+@contextmanager
+def _cluster_for(nodes: list[str] | None, pipeline: str) -> Iterator[Cluster]:
+    from prefect_odm.cluster import split_token
+
+    if nodes:
+        key = tuple(sorted(split_token(u)[0] for u in nodes))
+        with _active_lock:
+            shared = _active.get(key)
+        if shared is not None:
+            yield shared
+            return
+        yield connect_nodes(nodes)
+        return
+    with embedded_engine(pipeline) as cluster:
+        yield cluster
+
+
+@flow(name="process_submodel", flow_run_name="{submodel_id}", validate_parameters=True)
+def process_submodel(
+    plan_url: str,
+    submodel_id: str,
+    output: str,
+    nodes: list[str] | None = None,
+    force: bool = False,
+) -> SubmodelResult:
+    """Process one submodel of a stored plan, or reuse its stored result.
+
+    Args:
+        plan_url: location of the run's ``plan/plan.json`` (``survey.json`` sits beside it).
+        submodel_id: e.g. ``submodel-003``.
+        output: the run's output root (local path or fsspec URL).
+        nodes: NodeODM node URLs; none starts the built-in engine for this run.
+        force: process again even when a stored result with the same fingerprint exists.
+
+    Returns:
+        The submodel's result. Transient node failures are retried, on another node when one is
+        down.
+
+    Raises:
+        SubmodelFailedError: the submodel failed for good; carries the result with the node's
+            last output lines.
+    """
+    logger = get_run_logger()
+    plan = SplitPlan.model_validate(storage.read_json(plan_url))
+    survey = Survey.model_validate(storage.read_json(plan_url.rsplit("/", 1)[0] + "/survey.json"))
+    layout = OutputLayout(output, plan.survey_fingerprint)
+    with _cluster_for(nodes, plan.options.pipeline) as cluster:
+        runner = SubmodelRunner(plan, survey, layout, cluster.pool, cluster.clients, log=logger.info)
+        result = runner.run(submodel_id, force=force)
+    if result.status == "failed":
+        # Fail the flow run, so the UI shows it failed and offers Retry on it.
+        raise SubmodelFailedError(result)
+    return result

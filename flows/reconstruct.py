@@ -1,0 +1,244 @@
+"""The ``reconstruct`` flow: scan -> plan -> process submodels -> merge -> manifest and report."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.task_runners import ThreadPoolTaskRunner
+from pydantic import Field
+
+from prefect_odm import __version__, progress, storage
+from prefect_odm.cluster import EMBEDDED_ENGINE_IDENTITY, Cluster, connect_nodes, embedded_engine, embedded_memory_gib
+from prefect_odm.errors import IncompleteRunError, MergeError, SubmodelFailedError
+from prefect_odm.fingerprints import fingerprint
+from prefect_odm.layout import OutputLayout
+from prefect_odm.models import Manifest, ProcessingOptions, SplitPlan, SubmodelResult, Survey
+from prefect_odm.ownership import Ownership
+from prefect_odm.submodels import load_stored_result
+from prefect_odm.tasks.merge import check_coverage, merge_dems, merge_orthophotos, merge_point_clouds
+from prefect_odm.tasks.report import publish_plan, publish_report
+from prefect_odm.tasks.survey import plan_submodels, scan_survey
+
+from .process_submodel import process_submodel, sharing_cluster
+
+MERGE_VERSION = "1"
+"""Bumped when the merge changes its output for the same inputs (part of the merge fingerprint)."""
+
+
+@task(name="run_submodel", cache_policy=NO_CACHE, task_run_name="run-{submodel_id}")
+def run_submodel(plan_url: str, submodel_id: str, output: str, nodes: list[str], force: bool) -> SubmodelResult:
+    """Run the ``process_submodel`` subflow; a failed submodel comes back as a failed result."""
+    try:
+        return process_submodel(plan_url, submodel_id, output, nodes=nodes, force=force)
+    except SubmodelFailedError as exc:
+        return exc.result  # type: ignore[return-value]
+
+
+def _merge_fingerprint(results: list[SubmodelResult], plan: SplitPlan) -> str:
+    return fingerprint(
+        {
+            "kind": "merge",
+            "version": MERGE_VERSION,
+            "submodels": sorted((r.submodel_id, r.fingerprint) for r in results),
+            "plan": plan.fingerprint,
+        }
+    )
+
+
+def _stored_manifest(layout: OutputLayout, merge_fp: str) -> Manifest | None:
+    try:
+        if not storage.exists(layout.manifest):
+            return None
+        manifest = Manifest.model_validate(storage.read_json(layout.manifest))
+    except (ValueError, OSError):
+        return None
+    if manifest.merge_fingerprint != merge_fp:
+        return None
+    if not all(storage.exists(u) for u in manifest.products.values()):
+        return None
+    return manifest
+
+
+@flow(
+    name="reconstruct",
+    flow_run_name="reconstruct-{images}",
+    task_runner=ThreadPoolTaskRunner(max_workers=4),
+)
+def reconstruct(
+    images: str,
+    output: str,
+    nodes: list[str] | None = None,
+    split: int | Literal["auto"] = 100,
+    split_overlap_m: float = Field(50.0, ge=0),
+    options: ProcessingOptions | None = None,
+    allow_partial: bool = False,
+    force: bool = False,
+) -> Manifest:
+    """Reconstruct a drone survey into one orthophoto, DSM and point cloud.
+
+    Args:
+        images: folder (searched recursively) or fsspec URL prefix of geotagged images.
+        output: output root (local path or fsspec URL); products go to
+            ``{output}/{survey fingerprint[:16]}/merged/``.
+        nodes: NodeODM node URLs; none starts the built-in engine on a loopback port.
+        split: target images per submodel (core images), or "auto" from node memory.
+        split_overlap_m: overlap between neighbouring submodels, metres.
+        options: processing options sent to every node (ODM names).
+        allow_partial: merge what finished and list failed submodels, instead of failing.
+        force: process every submodel again even when stored results exist.
+
+    Returns:
+        The manifest (also written to ``manifest.json`` next to the products, last).
+
+    Raises:
+        InputError: the images location is missing, empty, or has no geotagged image.
+        IncompleteRunError: some submodels failed and ``allow_partial`` is off (after the
+            others finished, so a rerun reuses them).
+        MergeError: the merged result is empty or does not cover what the submodels cover.
+    """
+    logger = get_run_logger()
+    options = options or ProcessingOptions()
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+
+    progress.emit("stage", name="scan")
+    survey: Survey = scan_survey(images)
+    timings["scan"] = time.monotonic() - t0
+    logger.info("scanned %d images (%d rejected) in EPSG:%d", len(survey.images), len(survey.rejected), survey.crs_epsg)
+
+    cluster: Cluster | None = connect_nodes(nodes) if nodes else None
+    identity = cluster.engine_identity if cluster else EMBEDDED_ENGINE_IDENTITY
+    memory = cluster.node_memory_gib if cluster else [embedded_memory_gib()]
+
+    t = time.monotonic()
+    progress.emit("stage", name="plan")
+    plan: SplitPlan = plan_submodels(survey, split, split_overlap_m, options, identity, memory)
+    layout = OutputLayout(output, survey.fingerprint)
+    publish_plan(plan, survey, layout)
+    timings["plan"] = time.monotonic() - t
+    progress.emit("plan", submodels=[s.id for s in plan.submodels])
+    logger.info("planned %d submodels", len(plan.submodels))
+
+    t = time.monotonic()
+    results: dict[str, SubmodelResult] = {}
+    pending: list[str] = []
+    for sm in plan.submodels:
+        stored = None if force else load_stored_result(layout, sm)
+        if stored is not None:
+            results[sm.id] = stored.model_copy(update={"status": "reused"})
+            progress.emit("submodel", id=sm.id, state="reused", fraction=1.0)
+            logger.info("%s: reused (fingerprint %s)", sm.id, sm.fingerprint[:12])
+        else:
+            pending.append(sm.id)
+    if pending:
+        progress.emit("stage", name="process")
+        results.update(_process(pending, plan, layout, nodes, cluster, force))
+    timings["process"] = time.monotonic() - t
+
+    failed = {sid: r.error or "failed" for sid, r in results.items() if r.status == "failed"}
+    if failed and not allow_partial:
+        raise IncompleteRunError(failed)
+    merged = sorted((r for r in results.values() if r.status != "failed"), key=lambda r: r.submodel_id)
+    if not merged:
+        raise MergeError("no submodel finished: nothing to merge")
+
+    t = time.monotonic()
+    merge_fp = _merge_fingerprint(merged, plan)
+    stored_manifest = None if force else _stored_manifest(layout, merge_fp)
+    if stored_manifest is not None:
+        logger.info("merge reused (fingerprint %s)", merge_fp[:12])
+        progress.emit("stage", name="merge reused")
+        manifest = stored_manifest.model_copy(update={"submodels": [results[s.id] for s in plan.submodels]})
+        storage.write_json_atomic(layout.manifest, manifest.model_dump(mode="json"))
+        return manifest
+    progress.emit("stage", name="merge")
+    products, merge_reports = _merge(plan, merged, layout)
+    timings["merge"] = time.monotonic() - t
+    timings["total"] = time.monotonic() - t0
+
+    manifest = Manifest(
+        version=__version__,
+        created=datetime.now(UTC),
+        source=images,
+        survey_fingerprint=survey.fingerprint,
+        plan_fingerprint=plan.fingerprint,
+        merge_fingerprint=merge_fp,
+        crs_epsg=plan.crs_epsg,
+        products=products,
+        submodels=[results[s.id] for s in plan.submodels],
+        failed_submodels=failed,
+        rejected_images=survey.rejected,
+        coverage={k: float(v) for k, v in merge_reports.get("coverage", {}).items() if isinstance(v, int | float)},
+        timings_seconds={k: round(v, 3) for k, v in timings.items()},
+    )
+    publish_report(manifest, plan, survey, layout, merge_reports)
+    storage.write_json_atomic(layout.manifest, manifest.model_dump(mode="json"))
+    progress.emit("stage", name="done")
+    return manifest
+
+
+def _process(
+    pending: list[str],
+    plan: SplitPlan,
+    layout: OutputLayout,
+    nodes: list[str] | None,
+    cluster: Cluster | None,
+    force: bool,
+) -> dict[str, SubmodelResult]:
+    """Run the pending submodels as concurrent subflows sharing one placement pool."""
+    plan_url = layout.plan_json
+    if cluster is not None:
+        assert nodes is not None
+        with sharing_cluster(cluster):
+            futures = [run_submodel.submit(plan_url, sid, layout.root, list(nodes), force) for sid in pending]
+            return {sid: f.result() for sid, f in zip(pending, futures, strict=True)}
+    with embedded_engine(plan.options.pipeline) as engine, sharing_cluster(engine):
+        urls = list(engine.clients)
+        futures = [run_submodel.submit(plan_url, sid, layout.root, urls, force) for sid in pending]
+        return {sid: f.result() for sid, f in zip(pending, futures, strict=True)}
+
+
+def _merge(
+    plan: SplitPlan, merged: list[SubmodelResult], layout: OutputLayout
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """Merge every product the finished submodels have; store them under ``layout.merged_dir``."""
+    ids = [r.submodel_id for r in merged]
+    ownership = Ownership.from_cameras(((c.x_m, c.y_m, c.submodel_id) for c in plan.cameras), only=ids)
+    reports: dict[str, Any] = {}
+    products: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="prefect-odm-merge-") as tmp:
+        work = Path(tmp)
+        staged: dict[str, Path] = {}
+        ortho_in = {r.submodel_id: r.products["orthophoto"] for r in merged}
+        staged["orthophoto"] = work / "odm_orthophoto.tif"
+        reports["orthophoto"] = merge_orthophotos(ortho_in, staged["orthophoto"], work, ownership)
+        for dem in ("dsm", "dtm"):
+            dem_in = {r.submodel_id: r.products[dem] for r in merged if dem in r.products}
+            if dem_in:
+                staged[dem] = work / f"{dem}.tif"
+                reports[dem] = merge_dems(dem_in, staged[dem], work, ownership, product=dem)
+        pc_in = {r.submodel_id: r.products["point_cloud"] for r in merged}
+        staged["point_cloud"] = work / "odm_georeferenced_model.laz"
+        reports["point_cloud"] = merge_point_clouds(pc_in, staged["point_cloud"], work, ownership)
+        planned = _planned_footprint(plan)
+        reports["coverage"] = check_coverage(staged["orthophoto"], ortho_in, work, planned)
+        # Every product is complete before any is promoted.
+        for product, path in staged.items():
+            url = layout.merged_product(product)
+            storage.put_file(path, url)
+            products[product] = url
+    return products, reports
+
+
+def _planned_footprint(plan: SplitPlan) -> dict[str, Any] | None:
+    from shapely.geometry import mapping, shape
+    from shapely.ops import unary_union
+
+    shapes = [shape(s.footprint) for s in plan.submodels if s.footprint]
+    return dict(mapping(unary_union(shapes))) if shapes else None

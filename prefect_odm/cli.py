@@ -1,0 +1,237 @@
+"""Command line: ``prefect-odm plan|reconstruct|merge|engine serve``.
+
+Errors the user can fix (missing path, no images, no GPS, bad options) print one line and exit
+with status 2; other failures print one line (plus the node's last lines when there are some)
+and exit with status 1. Prefect's own console logging is quiet unless ``--verbose``; the run's
+logs still reach the Prefect API and UI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from prefect_odm.errors import InputError, NodeError, PlanningError, PrefectODMError
+
+
+def _split_value(text: str) -> int | str:
+    if text == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--split must be a whole number or 'auto', not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("--split must be at least 1")
+    return value
+
+
+def _add_split_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--split", type=_split_value, default=100, help="target images per submodel, or 'auto' (default 100)")
+    p.add_argument("--split-overlap-m", type=float, default=50.0, help="overlap between submodels in metres (default 50)")
+
+
+def _add_option_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--orthophoto-resolution", type=float, default=5.0, help="orthophoto resolution, cm/pixel (default 5)")
+    p.add_argument("--dtm", action="store_true", help="also build a digital terrain model")
+    p.add_argument(
+        "--pipeline", choices=["sfm", "direct"], default="sfm", help="built-in engine method (default sfm)"
+    )
+    p.add_argument(
+        "--option", action="append", default=[], metavar="NAME=VALUE", help="any other ODM option, repeatable"
+    )
+
+
+def _options(args: argparse.Namespace) -> Any:
+    from prefect_odm.models import ProcessingOptions
+
+    extra: dict[str, Any] = {}
+    for item in args.option:
+        if "=" not in item:
+            raise InputError(f"--option {item!r}: expected NAME=VALUE")
+        name, value = item.split("=", 1)
+        try:
+            extra[name] = json.loads(value)
+        except json.JSONDecodeError:
+            extra[name] = value
+    return ProcessingOptions(
+        orthophoto_resolution_cm=args.orthophoto_resolution, dtm=args.dtm, pipeline=args.pipeline, extra=extra
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="prefect-odm", description=__doc__.splitlines()[0])
+    parser.add_argument("--verbose", "-v", action="store_true", help="show Prefect's run logs on the console")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    rec = sub.add_parser("reconstruct", help="split, process and merge a survey")
+    rec.add_argument("images", help="folder or fsspec URL of geotagged images")
+    rec.add_argument("--output", "-o", required=True, help="output folder or fsspec URL")
+    rec.add_argument("--nodes", nargs="+", metavar="URL", help="NodeODM node URLs (default: the built-in engine)")
+    _add_split_args(rec)
+    _add_option_args(rec)
+    rec.add_argument("--allow-partial", action="store_true", help="merge what finished and list failed submodels")
+    rec.add_argument("--force", action="store_true", help="process every submodel again")
+
+    plan = sub.add_parser("plan", help="scan and plan a survey without processing it")
+    plan.add_argument("images", help="folder or fsspec URL of geotagged images")
+    plan.add_argument("--output", "-o", default="plan", help="folder for plan.json, plan.geojson, plan.png (default ./plan)")
+    _add_split_args(plan)
+    _add_option_args(plan)
+
+    eng = sub.add_parser("engine", help="the built-in NodeODM-compatible engine")
+    eng.add_argument("engine_args", nargs=argparse.REMAINDER, help="e.g. serve --port 3000")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "engine":
+        from prefect_odm.engine.__main__ import main as engine_main
+
+        return int(engine_main(args.engine_args) or 0)
+    try:
+        if args.command == "plan":
+            return _plan(args)
+        if args.command == "reconstruct":
+            return _reconstruct(args)
+    except (InputError, PlanningError) as exc:
+        print(f"prefect-odm: error: {exc}", file=sys.stderr)
+        return 2
+    except NodeError as exc:
+        print(f"prefect-odm: error: {exc}", file=sys.stderr)
+        return 1
+    except PrefectODMError as exc:
+        print(f"prefect-odm: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("prefect-odm: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from prefect_odm.cluster import EMBEDDED_ENGINE_IDENTITY, embedded_memory_gib
+    from prefect_odm.planning import plan_submodels
+    from prefect_odm.planviz import plan_geojson, plan_png, plan_rows
+    from prefect_odm.scan import scan_survey
+    from prefect_odm.storage import write_json_atomic
+
+    survey = scan_survey(args.images)
+    plan = plan_submodels(
+        survey,
+        split=args.split,
+        split_overlap_m=args.split_overlap_m,
+        options=_options(args),
+        engine_identity=EMBEDDED_ENGINE_IDENTITY,
+        node_memory_gib=[embedded_memory_gib()],
+    )
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(str(out / "survey.json"), survey.model_dump(mode="json"))
+    write_json_atomic(str(out / "plan.json"), plan.model_dump(mode="json"))
+    write_json_atomic(str(out / "plan.geojson"), plan_geojson(plan))
+    plan_png(plan, out / "plan.png")
+    console = Console()
+    rows = plan_rows(plan)
+    table = Table(title=f"{len(plan.submodels)} submodels, EPSG:{plan.crs_epsg}")
+    for col in rows[0]:
+        table.add_column(str(col))
+    for row in rows:
+        table.add_row(*(f"{v:.1f}" if isinstance(v, float) else str(v) for v in row.values()))
+    console.print(table)
+    for r in survey.rejected:
+        console.print(f"rejected {r.name}: {r.reason} {r.detail}")
+    console.print(f"plan written to {out}/plan.json, plan.geojson, plan.png")
+    return 0
+
+
+def _quiet_prefect_console(verbose: bool) -> None:
+    if verbose:
+        return
+    for name in ("prefect", "prefect.flow_runs", "prefect.task_runs", "prefect.server", "uvicorn", "prefect_odm"):
+        for handler in logging.getLogger(name).handlers:
+            if not handler.__class__.__name__.startswith("APILogHandler"):
+                handler.setLevel(logging.CRITICAL + 1)
+
+
+def _reconstruct(args: argparse.Namespace) -> int:
+    from prefect_odm.layout import OutputLayout
+    from prefect_odm.storage import is_local, local_path
+
+    if is_local(args.images) and not local_path(args.images).exists():
+        raise InputError(f"{args.images}: does not exist")
+    options = _options(args)
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    embedded_api = not os.environ.get("PREFECT_API_URL")
+
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from prefect_odm import progress as events
+    from prefect_odm.flows import reconstruct
+
+    _quiet_prefect_console(args.verbose)
+    console = Console(stderr=True)
+    bars: dict[str, Any] = {}
+    lock = threading.Lock()
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[state]}"), TimeElapsedColumn(),
+        console=console, transient=False,
+    ) as bar:
+        stage = bar.add_task("stage", total=None, state="starting Prefect")
+
+        def listen(event: dict[str, Any]) -> None:
+            with lock:
+                if event["kind"] == "stage":
+                    bar.update(stage, state=event["name"])
+                elif event["kind"] == "plan":
+                    for sid in event["submodels"]:
+                        bars[sid] = bar.add_task(sid, total=1.0, state="waiting")
+                elif event["kind"] == "submodel" and event["id"] in bars:
+                    bar.update(bars[event["id"]], completed=event.get("fraction", 0.0), state=event["state"])
+                elif event["kind"] == "merge":
+                    bar.update(stage, state=f"merge {event['product']} {event['done']}/{event['total']}")
+
+        unsubscribe = events.subscribe(listen)
+        try:
+            # The heartbeat costs ~1 s per flow run; it only matters with a real server.
+            settings = {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None} if embedded_api else {}
+            with temporary_settings(settings):
+                manifest = reconstruct(
+                    images=args.images,
+                    output=args.output,
+                    nodes=args.nodes,
+                    split=args.split,
+                    split_overlap_m=args.split_overlap_m,
+                    options=options,
+                    allow_partial=args.allow_partial,
+                    force=args.force,
+                )
+        finally:
+            unsubscribe()
+    out = Console()
+    for r in manifest.submodels:
+        note = f" ({r.error})" if r.error else ""
+        out.print(f"{r.submodel_id}: {r.status}{note}")
+    for name, url in sorted(manifest.products.items()):
+        out.print(f"{name}: {url}")
+    if manifest.failed_submodels:
+        out.print(f"gaps: {len(manifest.failed_submodels)} submodel(s) failed, listed in the manifest")
+    out.print(f"manifest: {OutputLayout(args.output, manifest.survey_fingerprint).manifest}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,467 @@
+"""NodeODM client: pyodm behind a wrapper that keeps pyodm 1.5.13's defects away from users.
+
+The defects handled here (see DESIGN.md, "NodeODM client"):
+
+* ``Node.url``/``Node.get`` take a mutable default ``query={}`` and write the token into it, so a
+  token leaks to every later request of every ``Node`` object, other hosts included.
+  :class:`_SafeNode` copies the query on every call.
+* ``Node.create_task`` can block for ever when an upload fails for good. Uploads here are our own
+  loop (init, per-file upload with retries and back-off, commit) with a deadline.
+* ``TaskInfo`` raises ``KeyError`` on a task without a name and ``TaskFailedError`` carries no
+  message: task info is read as the raw JSON dictionary and failures are classified from the
+  node's status, error message and last output lines.
+* Exceptions never carry the token: URLs in messages are stripped of their query.
+
+Failures are classified into :class:`~prefect_odm.errors.TransientNodeError` (connection,
+timeouts, HTTP 5xx: retry, maybe elsewhere), :class:`~prefect_odm.errors.OutOfMemoryError` and
+:class:`~prefect_odm.errors.ProcessingFailedError` (the node ran the task and it failed).
+"""
+
+from __future__ import annotations
+
+import logging
+import mimetypes
+import random
+import threading
+import time
+import uuid as uuidlib
+import zipfile
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+from urllib.parse import urlparse
+
+import requests
+from pyodm import Node
+from pyodm.exceptions import (
+    NodeConnectionError,
+    NodeResponseError,
+    NodeServerError,
+    OdmError,
+)
+from pyodm.utils import MultipartEncoder, options_to_json
+
+from prefect_odm import storage
+from prefect_odm.errors import (
+    NodeError,
+    OutOfMemoryError,
+    ProcessingFailedError,
+    TransientNodeError,
+)
+
+logger = logging.getLogger(__name__)
+
+QUEUED, RUNNING, FAILED, COMPLETED, CANCELED = 10, 20, 30, 40, 50
+"""NodeODM task status codes."""
+
+TASK_UUID_NAMESPACE = uuidlib.UUID("6f1c2a52-3d7e-5b8e-9a41-0d2c6e5f7a10")
+
+OOM_MARKERS = ("not enough memory", "out of memory", "exit code 137", "returned 137", "killed")
+
+
+def task_uuid(submodel_fingerprint: str, attempt: int) -> str:
+    """The NodeODM task UUID of a submodel attempt: UUIDv5 of fingerprint and attempt number.
+
+    The same submodel and attempt always map to the same UUID, so a rerun finds the task a
+    killed run created instead of submitting a duplicate.
+    """
+    return str(uuidlib.uuid5(TASK_UUID_NAMESPACE, f"{submodel_fingerprint}:{attempt}"))
+
+
+def public_url(url: str) -> str:
+    """``url`` without query or credentials: safe to log or put into an error message."""
+    parts = urlparse(url)
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return f"{parts.scheme}://{netloc}{parts.path}".rstrip("/")
+
+
+class _SafeNode(Node):  # type: ignore[misc]
+    """pyodm ``Node`` whose query dictionaries are never shared between calls."""
+
+    def url(self, url: str, query: Mapping[str, Any] | None = None) -> str:
+        return str(super().url(url, dict(query or {})))
+
+    def get(self, url: str, query: Mapping[str, Any] | None = None, **kwargs: Any) -> Any:
+        return super().get(url, dict(query or {}), **kwargs)
+
+    def post(self, url: str, data: Any = None, headers: Mapping[str, str] | None = None) -> Any:
+        return super().post(url, data=data, headers=dict(headers or {}))
+
+
+@dataclass(frozen=True)
+class TaskState:
+    """A task's status as the node reports it (raw JSON kept in ``info``)."""
+
+    uuid: str
+    status: int
+    progress: float
+    error_message: str
+    images_count: int
+    processing_time_ms: int
+    info: dict[str, Any]
+
+    @property
+    def finished(self) -> bool:
+        return self.status in (FAILED, COMPLETED, CANCELED)
+
+
+class NodeClient:
+    """One NodeODM-API node.
+
+    Args:
+        url: base URL, e.g. ``http://127.0.0.1:3000``; a ``?token=`` in it is taken as the token.
+        token: authentication token (sent only to this node, as NodeODM's query parameter).
+        timeout_seconds: per-request timeout.
+    """
+
+    def __init__(self, url: str, token: str | None = None, *, timeout_seconds: float = 30.0) -> None:
+        parsed = urlparse(url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ValueError(f"not a node URL: {public_url(url)!r} (expected http://host:port)")
+        self.url = public_url(url)
+        query_token = dict(p.split("=", 1) for p in parsed.query.split("&") if "=" in p).get("token")
+        self._token = token or query_token or ""
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        self._node = _SafeNode(parsed.hostname, port, self._token, timeout=timeout_seconds)
+        self.timeout_seconds = timeout_seconds
+
+    def __repr__(self) -> str:
+        return f"NodeClient({self.url!r})"
+
+    # -- error handling -------------------------------------------------------------------
+
+    def _scrub(self, text: str) -> str:
+        return text.replace(self._token, "***") if self._token else text
+
+    def _call(self, what: str, fn: Callable[[], Any], task_uuid: str | None = None) -> Any:
+        try:
+            return fn()
+        except (NodeConnectionError, NodeServerError, requests.RequestException) as exc:
+            raise TransientNodeError(
+                f"{what} failed: {self._scrub(str(exc))}", node_url=self.url, task_uuid=task_uuid
+            ) from None
+        except NodeResponseError as exc:
+            raise NodeError(
+                f"{what}: node answered {self._scrub(str(exc))!r}",
+                node_url=self.url,
+                task_uuid=task_uuid,
+            ) from None
+        except OdmError as exc:  # any other pyodm error
+            raise NodeError(
+                f"{what}: {self._scrub(str(exc))}", node_url=self.url, task_uuid=task_uuid
+            ) from None
+
+    # -- node level -----------------------------------------------------------------------
+
+    def info(self) -> dict[str, Any]:
+        """``/info`` as a dictionary (memory in bytes)."""
+        result = self._call("GET /info", lambda: self._node.get("/info"))
+        if not isinstance(result, dict):
+            raise TransientNodeError("GET /info: not JSON", node_url=self.url)
+        return result
+
+    def options(self) -> list[dict[str, Any]]:
+        """``/options``: the node's option list."""
+        result = self._call("GET /options", lambda: self._node.get("/options"))
+        return list(result)
+
+    def task_list(self) -> list[str]:
+        """UUIDs of the tasks the node knows."""
+        result = self._call("GET /task/list", lambda: self._node.get("/task/list"))
+        return [str(t["uuid"]) for t in result]
+
+    # -- one task -------------------------------------------------------------------------
+
+    def task_state(self, uuid: str, *, with_output: int | None = None) -> TaskState | None:
+        """The task's state, or ``None`` when the node does not know the UUID."""
+        query: dict[str, Any] = {} if with_output is None else {"with_output": with_output}
+        try:
+            raw = self._node.get(f"/task/{uuid}/info", query)
+        except NodeResponseError as exc:
+            if "not found" in str(exc).lower():
+                return None
+            raise NodeError(
+                f"task info: {self._scrub(str(exc))}", node_url=self.url, task_uuid=uuid
+            ) from None
+        except (NodeConnectionError, NodeServerError, requests.RequestException) as exc:
+            raise TransientNodeError(
+                f"task info failed: {self._scrub(str(exc))}", node_url=self.url, task_uuid=uuid
+            ) from None
+        status = raw.get("status") or {}
+        return TaskState(
+            uuid=uuid,
+            status=int(status.get("code", 0)),
+            progress=float(raw.get("progress") or 0.0),
+            error_message=str(status.get("errorMessage") or ""),
+            images_count=int(raw.get("imagesCount") or 0),
+            processing_time_ms=int(raw.get("processingTime") or -1),
+            info=raw,
+        )
+
+    def output(self, uuid: str, line: int = -30) -> list[str]:
+        """Console lines of the task (negative ``line``: the last lines)."""
+        result = self._call(
+            "task output", lambda: self._node.get(f"/task/{uuid}/output", {"line": line}), uuid
+        )
+        return [str(x) for x in result] if isinstance(result, list) else []
+
+    def cancel(self, uuid: str) -> bool:
+        return bool(self._post_form("/task/cancel", {"uuid": uuid}, uuid).get("success", False))
+
+    def remove(self, uuid: str) -> bool:
+        return bool(self._post_form("/task/remove", {"uuid": uuid}, uuid).get("success", False))
+
+    def restart(self, uuid: str, options: Mapping[str, Any] | None = None) -> bool:
+        """Restart a finished task, optionally replacing all its options (``rerun-from`` etc.)."""
+        fields = {"uuid": uuid}
+        if options is not None:
+            fields["options"] = options_to_json(dict(options))
+        return bool(self._post_form("/task/restart", fields, uuid).get("success", False))
+
+    def _post_form(self, route: str, fields: Mapping[str, str], uuid: str | None) -> dict[str, Any]:
+        def go() -> Any:
+            enc = MultipartEncoder(fields=dict(fields))
+            return self._node.post(route, data=enc, headers={"Content-Type": enc.content_type})
+
+        result = self._call(f"POST {route}", go, uuid)
+        return result if isinstance(result, dict) else {}
+
+    def create_task(
+        self,
+        uuid: str,
+        files: Sequence[str],
+        options: Mapping[str, Any],
+        *,
+        name: str,
+        outputs: Sequence[str] = (),
+        parallel_uploads: int = 4,
+        max_retries: int = 5,
+        retry_base_seconds: float = 1.0,
+        deadline_seconds: float = 1800.0,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> str:
+        """Create a task with a chosen UUID: init, upload each file (retried), commit.
+
+        Args:
+            uuid: the task UUID to set (``set-uuid``), see :func:`task_uuid`.
+            files: image locations (local paths or fsspec URLs), uploaded under their base names.
+            options: NodeODM option name -> value.
+            name: task name shown by the node.
+            outputs: limit all.zip to these paths (NodeODM ``outputs``).
+            parallel_uploads: files uploaded at once.
+            max_retries: attempts per file after the first one (back-off with jitter).
+            deadline_seconds: the whole upload must finish within this time.
+            progress: called with (files uploaded, total files).
+
+        Returns:
+            The task UUID.
+
+        Raises:
+            TransientNodeError: the node could not be reached, or the deadline passed.
+            NodeError: the node refused the task (invalid options, duplicate UUID).
+        """
+        deadline = time.monotonic() + deadline_seconds
+        fields = {"name": name, "options": options_to_json(dict(options))}
+        if outputs:
+            import json
+
+            fields["outputs"] = json.dumps(list(outputs))
+
+        def init() -> Any:
+            enc = MultipartEncoder(fields=fields)
+            return self._node.post(
+                "/task/new/init", data=enc, headers={"Content-Type": enc.content_type, "set-uuid": uuid}
+            )
+
+        result = self._call("POST /task/new/init", init, uuid)
+        if not isinstance(result, dict) or result.get("uuid") != uuid:
+            raise NodeError(f"task init answered {result!r}", node_url=self.url, task_uuid=uuid)
+
+        done = 0
+        lock = threading.Lock()
+        stop = threading.Event()
+
+        def upload(path: str) -> None:
+            nonlocal done
+            data = storage.read_bytes(path)
+            base = PurePosixPath(path.split("?")[0]).name
+            mime = mimetypes.guess_type(base)[0] or "image/jpeg"
+            for attempt in range(max_retries + 1):
+                if stop.is_set():
+                    return
+                if time.monotonic() > deadline:
+                    raise TransientNodeError(
+                        f"upload of {base} did not finish within {deadline_seconds:.0f} s",
+                        node_url=self.url,
+                        task_uuid=uuid,
+                    )
+                try:
+                    enc = MultipartEncoder(fields={"images": (base, data, mime)})
+                    timeout = max(1.0, min(self.timeout_seconds, deadline - time.monotonic()))
+                    res = requests.post(
+                        self._node.url(f"/task/new/upload/{uuid}"),
+                        data=enc,
+                        headers={"Content-Type": enc.content_type},
+                        timeout=timeout,
+                    )
+                    body = _json_or_none(res)
+                    if res.status_code == 200 and isinstance(body, dict) and body.get("success"):
+                        with lock:
+                            done += 1
+                            if progress is not None:
+                                progress(done, len(files))
+                        return
+                    if isinstance(body, dict) and body.get("noRetry"):
+                        raise NodeError(
+                            f"upload of {base} refused: {body.get('error')}",
+                            node_url=self.url,
+                            task_uuid=uuid,
+                        )
+                    why = f"HTTP {res.status_code} {self._scrub(str(body))[:200]}"
+                except requests.RequestException as exc:
+                    why = type(exc).__name__
+                if attempt == max_retries:
+                    raise TransientNodeError(
+                        f"upload of {base} failed after {attempt + 1} attempts ({why})",
+                        node_url=self.url,
+                        task_uuid=uuid,
+                    )
+                pause = retry_base_seconds * (2**attempt) * (0.5 + random.random())
+                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+
+        with ThreadPoolExecutor(max_workers=max(1, parallel_uploads)) as pool:
+            futures = [pool.submit(upload, f) for f in files]
+            finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
+            errors = [f.exception() for f in finished if f.exception() is not None]
+            if errors:
+                stop.set()
+                for f in futures:
+                    f.cancel()
+                raise errors[0]  # type: ignore[misc]
+
+        result = self._call("POST /task/new/commit", lambda: self._node.post(f"/task/new/commit/{uuid}"), uuid)
+        if not isinstance(result, dict) or result.get("uuid") != uuid:
+            raise NodeError(f"task commit answered {result!r}", node_url=self.url, task_uuid=uuid)
+        return uuid
+
+    def wait(
+        self,
+        uuid: str,
+        *,
+        poll_interval_seconds: float = 2.0,
+        max_wait_seconds: float = 24 * 3600.0,
+        max_poll_errors: int = 10,
+        on_progress: Callable[[TaskState], None] | None = None,
+    ) -> TaskState:
+        """Poll until the task finishes; a poll error is transient, never the task's failure.
+
+        Raises:
+            OutOfMemoryError: the task failed for lack of memory.
+            ProcessingFailedError: the task failed or was cancelled.
+            TransientNodeError: the node stopped answering (``max_poll_errors`` polls in a row),
+                forgot the task, or ``max_wait_seconds`` passed.
+        """
+        deadline = time.monotonic() + max_wait_seconds
+        errors = 0
+        while True:
+            try:
+                state = self.task_state(uuid)
+                errors = 0
+            except TransientNodeError:
+                errors += 1
+                if errors >= max_poll_errors:
+                    raise
+                time.sleep(min(30.0, poll_interval_seconds * errors))
+                continue
+            if state is None:
+                raise TransientNodeError("the node no longer knows the task", node_url=self.url, task_uuid=uuid)
+            if on_progress is not None:
+                on_progress(state)
+            if state.status == COMPLETED:
+                return state
+            if state.status in (FAILED, CANCELED):
+                raise self.classify_failure(state)
+            if time.monotonic() > deadline:
+                raise TransientNodeError(
+                    f"task still running after {max_wait_seconds:.0f} s", node_url=self.url, task_uuid=uuid
+                )
+            time.sleep(poll_interval_seconds)
+
+    def classify_failure(self, state: TaskState) -> NodeError:
+        """The error for a FAILED or CANCELED task, with the node's last output lines."""
+        try:
+            last = self.output(state.uuid, -20)
+        except NodeError:
+            last = []
+        text = " ".join([state.error_message, *last[-5:]]).lower()
+        if state.status == CANCELED:
+            return ProcessingFailedError("task was cancelled", node_url=self.url, task_uuid=state.uuid, last_output=last)
+        message = state.error_message or "task failed (the node gave no error message)"
+        if any(marker in text for marker in OOM_MARKERS):
+            return OutOfMemoryError(message, node_url=self.url, task_uuid=state.uuid, last_output=last)
+        return ProcessingFailedError(message, node_url=self.url, task_uuid=state.uuid, last_output=last)
+
+    def download(self, uuid: str, dest: Path, *, max_retries: int = 3) -> Path:
+        """Download all.zip, verify it, and extract it into ``dest`` (no path may leave ``dest``).
+
+        Returns:
+            ``dest``.
+
+        Raises:
+            TransientNodeError: the download failed ``max_retries + 1`` times.
+            NodeError: the node refused the download.
+        """
+        dest.mkdir(parents=True, exist_ok=True)
+        zip_path = dest / f".{uuid}.all.zip.part"
+        last_error = ""
+        for attempt in range(max_retries + 1):
+            try:
+                with requests.get(
+                    self._node.url(f"/task/{uuid}/download/all.zip"), stream=True, timeout=self.timeout_seconds
+                ) as res:
+                    if res.status_code != 200:
+                        raise NodeServerError(f"HTTP {res.status_code}")
+                    if "application/json" in res.headers.get("Content-Type", ""):
+                        raise NodeError(
+                            f"download refused: {self._scrub(str(res.json()))}", node_url=self.url, task_uuid=uuid
+                        )
+                    expected = res.headers.get("Content-Length")
+                    size = 0
+                    with open(zip_path, "wb") as fh:
+                        for chunk in res.iter_content(1 << 20):
+                            fh.write(chunk)
+                            size += len(chunk)
+                if expected is not None and int(expected) != size:
+                    raise NodeServerError(f"got {size} of {expected} bytes")
+                with zipfile.ZipFile(zip_path) as archive:
+                    bad = archive.testzip()
+                    if bad is not None:
+                        raise NodeServerError(f"corrupt member {bad}")
+                    _safe_extract(archive, dest)
+                zip_path.unlink()
+                return dest
+            except (NodeServerError, requests.RequestException, zipfile.BadZipFile) as exc:
+                last_error = self._scrub(str(exc)) or type(exc).__name__
+                time.sleep(min(10.0, 2.0**attempt))
+        zip_path.unlink(missing_ok=True)
+        raise TransientNodeError(f"download failed: {last_error}", node_url=self.url, task_uuid=uuid)
+
+
+def _json_or_none(res: requests.Response) -> Any:
+    try:
+        return res.json()
+    except ValueError:
+        return None
+
+
+def _safe_extract(archive: zipfile.ZipFile, dest: Path) -> None:
+    """Extract members whose resolved path stays inside ``dest``; refuse the archive otherwise."""
+    root = dest.resolve()
+    for member in archive.infolist():
+        target = (root / member.filename).resolve()
+        if target != root and root not in target.parents:
+            raise NodeError(f"archive member {member.filename!r} would leave the output folder")
+    archive.extractall(root)

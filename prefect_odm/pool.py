@@ -1,0 +1,101 @@
+"""Placement of submodels on a pool of NodeODM nodes, inside one process.
+
+Each node has a memory budget (GiB) and a number of parallel task slots. :meth:`NodePool.lease`
+blocks until some node has both a free slot and the memory a submodel needs, then picks the
+best fit (the node left with the least free memory), so small submodels do not fragment the big
+nodes. A submodel larger than every node is refused at once (:class:`PlanningError`). Nodes
+that stop answering are marked down and get no more work.
+
+This is the in-process admission that works in every mode; across processes and machines the
+Prefect global concurrency limit of memory slots is taken first (see DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from prefect_odm.errors import PlanningError, TransientNodeError
+
+
+@dataclass
+class PoolNode:
+    """A node's capacity and current load. ``key`` identifies it (its public URL)."""
+
+    key: str
+    memory_gib: float
+    max_parallel_tasks: int
+    labels: tuple[str, ...] = ()
+    used_memory_gib: float = 0.0
+    running: int = 0
+    down: bool = False
+
+    def fits(self, memory_gib: float) -> bool:
+        return (
+            not self.down
+            and self.running < self.max_parallel_tasks
+            and self.used_memory_gib + memory_gib <= self.memory_gib + 1e-9
+        )
+
+
+@dataclass
+class NodePool:
+    """Thread-safe best-fit placement over ``nodes``."""
+
+    nodes: Sequence[PoolNode]
+    _cond: threading.Condition = field(default_factory=threading.Condition, init=False, repr=False)
+
+    def check_fits(self, memory_gib: float, what: str) -> None:
+        """Raise :class:`PlanningError` if no node could ever run ``memory_gib``."""
+        largest = max((n.memory_gib for n in self.nodes if not n.down), default=0.0)
+        if memory_gib > largest:
+            raise PlanningError(
+                f"{what} needs an estimated {memory_gib:.1f} GiB but the largest node has "
+                f"{largest:.1f} GiB: use a smaller --split"
+            )
+
+    @contextmanager
+    def lease(
+        self, memory_gib: float, *, what: str, exclude: Sequence[str] = (), timeout_seconds: float | None = None
+    ) -> Iterator[PoolNode]:
+        """Hold a task slot and ``memory_gib`` on the best-fitting node while the block runs.
+
+        Raises:
+            PlanningError: no node could ever hold the submodel.
+            TransientNodeError: every usable node is down, or ``timeout_seconds`` passed.
+        """
+        self.check_fits(memory_gib, what)
+        deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
+        with self._cond:
+            while True:
+                usable = [n for n in self.nodes if not n.down and n.key not in exclude]
+                if not usable:
+                    raise TransientNodeError(f"no node available for {what}: all are down or excluded")
+                fitting = [n for n in usable if n.fits(memory_gib)]
+                if fitting:
+                    node = min(fitting, key=lambda n: (n.memory_gib - n.used_memory_gib - memory_gib, n.key))
+                    node.used_memory_gib += memory_gib
+                    node.running += 1
+                    break
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TransientNodeError(f"no node had room for {what} within {timeout_seconds} s")
+                self._cond.wait(timeout=5.0 if remaining is None else min(5.0, remaining))
+        try:
+            yield node
+        finally:
+            with self._cond:
+                node.used_memory_gib -= memory_gib
+                node.running -= 1
+                self._cond.notify_all()
+
+    def mark_down(self, key: str) -> None:
+        """Stop placing work on the node ``key``."""
+        with self._cond:
+            for n in self.nodes:
+                if n.key == key:
+                    n.down = True
+            self._cond.notify_all()

@@ -1,0 +1,41 @@
+"""Prefect tasks around scanning and planning (thin wrappers over the core)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from prefect_odm.models import ProcessingOptions, SplitPlan, Survey
+
+
+@task(name="scan_survey", cache_policy=NO_CACHE, task_run_name="scan_survey")
+def scan_survey(images: str, policy: Literal["exclude", "fail"] = "exclude") -> Survey:
+    """Scan the images at ``images`` (folder or fsspec URL) into a :class:`Survey`."""
+    from prefect_odm.scan import scan_survey as _scan
+
+    return _scan(images, policy=policy)
+
+
+@task(name="plan_submodels", cache_policy=NO_CACHE, task_run_name="plan_submodels")
+def plan_submodels(
+    survey: Survey,
+    split: int | Literal["auto"],
+    split_overlap_m: float,
+    options: ProcessingOptions,
+    engine_identity: str,
+    node_memory_gib: Sequence[float] = (),
+) -> SplitPlan:
+    """Split the survey into submodels (see :func:`prefect_odm.planning.plan_submodels`)."""
+    from prefect_odm.planning import plan_submodels as _plan
+
+    return _plan(
+        survey,
+        split=split,
+        split_overlap_m=split_overlap_m,
+        options=options,
+        engine_identity=engine_identity,
+        node_memory_gib=node_memory_gib,
+    )
