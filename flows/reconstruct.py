@@ -25,7 +25,7 @@ from prefect_odm.tasks.merge import check_coverage, merge_dems, merge_orthophoto
 from prefect_odm.tasks.report import publish_plan, publish_report
 from prefect_odm.tasks.survey import plan_submodels, scan_survey
 
-from .process_submodel import process_submodel, sharing_cluster
+from prefect_odm.flows.process_submodel import process_submodel, sharing_cluster
 
 MERGE_VERSION = "1"
 """Bumped when the merge changes its output for the same inputs (part of the merge fingerprint)."""

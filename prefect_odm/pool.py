@@ -50,7 +50,7 @@ class NodePool:
 
     def check_fits(self, memory_gib: float, what: str) -> None:
         """Raise :class:`PlanningError` if no node could ever run ``memory_gib``."""
-        largest = max((n.memory_gib for n in self.nodes if not n.down), default=0.0)
+        largest = max((n.memory_gib for n in self.nodes), default=0.0)
         if memory_gib > largest:
             raise PlanningError(
                 f"{what} needs an estimated {memory_gib:.1f} GiB but the largest node has "

@@ -1,0 +1,124 @@
+"""Unit tests of the pure core pieces: fingerprints, layout, ownership, placement, import layering."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from prefect_odm.errors import InputError, PlanningError, PrefectODMError, TransientNodeError
+from prefect_odm.fingerprints import submodel_fingerprint, survey_fingerprint
+from prefect_odm.layout import OutputLayout
+from prefect_odm.models import ProcessingOptions
+from prefect_odm.nodeodm import public_url, task_uuid
+from prefect_odm.ownership import Ownership
+from prefect_odm.pool import NodePool, PoolNode
+
+
+def test_fingerprints_ignore_order_and_see_options():
+    ids = [f"sha256:{i:064x}" for i in range(5)]
+    assert survey_fingerprint(ids) == survey_fingerprint(list(reversed(ids)))
+    a = submodel_fingerprint(ids, ProcessingOptions().to_nodeodm(), "engine 1")
+    b = submodel_fingerprint(ids[::-1], ProcessingOptions().to_nodeodm(), "engine 1")
+    c = submodel_fingerprint(ids, ProcessingOptions(orthophoto_resolution_cm=3).to_nodeodm(), "engine 1")
+    d = submodel_fingerprint(ids, ProcessingOptions().to_nodeodm(), "engine 2")
+    assert a == b
+    assert len({a, c, d}) == 3
+
+
+def test_task_uuid_is_deterministic_per_attempt():
+    assert task_uuid("f" * 64, 0) == task_uuid("f" * 64, 0)
+    assert task_uuid("f" * 64, 0) != task_uuid("f" * 64, 1)
+    assert task_uuid("f" * 64, 0) != task_uuid("e" * 64, 0)
+
+
+def test_public_url_drops_token():
+    assert public_url("http://127.0.0.1:3000/?token=secret") == "http://127.0.0.1:3000"
+    assert "secret" not in public_url("http://user:secret@127.0.0.1:3000/x?token=secret")
+
+
+def test_layout_paths_are_under_the_survey_folder():
+    layout = OutputLayout("s3://bucket/out/", "ab" * 32)
+    assert layout.manifest == "s3://bucket/out/" + "ab" * 8 + "/manifest.json"
+    assert layout.merged_product("orthophoto").endswith("/merged/odm_orthophoto.tif")
+    assert layout.submodel_dir("submodel-001", "cd" * 32).endswith("/submodels/submodel-001-" + "cd" * 6)
+
+
+def test_errors_share_one_root_and_builtin_meaning():
+    assert issubclass(InputError, PrefectODMError) and issubclass(InputError, ValueError)
+    assert issubclass(TransientNodeError, PrefectODMError)
+
+
+def test_ownership_nearest_core_camera_and_subset():
+    cams = [(0.0, 0.0, "submodel-000"), (10.0, 0.0, "submodel-000"), (100.0, 0.0, "submodel-001")]
+    own = Ownership.from_cameras(cams)
+    assert own.submodel_ids == ("submodel-000", "submodel-001")
+    owners = own.owner_of_points(np.array([1.0, 54.0, 56.0, 99.0]), np.zeros(4))
+    assert list(owners) == ["submodel-000", "submodel-000", "submodel-001", "submodel-001"]
+    only = Ownership.from_cameras(cams, only=["submodel-001"])
+    assert set(only.owner_of_points(np.array([0.0]), np.array([0.0]))) == {"submodel-001"}
+    grid = own.label_grid((10.0, 0.0, -5.0, 0.0, -10.0, 5.0), 1, 12)
+    assert grid.shape == (1, 12) and grid[0, 0] == 0 and grid[0, -1] == 1
+
+
+def test_pool_best_fit_and_never_overcommits():
+    big = PoolNode("http://127.0.0.1:1", memory_gib=16, max_parallel_tasks=2)
+    small = PoolNode("http://127.0.0.1:2", memory_gib=8, max_parallel_tasks=2)
+    pool = NodePool([big, small])
+    with pool.lease(6, what="a") as n1:
+        assert n1 is small  # best fit: the smaller node that still fits
+        with pool.lease(6, what="b") as n2:
+            assert n2 is big
+            with pool.lease(4, what="c") as n3:
+                assert n3 is big and big.used_memory_gib == 10
+    assert big.used_memory_gib == 0 and small.running == 0
+    with pytest.raises(PlanningError, match="largest node has 16.0 GiB"):
+        with pool.lease(20, what="huge"):
+            pass
+
+
+def test_pool_waits_for_memory_then_places():
+    node = PoolNode("http://127.0.0.1:1", memory_gib=10, max_parallel_tasks=4)
+    pool = NodePool([node])
+    peak = []
+    lock = threading.Lock()
+
+    def job() -> None:
+        with pool.lease(6, what="x"):
+            with lock:
+                peak.append(node.used_memory_gib)
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=job) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert max(peak) <= 10 and len(peak) == 4
+
+
+def test_pool_marks_nodes_down():
+    pool = NodePool([PoolNode("a", 8, 1), PoolNode("b", 8, 1)])
+    pool.mark_down("a")
+    with pool.lease(1, what="x") as n:
+        assert n.key == "b"
+    pool.mark_down("b")
+    with pytest.raises(TransientNodeError, match="all are down"):
+        with pool.lease(1, what="x"):
+            pass
+
+
+def test_core_imports_neither_prefect_nor_pyodm():
+    code = (
+        "import sys\n"
+        "import prefect_odm, prefect_odm.models, prefect_odm.fingerprints, prefect_odm.layout,"
+        " prefect_odm.ownership, prefect_odm.pool, prefect_odm.planning, prefect_odm.memory\n"
+        "bad = [m for m in ('prefect', 'pyodm', 'rasterio', 'laspy', 'pycolmap') if m in sys.modules]\n"
+        "print(','.join(bad))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
