@@ -1,0 +1,241 @@
+"""Start the built-in engine as a child process on a loopback port (the embedded default).
+
+>>> with start_engine(Path("/tmp/engine")) as engine:   # doctest: +SKIP
+...     pyodm.Node.from_url(engine.url)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+from prefect_odm.errors import NodeError
+
+logger = logging.getLogger(__name__)
+
+LOG_FILE = "engine.log"
+LOOPBACK = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A TCP port that is free on 127.0.0.1 right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+class EngineProcess:
+    """A running engine server process.
+
+    Attributes:
+        url: base URL (``http://127.0.0.1:PORT``; the token, if any, is not in it).
+        port: TCP port.
+        token: the token every request needs, or None.
+        data_dir: the engine's data folder.
+        process: the :class:`subprocess.Popen` of the server.
+    """
+
+    def __init__(
+        self,
+        process: subprocess.Popen[bytes],
+        *,
+        port: int,
+        data_dir: Path,
+        token: str | None,
+        log: IO[bytes],
+    ) -> None:
+        self.process = process
+        self.port = port
+        self.url = f"http://{LOOPBACK}:{port}"
+        self.data_dir = data_dir
+        self.token = token
+        self._log = log
+
+    @property
+    def pid(self) -> int:
+        """Process id of the server."""
+        return self.process.pid
+
+    @property
+    def node_url(self) -> str:
+        """URL with ``?token=`` when there is a token (the form ``pyodm.Node.from_url`` takes)."""
+        if self.token:
+            return f"{self.url}?{urllib.parse.urlencode({'token': self.token})}"
+        return self.url
+
+    def alive(self) -> bool:
+        """True while the server process runs."""
+        return self.process.poll() is None
+
+    def stop(self, timeout_seconds: float = 15) -> int:
+        """SIGTERM the server and wait; SIGKILL it when it does not end in time.
+
+        Returns:
+            The server's exit code.
+        """
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout_seconds)
+            except subprocess.TimeoutExpired:
+                logger.warning(
+                    "engine %s did not stop in %s s; killing it", self.url, timeout_seconds
+                )
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+        return int(self.process.returncode)
+
+    def kill(self) -> int:
+        """SIGKILL the server (as a crash would) and reap it; returns its exit code."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self._log.close()
+        return int(self.process.returncode)
+
+    def __enter__(self) -> EngineProcess:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"EngineProcess(url={self.url!r}, pid={self.pid}, data_dir={str(self.data_dir)!r})"
+
+
+def _answers_info(url: str, token: str | None) -> bool:
+    query = f"?{urllib.parse.urlencode({'token': token})}" if token else ""
+    try:
+        with urllib.request.urlopen(f"{url}/info{query}", timeout=2) as res:
+            body = json.loads(res.read().decode("utf-8"))
+    except (OSError, ValueError, urllib.error.URLError):
+        return False
+    return isinstance(body, dict) and "engine" in body
+
+
+def _tail(path: Path, lines: int = 20) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]
+    except OSError:
+        return []
+
+
+def start_engine(
+    data_dir: Path,
+    *,
+    port: int | None = None,
+    token: str | None = None,
+    method: str | None = None,
+    max_parallel_tasks: int = 1,
+    extra_env: dict[str, str] | None = None,
+    startup_timeout_seconds: float = 30,
+    max_images: int | None = None,
+    max_upload_mb: float | None = None,
+    cleanup_hours: float | None = None,
+) -> EngineProcess:
+    """Start ``python -m prefect_odm.engine serve`` on 127.0.0.1 and wait until ``/info`` answers.
+
+    The server's own log is appended to ``data_dir/engine.log``.
+
+    Args:
+        data_dir: the engine's data folder (created when missing); reuse it to find old tasks.
+        port: TCP port; None picks a free one (retried on a clash).
+        token: token required on every request, or None.
+        method: default reconstruction method (``"sfm"`` or ``"direct"``); None: the pipeline's.
+        max_parallel_tasks: task processes run at once.
+        extra_env: environment variables added for the server (e.g. ``PREFECT_ODM_ENGINE_FAULTS``).
+        startup_timeout_seconds: how long to wait for ``/info``.
+        max_images: most images per task (None: unlimited).
+        max_upload_mb: largest uploaded file in MiB (None: unlimited).
+        cleanup_hours: delete finished tasks and uncommitted uploads after this many hours
+            (None: the server's default of 48; 0: never).
+
+    Returns:
+        The running engine.
+
+    Raises:
+        NodeError: the server exited or did not answer in time (with its last log lines).
+    """
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    attempts = 1 if port is not None else 3
+    last_error: NodeError | None = None
+    for _ in range(attempts):
+        chosen = port if port is not None else free_port()
+        args = [
+            sys.executable,
+            "-m",
+            "prefect_odm.engine",
+            "serve",
+            "--host",
+            LOOPBACK,
+            "--port",
+            str(chosen),
+            "--data-dir",
+            str(data_dir),
+            "--max-parallel-tasks",
+            str(max_parallel_tasks),
+        ]
+        if token:
+            args += ["--token", token]
+        if method:
+            args += ["--method", method]
+        if max_images is not None:
+            args += ["--max-images", str(max_images)]
+        if max_upload_mb is not None:
+            args += ["--max-upload-mb", str(max_upload_mb)]
+        if cleanup_hours is not None:
+            args += ["--cleanup-hours", str(cleanup_hours)]
+        env = dict(os.environ)
+        env.update(extra_env or {})
+        log_path = data_dir / LOG_FILE
+        log = open(log_path, "ab")  # noqa: SIM115 - owned by EngineProcess
+        process = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env
+        )
+        engine = EngineProcess(process, port=chosen, data_dir=data_dir, token=token, log=log)
+        deadline = time.monotonic() + startup_timeout_seconds
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                break
+            if _answers_info(engine.url, token):
+                logger.info("built-in engine running at %s (pid %d)", engine.url, engine.pid)
+                return engine
+            time.sleep(0.1)
+        if process.poll() is None:
+            engine.kill()
+            last_error = NodeError(
+                f"the built-in engine did not answer within {startup_timeout_seconds} s",
+                node_url=engine.url,
+                last_output=_tail(log_path),
+            )
+            break
+        log.close()
+        tail = _tail(log_path)
+        last_error = NodeError(
+            f"the built-in engine exited with code {process.returncode} at start-up",
+            node_url=engine.url,
+            last_output=tail,
+        )
+        if port is not None or not any("address already in use" in x.lower() for x in tail):
+            break  # only a port clash is worth another try
+    assert last_error is not None
+    raise last_error

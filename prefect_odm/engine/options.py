@@ -1,0 +1,260 @@
+"""Processing options of the built-in engine: the ``/options`` list and NodeODM-style validation.
+
+The option list comes from the photogrammetry pipeline (``pipeline.OPTIONS``); this module only
+turns it into NodeODM's ``/options`` answer and checks a client's ``[{"name", "value"}]`` list
+against it the way NodeODM does: a bad enum, a number out of its domain or a non-boolean gives a
+per-option error list; unknown names are dropped (and reported by the engine in the task output).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, cast
+
+from prefect_odm.errors import InputError
+
+PIPELINE_MODULE = "prefect_odm.engine.pipeline"
+
+
+class Pipeline(Protocol):
+    """The contract of :mod:`prefect_odm.engine.pipeline` (see that module)."""
+
+    STAGES: tuple[str, ...]
+    OPTIONS: list[dict[str, Any]]
+
+    def run(
+        self,
+        task_dir: Any,
+        options: dict[str, Any],
+        *,
+        rerun_from: str | None = ...,
+        log: Any = ...,
+    ) -> None: ...
+
+
+def load_pipeline(*, stand_in: bool = False) -> Pipeline:
+    """Import the photogrammetry pipeline (or the stand-in of :mod:`.faults`).
+
+    Raises:
+        ImportError: the pipeline (or pycolmap, which it needs) is not installed.
+    """
+    if stand_in:
+        from prefect_odm.engine.faults import STAND_IN_PIPELINE
+
+        return cast(Pipeline, STAND_IN_PIPELINE)
+    return cast(Pipeline, importlib.import_module(PIPELINE_MODULE))
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One entry of ``/options``: NodeODM's ``name``, ``type``, ``value``, ``domain``, ``help``."""
+
+    name: str
+    type: str
+    value: str
+    domain: str | list[str]
+    help: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The entry as NodeODM answers it (``value`` always a string)."""
+        domain = list(self.domain) if isinstance(self.domain, list) else self.domain
+        return {
+            "name": self.name,
+            "type": self.type,
+            "value": self.value,
+            "domain": domain,
+            "help": self.help,
+        }
+
+
+@dataclass(frozen=True)
+class ValidatedOptions:
+    """The outcome of :func:`validate_options`.
+
+    Attributes:
+        typed: option name -> typed value for EVERY known option (defaults filled in).
+        given: the known options as the client gave them, ``[{"name", "value"}]`` (typed values).
+        ignored: names of unknown options, dropped.
+        errors: ``[{"name", "error"}]`` for invalid values (empty when valid).
+    """
+
+    typed: dict[str, Any]
+    given: list[dict[str, Any]]
+    ignored: list[str] = field(default_factory=list)
+    errors: list[dict[str, str]] = field(default_factory=list)
+
+
+def option_specs(
+    raw_options: Iterable[Mapping[str, Any]], *, method: str | None = None
+) -> list[OptionSpec]:
+    """Build the option list from a pipeline's ``OPTIONS``.
+
+    Args:
+        raw_options: ``pipeline.OPTIONS`` entries.
+        method: when given, the default of the ``pipeline`` option (``"sfm"`` or ``"direct"``).
+
+    Raises:
+        InputError: ``method`` is not in the ``pipeline`` option's domain.
+    """
+    specs: list[OptionSpec] = []
+    for entry in raw_options:
+        value = entry.get("value", "")
+        spec = OptionSpec(
+            name=str(entry["name"]),
+            type=str(entry.get("type", "string")),
+            value="" if value is None else _to_text(value),
+            domain=list(entry["domain"])
+            if isinstance(entry.get("domain"), list | tuple)
+            else str(entry.get("domain", "")),
+            help=str(entry.get("help", "")),
+        )
+        if method is not None and spec.name == "pipeline":
+            if isinstance(spec.domain, list) and method not in spec.domain:
+                raise InputError(f"unknown method {method!r}; expected one of {spec.domain}")
+            spec = OptionSpec(spec.name, spec.type, method, spec.domain, spec.help)
+        specs.append(spec)
+    return specs
+
+
+def _to_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def parse_options_text(text: str | None) -> list[dict[str, Any]]:
+    """Parse the ``options`` form field (JSON text of ``[{"name": .., "value": ..}]``).
+
+    An empty field means no options. A JSON object ``{"name": value}`` is accepted too.
+
+    Raises:
+        InputError: the text is not JSON or not a list of ``{"name", "value"}`` objects.
+    """
+    if text is None or not str(text).strip():
+        return []
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"Invalid options: {exc}") from exc
+    if isinstance(data, dict):
+        data = [{"name": k, "value": v} for k, v in data.items()]
+    if not isinstance(data, list) or not all(
+        isinstance(item, dict) and "name" in item for item in data
+    ):
+        raise InputError('Invalid options: expected a JSON list of {"name", "value"} objects')
+    return [{"name": str(item["name"]), "value": item.get("value")} for item in data]
+
+
+_RANGE = re.compile(
+    r"(?P<lo>-?\d+(?:\.\d+)?)\s*(?P<lop><=|<)\s*x\s*(?P<hip><=|<)\s*(?P<hi>-?\d+(?:\.\d+)?)"
+)
+
+
+def _check_number_domain(value: float, domain: str) -> str | None:
+    """Return an error text when ``value`` is outside a NodeODM number domain, else None."""
+    text = domain.lower()
+    if "non-negative" in text or ("positive" in text and "zero" in text):
+        if value < 0:
+            return "must be zero or greater"
+    elif "positive" in text and value <= 0:
+        return "must be greater than zero"
+    if "percent" in text and not 0 <= value <= 100:
+        return "must be between 0 and 100"
+    match = _RANGE.search(text)
+    if match:
+        lo, hi = float(match["lo"]), float(match["hi"])
+        low_ok = value > lo if match["lop"] == "<" else value >= lo
+        high_ok = value < hi if match["hip"] == "<" else value <= hi
+        if not (low_ok and high_ok):
+            return f"must be in {match.group(0)}"
+    return None
+
+
+def coerce_value(spec: OptionSpec, value: Any) -> Any:
+    """Convert a client value to the option's type and check its domain.
+
+    Raises:
+        InputError: the value cannot be converted or is outside the domain (message is the
+            per-option error text).
+    """
+    if spec.type == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+            return value.strip().lower() == "true"
+        raise InputError(f"Invalid boolean value: {value!r}")
+    if spec.type in ("int", "float"):
+        if isinstance(value, bool):
+            raise InputError(f"Invalid {spec.type} value: {value!r}")
+        try:
+            number = float(value)
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"Invalid {spec.type} value: {value!r}") from exc
+        if not math.isfinite(number):
+            raise InputError(f"Invalid {spec.type} value: {value!r}")
+        if spec.type == "int":
+            if number != int(number):
+                raise InputError(f"Invalid int value: {value!r}")
+            number = int(number)
+        problem = _check_number_domain(number, str(spec.domain))
+        if problem:
+            raise InputError(f"Value {value!r} {problem} ({spec.domain})")
+        return number
+    if spec.type == "enum":
+        text = _to_text(value)
+        if not isinstance(spec.domain, list) or text not in spec.domain:
+            raise InputError(f"Invalid value {text!r}: must be one of {spec.domain}")
+        return text
+    if value is None:
+        return ""
+    return _to_text(value) if not isinstance(value, str) else value
+
+
+def default_value(spec: OptionSpec) -> Any:
+    """The typed default of an option (``None`` when the default is empty or not convertible)."""
+    if spec.value == "":
+        return None if spec.type != "string" else ""
+    try:
+        return coerce_value(spec, spec.value)
+    except InputError:
+        return None
+
+
+def validate_options(
+    given: Iterable[Mapping[str, Any]], specs: Iterable[OptionSpec]
+) -> ValidatedOptions:
+    """Check client options against the option list, as NodeODM does.
+
+    Args:
+        given: ``[{"name", "value"}]`` from the client.
+        specs: the engine's option list.
+
+    Returns:
+        The typed options (defaults filled in), the known given options, the ignored names and
+        the per-option errors. The caller decides what to do with errors.
+    """
+    by_name = {spec.name: spec for spec in specs}
+    typed = {name: default_value(spec) for name, spec in by_name.items()}
+    kept: list[dict[str, Any]] = []
+    ignored: list[str] = []
+    errors: list[dict[str, str]] = []
+    for item in given:
+        name = str(item["name"])
+        spec = by_name.get(name)
+        if spec is None:
+            ignored.append(name)
+            continue
+        try:
+            value = coerce_value(spec, item.get("value"))
+        except InputError as exc:
+            errors.append({"name": name, "error": str(exc)})
+            continue
+        typed[name] = value
+        kept = [o for o in kept if o["name"] != name]
+        kept.append({"name": name, "value": value})
+    return ValidatedOptions(typed=typed, given=kept, ignored=ignored, errors=errors)
