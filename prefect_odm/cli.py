@@ -173,6 +173,8 @@ def _reconstruct(args: argparse.Namespace) -> int:
         raise InputError(f"{args.images}: does not exist")
     options = _options(args)
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    # The embedded server would try to send telemetry; this machine may have no route out.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     embedded_api = not os.environ.get("PREFECT_API_URL")
 
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
@@ -188,7 +190,7 @@ def _reconstruct(args: argparse.Namespace) -> int:
     lock = threading.Lock()
     with Progress(
         TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[state]}"), TimeElapsedColumn(),
-        console=console, transient=False,
+        console=console, transient=False, disable=not console.is_terminal,
     ) as bar:
         stage = bar.add_task("stage", total=None, state="starting Prefect")
 

@@ -1,0 +1,61 @@
+"""End-to-end timing of `prefect-odm reconstruct`: a first run, then an identical second run.
+
+The second run must reuse every submodel and the merge; the figure of merit is its time as a
+fraction of the first run's (target: under 20%). Both runs are the real command line in a fresh
+process on Prefect's embedded API, with the built-in engine, exactly as a user runs them.
+
+    python benchmarks/bench_reconstruct.py [--survey brighton_beach_1600] [--split 10]
+        [--split-overlap-m 20] [--pipeline sfm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def run(cmd: list[str], env: dict[str, str]) -> tuple[float, str]:
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.exit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-3000:]}")
+    return elapsed, proc.stdout
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--survey", default="brighton_beach_1600")
+    parser.add_argument("--split", default="10")
+    parser.add_argument("--split-overlap-m", default="20")
+    parser.add_argument("--pipeline", default="sfm", choices=["sfm", "direct"])
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, PREFECT_ODM_HOME=f"{tmp}/home")
+        env.pop("PREFECT_API_URL", None)
+        cmd = [
+            sys.executable, "-m", "prefect_odm.cli", "reconstruct", str(DATA / args.survey / "images"),
+            "--output", f"{tmp}/out", "--split", args.split, "--split-overlap-m", args.split_overlap_m,
+            "--pipeline", args.pipeline,
+        ]
+        first, out1 = run(cmd, env)
+        second, out2 = run(cmd, env)
+        manifest = json.loads(next(Path(tmp, "out").glob("*/manifest.json")).read_text())
+        states = [s["status"] for s in manifest["submodels"]]
+        print(f"survey={args.survey} pipeline={args.pipeline} submodels={len(states)}")
+        print(f"first run:  {first:7.1f} s")
+        print(f"second run: {second:7.1f} s  (states: {', '.join(states)})")
+        print(f"ratio second/first: {second / first:.3f}  (target < 0.20)")
+        print(f"timings of the first run (s): {json.dumps(manifest['timings_seconds'])}")
+
+
+if __name__ == "__main__":
+    main()
