@@ -1,0 +1,219 @@
+"""Seeing a split plan before compute: GeoJSON, a PNG map and tables (adapter: matplotlib Agg).
+
+Everything is in the plan's CRS (``EPSG:<plan.crs_epsg>``, metres). The GeoJSON carries the
+legacy ``crs`` member (GeoJSON 2008 named CRS) because RFC 7946 GeoJSON is WGS 84 only; GDAL/QGIS
+read it.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from prefect_odm.models import SplitPlan, Survey
+
+logger = logging.getLogger(__name__)
+
+
+def plan_geojson(plan: SplitPlan) -> dict[str, Any]:
+    """The plan as a GeoJSON FeatureCollection in the plan CRS.
+
+    Features, in this order: one ``core_area`` and one ``footprint`` polygon per submodel
+    (properties ``kind``, ``submodel``, ``images``, ``core_images``, ``overlap_images``,
+    ``area_m2``, ``estimated_memory_gib``), then one ``camera`` point per image (properties
+    ``kind``, ``name``, ``submodel``, ``z_m``).
+    """
+    features: list[dict[str, Any]] = []
+    for sm in plan.submodels:
+        common = {
+            "submodel": sm.id,
+            "images": len(sm.image_names),
+            "core_images": len(sm.core_image_names),
+            "overlap_images": sm.overlap_image_count,
+            "area_m2": sm.area_m2,
+            "estimated_memory_gib": sm.estimated_memory_gib,
+        }
+        features.append(
+            {
+                "type": "Feature",
+                "geometry": sm.core_area,
+                "properties": {"kind": "core_area", **common},
+            }
+        )
+        features.append(
+            {
+                "type": "Feature",
+                "geometry": sm.footprint,
+                "properties": {"kind": "footprint", **common},
+            }
+        )
+    for cam in plan.cameras:
+        features.append(
+            {
+                "type": "Feature",
+                "geometry": {"type": "Point", "coordinates": [cam.x_m, cam.y_m]},
+                "properties": {
+                    "kind": "camera",
+                    "name": cam.name,
+                    "submodel": cam.submodel_id,
+                    "z_m": cam.z_m,
+                },
+            }
+        )
+    return {
+        "type": "FeatureCollection",
+        "crs": {"type": "name", "properties": {"name": f"urn:ogc:def:crs:EPSG::{plan.crs_epsg}"}},
+        "features": features,
+    }
+
+
+def plan_rows(plan: SplitPlan) -> list[dict[str, Any]]:
+    """One row per submodel: ``submodel``, ``images``, ``overlap_images``, ``area_m2``,
+    ``estimated_memory_gib`` (for tables and Prefect table artifacts)."""
+    return [
+        {
+            "submodel": sm.id,
+            "images": len(sm.image_names),
+            "overlap_images": sm.overlap_image_count,
+            "area_m2": sm.area_m2,
+            "estimated_memory_gib": sm.estimated_memory_gib,
+        }
+        for sm in plan.submodels
+    ]
+
+
+def _polygons(geometry: dict[str, Any]) -> list[list[list[list[float]]]]:
+    if not geometry or not geometry.get("coordinates"):
+        return []
+    if geometry["type"] == "Polygon":
+        return [geometry["coordinates"]]
+    if geometry["type"] == "MultiPolygon":
+        return list(geometry["coordinates"])
+    return []
+
+
+def plan_png(plan: SplitPlan, path: Path) -> None:
+    """Draw the plan as a PNG map: core areas filled per submodel, footprints dashed, cameras as
+    dots, submodel ids at the core centroids. Axes in metres of ``EPSG:<crs_epsg>``.
+
+    Uses matplotlib's Agg backend through the object API (no global pyplot state).
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Polygon as MplPolygon
+
+    fig = Figure(figsize=(8, 8), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    palette = [
+        "#4e79a7",
+        "#f28e2b",
+        "#e15759",
+        "#76b7b2",
+        "#59a14f",
+        "#edc948",
+        "#b07aa1",
+        "#ff9da7",
+        "#9c755f",
+        "#bab0ac",
+    ]
+    colour = {sm.id: palette[i % len(palette)] for i, sm in enumerate(plan.submodels)}
+    label_many = len(plan.submodels) <= 60
+    for sm in plan.submodels:
+        for poly in _polygons(sm.core_area):
+            ax.add_patch(
+                MplPolygon(
+                    poly[0],
+                    closed=True,
+                    facecolor=colour[sm.id],
+                    alpha=0.25,
+                    edgecolor=colour[sm.id],
+                    lw=0.8,
+                )
+            )
+        for poly in _polygons(sm.footprint):
+            ax.add_patch(
+                MplPolygon(
+                    poly[0], closed=True, fill=False, edgecolor=colour[sm.id], lw=0.8, ls="--"
+                )
+            )
+    xs = [c.x_m for c in plan.cameras]
+    ys = [c.y_m for c in plan.cameras]
+    ax.scatter(
+        xs,
+        ys,
+        s=4 if len(xs) < 5000 else 0.5,
+        c=[colour[c.submodel_id] for c in plan.cameras],
+        zorder=3,
+    )
+    if label_many:
+        for sm in plan.submodels:
+            own = [c for c in plan.cameras if c.submodel_id == sm.id]
+            if own:
+                cx = sum(c.x_m for c in own) / len(own)
+                cy = sum(c.y_m for c in own) / len(own)
+                ax.annotate(
+                    sm.id.removeprefix("submodel-"),
+                    (cx, cy),
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    weight="bold",
+                    zorder=4,
+                )
+    ax.set_aspect("equal")
+    ax.autoscale_view()
+    ax.set_xlabel(f"x (m, EPSG:{plan.crs_epsg})")
+    ax.set_ylabel(f"y (m, EPSG:{plan.crs_epsg})")
+    ax.set_title(
+        f"{len(plan.submodels)} submodels, split {plan.split}, overlap {plan.split_overlap_m:g} m"
+    )
+    ax.ticklabel_format(useOffset=False, style="plain")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def plan_markdown(plan: SplitPlan, survey: Survey) -> str:
+    """A markdown report of the plan: submodel table, rejected images with reasons, cameras."""
+    lines = [
+        f"# Split plan `{plan.fingerprint[:12]}`",
+        "",
+        f"- survey `{survey.fingerprint[:12]}` from `{_md_escape(survey.source)}`: "
+        f"{len(survey.images)} images accepted, {len(survey.rejected)} rejected",
+        f"- CRS EPSG:{plan.crs_epsg}; split {plan.split} images; "
+        f"overlap {plan.split_overlap_m:g} m; "
+        f"minimum submodel {plan.min_submodel_images} images",
+        "",
+        "| submodel | images | overlap images | area (m²) | estimated memory (GiB) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for row in plan_rows(plan):
+        lines.append(
+            f"| {row['submodel']} | {row['images']} | {row['overlap_images']} | "
+            f"{row['area_m2']:,.0f} | {row['estimated_memory_gib']:.2f} |"
+        )
+    lines += ["", "## Cameras", ""]
+    if survey.cameras:
+        lines += ["| camera | images |", "|---|---:|"]
+        lines += [
+            f"| {_md_escape(name)} | {count} |" for name, count in sorted(survey.cameras.items())
+        ]
+        if len(survey.cameras) > 1:
+            lines += ["", f"Mixed cameras: {len(survey.cameras)} models in one survey."]
+    lines += ["", "## Rejected images", ""]
+    if survey.rejected:
+        lines += ["| image | reason | detail |", "|---|---|---|"]
+        lines += [
+            f"| {_md_escape(r.name)} | {r.reason} | {_md_escape(r.detail)} |"
+            for r in survey.rejected
+        ]
+    else:
+        lines.append("None.")
+    return "\n".join(lines) + "\n"
