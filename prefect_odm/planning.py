@@ -600,7 +600,12 @@ def plan_submodels(
     # inputs) do not enter it; the submodel fingerprints already cover images and options.
     identity = {im.name: im.identity for im in images}
     content = plan.model_dump(
-        mode="json", exclude={"fingerprint", "cameras": True, "submodels": {"__all__": {"image_names", "core_image_names"}}}
+        mode="json",
+        exclude={
+            "fingerprint": True,
+            "cameras": True,
+            "submodels": {"__all__": {"image_names", "core_image_names"}},
+        },
     )
     content["cameras"] = sorted(
         (identity[c.name], c.x_m, c.y_m, c.z_m, c.submodel_id) for c in plan.cameras
