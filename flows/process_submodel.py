@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 from prefect import flow, get_run_logger
 
@@ -19,6 +19,7 @@ from prefect_odm.errors import SubmodelFailedError
 from prefect_odm.layout import OutputLayout
 from prefect_odm.models import SplitPlan, SubmodelResult, Survey
 from prefect_odm.submodels import SubmodelRunner
+from prefect_odm.tasks.admission import DEFAULT_LIMIT_NAME, ensure_memory_limit, memory_slots
 
 _active: dict[tuple[str, ...], Cluster] = {}
 _active_lock = threading.Lock()
@@ -65,6 +66,7 @@ def process_submodel(
     output: str,
     nodes: list[str] | None = None,
     force: bool = False,
+    memory_limit_name: str = DEFAULT_LIMIT_NAME,
 ) -> SubmodelResult:
     """Process one submodel of a stored plan, or reuse its stored result.
 
@@ -74,6 +76,8 @@ def process_submodel(
         output: the run's output root (local path or fsspec URL).
         nodes: NodeODM node URLs; none starts the built-in engine for this run.
         force: process again even when a stored result with the same fingerprint exists.
+        memory_limit_name: Prefect global concurrency limit whose slots stand for the pool's
+            memory in GiB (created or resized to the pool's memory when the run starts).
 
     Returns:
         The submodel's result. Transient node failures are retried, on another node when one is
@@ -88,7 +92,14 @@ def process_submodel(
     survey = Survey.model_validate(storage.read_json(plan_url.rsplit("/", 1)[0] + "/survey.json"))
     layout = OutputLayout(output, plan.survey_fingerprint)
     with _cluster_for(nodes, plan.options.pipeline) as cluster:
-        runner = SubmodelRunner(plan, survey, layout, cluster.pool, cluster.clients, log=logger.info)
+        ensure_memory_limit(memory_limit_name, max(1, int(sum(cluster.node_memory_gib))))
+
+        def admit(sid: str, memory_gib: float) -> AbstractContextManager[object]:
+            return memory_slots(memory_limit_name, memory_gib, what=f"{plan.survey_fingerprint[:12]}/{sid}")
+
+        runner = SubmodelRunner(
+            plan, survey, layout, cluster.pool, cluster.clients, admit=admit, log=logger.info
+        )
         result = runner.run(submodel_id, force=force)
     if result.status == "failed":
         # Fail the flow run, so the UI shows it failed and offers Retry on it.

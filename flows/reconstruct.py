@@ -25,6 +25,13 @@ from prefect_odm.tasks.merge import check_coverage, merge_dems, merge_orthophoto
 from prefect_odm.tasks.report import publish_plan, publish_report
 from prefect_odm.tasks.survey import plan_submodels, scan_survey
 
+from prefect_odm.flows.deployment import (
+    configured_submodel_deployment,
+    result_of,
+    start_submodel_run,
+    wait_for_runs,
+    work_queue_for,
+)
 from prefect_odm.flows.process_submodel import process_submodel, sharing_cluster
 
 MERGE_VERSION = "1"
@@ -38,6 +45,14 @@ def run_submodel(plan_url: str, submodel_id: str, output: str, nodes: list[str],
         return process_submodel(plan_url, submodel_id, output, nodes=nodes, force=force)
     except SubmodelFailedError as exc:
         return exc.result  # type: ignore[return-value]
+
+
+def _failure_text(result: SubmodelResult) -> str:
+    """The error and the node's last output lines, one string (for the error and the manifest)."""
+    text = result.error or "failed"
+    if result.last_output:
+        text += "\n    " + "\n    ".join(result.last_output[-5:])
+    return text
 
 
 def _merge_fingerprint(results: list[SubmodelResult], plan: SplitPlan) -> str:
@@ -79,6 +94,18 @@ def reconstruct(
     options: ProcessingOptions | None = None,
     allow_partial: bool = False,
     force: bool = False,
+    submodel_deployment: str | None = Field(
+        None,
+        description=(
+            "Run each submodel as a run of this deployment ('flow/deployment', e.g. "
+            "'process_submodel/process-submodel') on workers; none: inline subflows, unless "
+            "PREFECT_ODM_SUBMODEL_DEPLOYMENT names one ('inline' forces inline)."
+        ),
+    ),
+    priority: Literal["normal", "urgent"] = Field(
+        "normal",
+        description="'urgent' sends the submodel runs to the urgent work queue; never part of a fingerprint.",
+    ),
 ) -> Manifest:
     """Reconstruct a drone survey into one orthophoto, DSM and point cloud.
 
@@ -92,6 +119,12 @@ def reconstruct(
         options: processing options sent to every node (ODM names).
         allow_partial: merge what finished and list failed submodels, instead of failing.
         force: process every submodel again even when stored results exist.
+        submodel_deployment: run each pending submodel as a run of this deployment (started from
+            a Prefect task with the idempotency key ``{this run id}-{submodel id}``, so each can
+            be retried from the UI and a retried parent finds its children again); ``None``:
+            inline subflows, unless ``PREFECT_ODM_SUBMODEL_DEPLOYMENT`` is set.
+        priority: ``"urgent"`` puts the submodel runs (deployment mode) on the urgent work queue,
+            taken before the default queue's backlog. Not part of any fingerprint.
 
     Returns:
         The manifest (also written to ``manifest.json`` next to the products, last).
@@ -138,10 +171,10 @@ def reconstruct(
             pending.append(sm.id)
     if pending:
         progress.emit("stage", name="process")
-        results.update(_process(pending, plan, layout, nodes, cluster, force))
+        results.update(_process(pending, plan, layout, nodes, cluster, force, submodel_deployment, priority))
     timings["process"] = time.monotonic() - t
 
-    failed = {sid: r.error or "failed" for sid, r in results.items() if r.status == "failed"}
+    failed = {sid: _failure_text(r) for sid, r in results.items() if r.status == "failed"}
     if failed and not allow_partial:
         raise IncompleteRunError(failed)
     merged = sorted((r for r in results.values() if r.status != "failed"), key=lambda r: r.submodel_id)
@@ -190,9 +223,15 @@ def _process(
     nodes: list[str] | None,
     cluster: Cluster | None,
     force: bool,
+    submodel_deployment: str | None = None,
+    priority: str = "normal",
 ) -> dict[str, SubmodelResult]:
-    """Run the pending submodels as concurrent subflows sharing one placement pool."""
+    """Run the pending submodels: as deployment runs when a submodel deployment is configured,
+    else as concurrent inline subflows sharing one placement pool."""
     plan_url = layout.plan_json
+    deployment = configured_submodel_deployment(submodel_deployment)
+    if deployment is not None:
+        return _process_as_deployments(deployment, pending, plan, layout, nodes, force, priority)
     if cluster is not None:
         assert nodes is not None
         with sharing_cluster(cluster):
@@ -202,6 +241,41 @@ def _process(
         urls = list(engine.clients)
         futures = [run_submodel.submit(plan_url, sid, layout.root, urls, force) for sid in pending]
         return {sid: f.result() for sid, f in zip(pending, futures, strict=True)}
+
+
+def _process_as_deployments(
+    deployment: str,
+    pending: list[str],
+    plan: SplitPlan,
+    layout: OutputLayout,
+    nodes: list[str] | None,
+    force: bool,
+    priority: str,
+) -> dict[str, SubmodelResult]:
+    """One deployment run per pending submodel (created from tasks), then wait for all of them."""
+    from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+    logger = get_run_logger()
+    queue = work_queue_for(priority)
+    futures = [
+        start_submodel_run.submit(deployment, layout.plan_json, sid, layout.root, list(nodes) if nodes else None, force, queue)
+        for sid in pending
+    ]
+    run_ids = {sid: f.result() for sid, f in zip(pending, futures, strict=True)}
+    artifact_id = create_progress_artifact(
+        progress=0.0, description=f"submodel runs finished ({len(pending)} started)"
+    )
+    finished: list[str] = []
+
+    def on_final(sid: str, run: Any) -> None:
+        finished.append(sid)
+        logger.info("%s: deployment run %s ended %s", sid, run.name, run.state.name)
+        progress.emit("submodel", id=sid, state=run.state.name.lower(), fraction=1.0)
+        if artifact_id is not None:
+            update_progress_artifact(artifact_id, progress=100.0 * len(finished) / len(pending))
+
+    runs = wait_for_runs(run_ids, on_final=on_final)
+    return {sid: result_of(runs[sid], plan, sid, layout.root) for sid in pending}
 
 
 def _merge(

@@ -86,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_split_args(plan)
     _add_option_args(plan)
 
+    slots = sub.add_parser("slots", help="inspect or reset the memory slots (global concurrency limit)")
+    slots.add_argument("--name", default="prefect-odm-memory-gib", help="limit name")
+    slots.add_argument("--reset", action="store_true", help="set active slots to 0 (nothing may be running)")
+
     eng = sub.add_parser("engine", help="the built-in NodeODM-compatible engine")
     eng.add_argument("engine_args", nargs=argparse.REMAINDER, help="e.g. serve --port 3000")
     return parser
@@ -102,6 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _plan(args)
         if args.command == "reconstruct":
             return _reconstruct(args)
+        if args.command == "slots":
+            return _slots(args)
     except (InputError, PlanningError) as exc:
         print(f"prefect-odm: error: {exc}", file=sys.stderr)
         return 2
@@ -153,6 +159,25 @@ def _plan(args: argparse.Namespace) -> int:
     for r in survey.rejected:
         console.print(f"rejected {r.name}: {r.reason} {r.detail}")
     console.print(f"plan written to {out}/plan.json, plan.geojson, plan.png")
+    return 0
+
+
+def _slots(args: argparse.Namespace) -> int:
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from prefect_odm.tasks.admission import reset_slots, slots_status
+
+    _quiet_prefect_console(args.verbose)
+    if args.reset:
+        reset_slots(args.name)
+        print(f"{args.name}: active slots reset to 0")
+    status = slots_status(args.name)
+    if status["limit"] is None:
+        print(f"{args.name}: no such concurrency limit (it is created by the first run)")
+        return 0
+    print(f"{args.name}: {status['active_slots']} of {status['limit']} GiB slots in use")
+    for h in status["holders"]:
+        state = "running" if h["alive"] else "dead (released at the next run)"
+        print(f"  pid {h['pid']}: {h['slots']} slots for {h['what']} [{state}]")
     return 0
 
 

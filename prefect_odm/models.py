@@ -190,6 +190,11 @@ class SubmodelResult(BaseModel):
     attempts: int = 0
     duration_seconds: float = 0.0
     method: str | None = Field(None, description="Engine method that made the outputs.")
+    options: dict[str, OptionValue] = Field(default_factory=dict, description="NodeODM options used.")
+    early_fingerprint: str | None = Field(
+        None, description="Fingerprint without late-stage options: equal means rerun-from can reuse the task."
+    )
+    rerun_from: str | None = Field(None, description="Stage an existing task was restarted from, if any.")
     error: str | None = None
     last_output: list[str] = Field(default_factory=list)
 

@@ -353,7 +353,7 @@ class NodeClient:
         *,
         poll_interval_seconds: float = 2.0,
         max_wait_seconds: float = 24 * 3600.0,
-        max_poll_errors: int = 10,
+        max_poll_errors: int = 5,
         on_progress: Callable[[TaskState], None] | None = None,
     ) -> TaskState:
         """Poll until the task finishes; a poll error is transient, never the task's failure.
@@ -374,7 +374,7 @@ class NodeClient:
                 errors += 1
                 if errors >= max_poll_errors:
                     raise
-                time.sleep(min(30.0, poll_interval_seconds * errors))
+                time.sleep(min(10.0, poll_interval_seconds * errors))
                 continue
             if state is None:
                 raise TransientNodeError("the node no longer knows the task", node_url=self.url, task_uuid=uuid)

@@ -42,11 +42,34 @@ class PoolNode:
 
 
 @dataclass
+class _Waiter:
+    ticket: int
+    memory_gib: float
+    exclude: tuple[str, ...]
+    passes: int = 0
+
+
+MAX_PASSES = 3
+"""How often later, smaller submodels may start before an earlier waiting one; after that the
+pool holds new placements back until the earlier one fits (no starvation)."""
+
+
+@dataclass
 class NodePool:
-    """Thread-safe best-fit placement over ``nodes``."""
+    """Thread-safe best-fit placement over ``nodes``, first come first served with bounded
+    overtaking: a later submodel may start before an earlier waiting one only while the earlier
+    one could not start anyway, and at most :data:`MAX_PASSES` times."""
 
     nodes: Sequence[PoolNode]
     _cond: threading.Condition = field(default_factory=threading.Condition, init=False, repr=False)
+    _waiting: list[_Waiter] = field(default_factory=list, init=False, repr=False)
+    _tickets: int = field(default=0, init=False, repr=False)
+
+    def _best(self, memory_gib: float, exclude: Sequence[str]) -> PoolNode | None:
+        fitting = [n for n in self.nodes if n.key not in exclude and n.fits(memory_gib)]
+        if not fitting:
+            return None
+        return min(fitting, key=lambda n: (n.memory_gib - n.used_memory_gib - memory_gib, n.key))
 
     def check_fits(self, memory_gib: float, what: str) -> None:
         """Raise :class:`PlanningError` if no node could ever run ``memory_gib``."""
@@ -70,20 +93,31 @@ class NodePool:
         self.check_fits(memory_gib, what)
         deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
         with self._cond:
-            while True:
-                usable = [n for n in self.nodes if not n.down and n.key not in exclude]
-                if not usable:
-                    raise TransientNodeError(f"no node available for {what}: all are down or excluded")
-                fitting = [n for n in usable if n.fits(memory_gib)]
-                if fitting:
-                    node = min(fitting, key=lambda n: (n.memory_gib - n.used_memory_gib - memory_gib, n.key))
-                    node.used_memory_gib += memory_gib
-                    node.running += 1
-                    break
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise TransientNodeError(f"no node had room for {what} within {timeout_seconds} s")
-                self._cond.wait(timeout=5.0 if remaining is None else min(5.0, remaining))
+            self._tickets += 1
+            me = _Waiter(self._tickets, memory_gib, tuple(exclude))
+            self._waiting.append(me)
+            try:
+                while True:
+                    if not any(not n.down and n.key not in exclude for n in self.nodes):
+                        raise TransientNodeError(f"no node available for {what}: all are down or excluded")
+                    node = self._best(memory_gib, exclude)
+                    earlier = [w for w in self._waiting if w.ticket < me.ticket]
+                    may_pass = all(
+                        w.passes < MAX_PASSES and self._best(w.memory_gib, w.exclude) is None for w in earlier
+                    )
+                    if node is not None and may_pass:
+                        for w in earlier:
+                            w.passes += 1
+                        node.used_memory_gib += memory_gib
+                        node.running += 1
+                        break
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        raise TransientNodeError(f"no node had room for {what} within {timeout_seconds} s")
+                    self._cond.wait(timeout=5.0 if remaining is None else min(5.0, remaining))
+            finally:
+                self._waiting.remove(me)
+                self._cond.notify_all()
         try:
             yield node
         finally:

@@ -11,6 +11,7 @@ import logging
 import tempfile
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,9 +24,11 @@ from prefect_odm.errors import (
     StorageError,
     TransientNodeError,
 )
-from prefect_odm.layout import OutputLayout
+from prefect_odm.fingerprints import submodel_fingerprint
+from prefect_odm.layout import OutputLayout, join
 from prefect_odm.models import SplitPlan, Submodel, SubmodelResult, Survey
 from prefect_odm.nodeodm import COMPLETED, NodeClient, TaskState, task_uuid
+from prefect_odm.option_stages import early_options, rerun_from_stage
 from prefect_odm.pool import NodePool
 from prefect_odm.products import find_odm_products
 
@@ -51,6 +54,29 @@ def load_stored_result(layout: OutputLayout, submodel: Submodel) -> SubmodelResu
     return result
 
 
+def previous_results(layout: OutputLayout, submodel_id: str) -> list[SubmodelResult]:
+    """Completed stored results of earlier fingerprints of this submodel id (any options)."""
+    pattern = join(layout.survey_dir, "submodels", f"{submodel_id}-*", "result.json")
+    try:
+        fs, path = storage.filesystem(pattern)
+        found = sorted(fs.glob(path))
+    except (StorageError, OSError):
+        return []
+    out = []
+    for item in found:
+        try:
+            result = SubmodelResult.model_validate(storage.read_json(fs.unstrip_protocol(item)))
+        except (StorageError, ValueError, OSError):
+            continue
+        if result.status == "completed" and result.task_uuid and result.node_url:
+            out.append(result)
+    return out
+
+
+def _no_admission(submodel_id: str, memory_gib: float) -> AbstractContextManager[object]:
+    return nullcontext()
+
+
 @dataclass
 class SubmodelRunner:
     """Runs submodels of one plan on a pool of nodes.
@@ -61,6 +87,8 @@ class SubmodelRunner:
         layout: where products and results are stored.
         pool: node placement.
         clients: node key (public URL) -> client.
+        admit: context manager factory ``(submodel_id, memory_gib)`` held while a submodel runs
+            (the Prefect global concurrency limit of memory slots); none by default.
         max_attempts: attempts per submodel (transient errors and out-of-memory retries).
         poll_interval_seconds: task status poll interval.
         upload_deadline_seconds: the upload of one submodel must finish within this time.
@@ -72,6 +100,7 @@ class SubmodelRunner:
     layout: OutputLayout
     pool: NodePool
     clients: Mapping[str, NodeClient]
+    admit: Callable[[str, float], AbstractContextManager[object]] = _no_admission
     max_attempts: int = 4
     poll_interval_seconds: float = 1.0
     upload_deadline_seconds: float = 1800.0
@@ -89,33 +118,33 @@ class SubmodelRunner:
                 progress.emit("submodel", id=submodel_id, state="reused", fraction=1.0)
                 return stored.model_copy(update={"status": "reused"})
         start = time.monotonic()
+        options = self.plan.options.to_nodeodm()
+        early_fp = self._early_fingerprint(submodel, options)
+        if not force:
+            for previous in previous_results(self.layout, submodel_id):
+                if previous.early_fingerprint == early_fp and previous.node_url in self.clients:
+                    result = self._try_rerun_from(submodel, previous, options, early_fp, start)
+                    if result is not None:
+                        return result
         memory_gib = submodel.estimated_memory_gib
         excluded: list[str] = []
         last: NodeError | None = None
         node_key: str | None = None
         uuid: str | None = None
+        attempt = 0
         for attempt in range(self.max_attempts):
             uuid = task_uuid(submodel.fingerprint, attempt)
             try:
-                with self.pool.lease(memory_gib, what=submodel_id, exclude=excluded) as node:
+                with self.admit(submodel_id, memory_gib), self.pool.lease(
+                    memory_gib, what=submodel_id, exclude=excluded
+                ) as node:
                     node_key = node.key
-                    products = self._run_on_node(self.clients[node.key], submodel, uuid)
-                result = SubmodelResult(
-                    submodel_id=submodel_id,
-                    fingerprint=submodel.fingerprint,
-                    status="completed",
-                    products=products,
-                    node_url=node_key,
-                    task_uuid=uuid,
-                    attempts=attempt + 1,
-                    duration_seconds=round(time.monotonic() - start, 3),
-                    method=self._method(),
+                    client = self.clients[node.key]
+                    self._create_or_attach(client, submodel, uuid)
+                    products = self._collect(client, submodel, uuid)
+                return self._store(
+                    submodel, products, node_key, uuid, attempt + 1, start, options, early_fp, None
                 )
-                storage.write_json_atomic(
-                    self.layout.submodel_result(submodel_id, submodel.fingerprint), result.model_dump(mode="json")
-                )
-                progress.emit("submodel", id=submodel_id, state="completed", fraction=1.0)
-                return result
             except OutOfMemoryError as exc:
                 last = exc
                 memory_gib *= self.oom_memory_factor
@@ -140,9 +169,89 @@ class SubmodelRunner:
             task_uuid=last.task_uuid or uuid,
             attempts=attempt + 1,
             duration_seconds=round(time.monotonic() - start, 3),
+            method=self._method(),
+            options=options,
+            early_fingerprint=early_fp,
             error=str(last).split("\n")[0],
             last_output=last.last_output,
         )
+
+    def _early_fingerprint(self, submodel: Submodel, options: Mapping[str, object]) -> str:
+        identity = {img.name: img.identity for img in self.survey.images}
+        return submodel_fingerprint(
+            [identity[n] for n in submodel.image_names], early_options(options), self.plan.engine_identity
+        )
+
+    def _try_rerun_from(
+        self,
+        submodel: Submodel,
+        previous: SubmodelResult,
+        options: dict[str, object],
+        early_fp: str,
+        start: float,
+    ) -> SubmodelResult | None:
+        """Restart the finished task of an earlier fingerprint from the first changed stage.
+
+        Returns ``None`` (process from scratch) when the node no longer has that task finished.
+        """
+        assert previous.node_url is not None and previous.task_uuid is not None
+        client = self.clients[previous.node_url]
+        sid = submodel.id
+        try:
+            state = client.task_state(previous.task_uuid)
+            if state is None or state.status != COMPLETED:
+                return None
+            stages = _node_stages(client)
+            stage = rerun_from_stage(previous.options, options, stages)
+            if stage is None or stage == stages[0]:
+                return None
+            with self.admit(sid, submodel.estimated_memory_gib), self.pool.lease(
+                submodel.estimated_memory_gib, what=sid, exclude=[k for k in self.clients if k != previous.node_url]
+            ):
+                self.log(f"{sid}: restarting task {previous.task_uuid} on {client.url} from {stage}")
+                progress.emit("submodel", id=sid, state=f"rerun from {stage}", fraction=0.1)
+                if not client.restart(previous.task_uuid, {**options, "rerun-from": stage}):
+                    return None
+                products = self._collect(client, submodel, previous.task_uuid)
+        except NodeError as exc:
+            self.log(f"{sid}: rerun-from on {client.url} failed ({str(exc).splitlines()[0]}); processing from scratch")
+            return None
+        return self._store(
+            submodel, products, previous.node_url, previous.task_uuid, 1, start, options, early_fp, stage
+        )
+
+    def _store(
+        self,
+        submodel: Submodel,
+        products: dict[str, str],
+        node_key: str | None,
+        uuid: str,
+        attempts: int,
+        start: float,
+        options: dict[str, object],
+        early_fp: str,
+        rerun_from: str | None,
+    ) -> SubmodelResult:
+        result = SubmodelResult(
+            submodel_id=submodel.id,
+            fingerprint=submodel.fingerprint,
+            status="completed",
+            products=products,
+            node_url=node_key,
+            task_uuid=uuid,
+            attempts=attempts,
+            duration_seconds=round(time.monotonic() - start, 3),
+            method=self._method(),
+            options=options,  # type: ignore[arg-type]
+            early_fingerprint=early_fp,
+            rerun_from=rerun_from,
+        )
+        # result.json last: its presence means every product is stored.
+        storage.write_json_atomic(
+            self.layout.submodel_result(submodel.id, submodel.fingerprint), result.model_dump(mode="json")
+        )
+        progress.emit("submodel", id=submodel.id, state="completed", fraction=1.0)
+        return result
 
     def _method(self) -> str:
         return str(self.plan.options.pipeline)
@@ -154,8 +263,8 @@ class SubmodelRunner:
         except NodeError:
             return False
 
-    def _run_on_node(self, client: NodeClient, submodel: Submodel, uuid: str) -> dict[str, str]:
-        """Create or re-attach to the task, wait, download, verify and store the products."""
+    def _create_or_attach(self, client: NodeClient, submodel: Submodel, uuid: str) -> None:
+        """Submit the task, or re-attach to the task a killed run left (same UUID)."""
         sid = submodel.id
         state = client.task_state(uuid)
         if state is None:
@@ -181,6 +290,10 @@ class SubmodelRunner:
         else:
             self.log(f"{sid}: re-attached to running task {uuid} on {client.url}")
 
+    def _collect(self, client: NodeClient, submodel: Submodel, uuid: str) -> dict[str, str]:
+        """Wait for the task, download, verify and store its products; product -> URL."""
+        sid = submodel.id
+
         def on_progress(s: TaskState) -> None:
             progress.emit("submodel", id=sid, state="processing", fraction=0.1 + 0.85 * s.progress / 100.0)
 
@@ -199,3 +312,13 @@ class SubmodelRunner:
                 if extra.is_file():
                     storage.put_file(extra, f"{self.layout.submodel_dir(sid, submodel.fingerprint)}/report/{extra.name}")
         return stored
+
+
+def _node_stages(client: NodeClient) -> list[str]:
+    """The node's stage order: its ``rerun-from`` option's domain."""
+    for option in client.options():
+        if option.get("name") == "rerun-from" and isinstance(option.get("domain"), list):
+            return [str(s) for s in option["domain"]]
+    from prefect_odm.option_stages import ODM_STAGES
+
+    return list(ODM_STAGES)

@@ -122,3 +122,38 @@ def test_core_imports_neither_prefect_nor_pyodm():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_pool_large_submodel_is_not_starved_by_small_ones():
+    node = PoolNode("n", memory_gib=10, max_parallel_tasks=10)
+    pool = NodePool([node])
+    order: list[str] = []
+    lock = threading.Lock()
+    holders = [pool.lease(4, what="s0"), pool.lease(4, what="s1")]
+    for h in holders:
+        h.__enter__()  # 8 of 10 GiB in use: the large one (8 GiB) must wait
+
+    def job(name: str, gib: float) -> None:
+        with pool.lease(gib, what=name):
+            with lock:
+                order.append(name)
+            time.sleep(0.05)
+
+    large = threading.Thread(target=job, args=("large", 8))
+    large.start()
+    time.sleep(0.1)
+    smalls = [threading.Thread(target=job, args=(f"small{i}", 2)) for i in range(8)]
+    for t in smalls:
+        t.start()
+        time.sleep(0.01)
+    time.sleep(0.3)
+    for h in holders:
+        h.__exit__(None, None, None)
+    large.join(5)
+    for t in smalls:
+        t.join(5)
+    # Small ones passed the large one only while it could not start, at most MAX_PASSES times.
+    from prefect_odm.pool import MAX_PASSES
+
+    assert order.index("large") <= MAX_PASSES
+    assert len(order) == 9

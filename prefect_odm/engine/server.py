@@ -677,6 +677,22 @@ def create_app(engine: Engine, *, manage_lifecycle: bool = True) -> FastAPI:
         openapi_url=None,
     )
     auth = [Depends(check_token)]
+    request_log = engine.data_dir / "requests.log"
+
+    @app.middleware("http")
+    async def log_request(request: Request, call_next: Any) -> Any:
+        # One JSON line per request: method, path and the *names* of the query parameters
+        # (never their values, so a token is never written down).
+        line = json.dumps(
+            {
+                "method": request.method,
+                "path": request.url.path,
+                "query": sorted(request.query_params),
+            }
+        )
+        with open(request_log, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+        return await call_next(request)
 
     @app.exception_handler(_AuthError)
     async def _auth_failed(_: Request, __: _AuthError) -> JSONResponse:

@@ -1,0 +1,173 @@
+"""Memory-aware admission across processes: a Prefect global concurrency limit of GiB slots.
+
+Each submodel takes ``ceil(estimated peak memory in GiB)`` slots of a global concurrency limit
+whose size is the pool's memory, with ``strict=True`` so a misspelt or missing limit fails
+instead of silently running unlimited. The limit is created (or resized) when a run starts.
+
+Slots held by a process that was killed: a self-hosted server with the filesystem lease storage
+(``PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE=prefect.server.concurrency.lease_storage.filesystem``)
+gives them back when the lease expires (``lease_duration_seconds``, 60 s here). Prefect's
+temporary (embedded) server and its in-memory lease storage never do, so every holder also
+writes a ledger entry on this machine (``$PREFECT_ODM_HOME/slots/``: limit name, slots, pid and
+the pid's start time); before taking slots, entries of processes that no longer exist are
+released and removed. ``prefect-odm slots`` shows the limit, its holders and can reset it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, GlobalConcurrencyLimitUpdate
+from prefect.concurrency.sync import concurrency
+from prefect.exceptions import ObjectNotFound
+
+from prefect_odm.cluster import prefect_odm_home
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_LIMIT_NAME = "prefect-odm-memory-gib"
+LEASE_DURATION_SECONDS = 60.0
+
+
+def slots_for(memory_gib: float) -> int:
+    """Slots a submodel takes: its estimated peak memory rounded up to whole GiB (at least 1)."""
+    return max(1, math.ceil(memory_gib - 1e-9))
+
+
+def ensure_memory_limit(name: str, limit_gib: int) -> None:
+    """Create the global concurrency limit ``name`` with ``limit_gib`` slots, or resize it."""
+    with get_client(sync_client=True) as client:
+        try:
+            current = client.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            client.create_global_concurrency_limit(
+                GlobalConcurrencyLimitCreate(name=name, limit=limit_gib, active=True)
+            )
+            logger.info("created concurrency limit %s with %d GiB slots", name, limit_gib)
+            return
+        if current.limit != limit_gib or not current.active:
+            client.update_global_concurrency_limit(
+                name, GlobalConcurrencyLimitUpdate(limit=limit_gib, active=True)
+            )
+
+
+def _ledger_dir(name: str) -> Path:
+    return prefect_odm_home() / "slots" / name
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One holder of slots on this machine."""
+
+    path: Path
+    name: str
+    slots: int
+    pid: int
+    pid_started: float
+    what: str
+
+    @property
+    def alive(self) -> bool:
+        try:
+            return abs(psutil.Process(self.pid).create_time() - self.pid_started) < 1.0
+        except psutil.Error:
+            return False
+
+
+def ledger(name: str) -> list[LedgerEntry]:
+    """The ledger entries of limit ``name`` on this machine."""
+    out = []
+    for path in sorted(_ledger_dir(name).glob("*.json")):
+        try:
+            data: dict[str, Any] = json.loads(path.read_text())
+            out.append(
+                LedgerEntry(path, name, int(data["slots"]), int(data["pid"]), float(data["pid_started"]), str(data["what"]))
+            )
+        except (OSError, ValueError, KeyError):
+            continue
+    return out
+
+
+def reclaim_dead_holders(name: str) -> int:
+    """Release the slots of ledger entries whose process is gone; returns the slots released."""
+    released = 0
+    dead = [e for e in ledger(name) if not e.alive]
+    if not dead:
+        return 0
+    with get_client(sync_client=True) as client:
+        for entry in dead:
+            # A limit that no longer exists answers with an empty list: nothing to release.
+            client.release_concurrency_slots([name], entry.slots, occupancy_seconds=1.0)
+            entry.path.unlink(missing_ok=True)
+            released += entry.slots
+            logger.info("released %d slots of %s left by dead process %d (%s)", entry.slots, name, entry.pid, entry.what)
+    return released
+
+
+@contextmanager
+def memory_slots(
+    name: str,
+    memory_gib: float,
+    *,
+    what: str,
+    timeout_seconds: float | None = None,
+    lease_duration_seconds: float = LEASE_DURATION_SECONDS,
+) -> Iterator[int]:
+    """Hold ``slots_for(memory_gib)`` slots of limit ``name`` while the block runs.
+
+    Raises:
+        prefect.concurrency... errors: the limit does not exist (strict) or the wait timed out.
+    """
+    slots = slots_for(memory_gib)
+    reclaim_dead_holders(name)
+    with concurrency(
+        name,
+        occupy=slots,
+        strict=True,
+        timeout_seconds=timeout_seconds,
+        lease_duration=lease_duration_seconds,
+    ):
+        directory = _ledger_dir(name)
+        directory.mkdir(parents=True, exist_ok=True)
+        me = psutil.Process()
+        path = directory / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"slots": slots, "pid": me.pid, "pid_started": me.create_time(), "what": what}))
+        os.replace(tmp, path)
+        try:
+            yield slots
+        finally:
+            path.unlink(missing_ok=True)
+
+
+def slots_status(name: str) -> dict[str, Any]:
+    """The limit's size and active slots on the server, and this machine's ledger."""
+    with get_client(sync_client=True) as client:
+        try:
+            limit = client.read_global_concurrency_limit_by_name(name)
+            server = {"limit": limit.limit, "active_slots": limit.active_slots, "active": limit.active}
+        except ObjectNotFound:
+            server = {"limit": None, "active_slots": None, "active": False}
+    holders = [
+        {"pid": e.pid, "slots": e.slots, "what": e.what, "alive": e.alive} for e in ledger(name)
+    ]
+    return {"name": name, **server, "holders": holders}
+
+
+def reset_slots(name: str) -> None:
+    """Set the limit's active slots to 0 and clear this machine's ledger (nothing may be running)."""
+    with get_client(sync_client=True) as client:
+        client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(active_slots=0))
+    for entry in ledger(name):
+        entry.path.unlink(missing_ok=True)

@@ -1,0 +1,283 @@
+"""Submodels on a pool of real built-in engine nodes (several loopback ports), with faults
+injected through the engine's hooks, through real Prefect."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rasterio
+
+from prefect_odm.engine.faults import FAULTS_ENV
+from prefect_odm.engine.launch import EngineProcess, start_engine
+from prefect_odm.errors import IncompleteRunError
+from prefect_odm.models import ProcessingOptions
+from prefect_odm.nodeodm import RUNNING, NodeClient
+
+pytestmark = pytest.mark.integration
+
+DIRECT = ProcessingOptions(pipeline="direct")
+
+
+@contextmanager
+def engines(tmp_path: Path, specs: list[dict]) -> Iterator[list[EngineProcess]]:
+    """Start one engine per spec: ``{"faults": {...}, "parallel": n, "token": str}``."""
+    with ExitStack() as stack:
+        out = []
+        for i, spec in enumerate(specs):
+            env = {FAULTS_ENV: json.dumps(spec["faults"])} if spec.get("faults") else None
+            out.append(
+                stack.enter_context(
+                    start_engine(
+                        tmp_path / f"node{i}",
+                        method="direct",
+                        max_parallel_tasks=spec.get("parallel", 2),
+                        token=spec.get("token"),
+                        extra_env=env,
+                    )
+                )
+            )
+        yield out
+
+
+def requests_of(engine: EngineProcess) -> list[dict]:
+    path = engine.data_dir / "requests.log"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def count(engine: EngineProcess, method: str, prefix: str) -> int:
+    return sum(1 for r in requests_of(engine) if r["method"] == method and r["path"].startswith(prefix))
+
+
+def run_flow(images: Path, out: Path, nodes: list[str], **kwargs):
+    from prefect_odm.flows import reconstruct
+
+    return reconstruct(images=str(images), output=str(out), nodes=nodes, split=5, split_overlap_m=15, options=DIRECT, **kwargs)
+
+
+def test_memory_admission_never_overcommits_a_node_and_uses_both(prefect_api, brighton_images, tmp_path, odm_home):
+    """6 submodels, 2 nodes with memory for one large or two small submodels each."""
+    from prefect_odm.layout import OutputLayout
+    from prefect_odm.planning import plan_submodels
+    from prefect_odm.pool import NodePool, PoolNode
+    from prefect_odm.scan import scan_survey
+    from prefect_odm.submodels import SubmodelRunner
+
+    survey = scan_survey(str(brighton_images))
+    plan = plan_submodels(survey, split=3, split_overlap_m=10, min_submodel_images=2, options=DIRECT)
+    assert len(plan.submodels) >= 6
+    plan = plan.model_copy(
+        update={
+            "submodels": [
+                sm.model_copy(update={"estimated_memory_gib": 4.0 if i % 3 == 0 else 2.0})
+                for i, sm in enumerate(plan.submodels[:6])
+            ]
+        }
+    )
+    layout = OutputLayout(str(tmp_path / "out"), survey.fingerprint)
+    with engines(tmp_path, [{"faults": {"slow_seconds": 1.5}, "parallel": 4}] * 2) as nodes:
+        clients = {NodeClient(e.url).url: NodeClient(e.url) for e in nodes}
+        pool = NodePool([PoolNode(key, memory_gib=4.0, max_parallel_tasks=2) for key in clients])
+        runner = SubmodelRunner(plan, survey, layout, pool, clients, poll_interval_seconds=0.3)
+        estimate = {sm.fingerprint[:12]: sm.estimated_memory_gib for sm in plan.submodels}
+        peaks = {key: 0.0 for key in clients}
+        stop = threading.Event()
+
+        def watch() -> None:  # the nodes' own task lists: memory of RUNNING tasks per node
+            while not stop.is_set():
+                for key, client in clients.items():
+                    used = 0.0
+                    for uuid in client.task_list():
+                        state = client.task_state(uuid)
+                        if state is not None and state.status == RUNNING:
+                            used += estimate[state.info["name"].rsplit("-", 1)[1]]
+                    peaks[key] = max(peaks[key], used)
+                time.sleep(0.1)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            threads = [threading.Thread(target=runner.run, args=(sm.id,)) for sm in plan.submodels]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            stop.set()
+            watcher.join()
+        per_node = {key: len(c.task_list()) for key, c in clients.items()}
+    assert all(peak <= 4.0 for peak in peaks.values()), peaks
+    assert all(n > 0 for n in per_node.values()), per_node
+    assert sum(per_node.values()) == len(plan.submodels)
+
+
+def test_killed_flow_process_reattaches_without_duplicates(prefect_api, brighton_images, tmp_path, odm_home):
+    images_per_submodel_upload = None
+    with engines(tmp_path, [{"faults": {"slow_seconds": 6}}] * 2) as nodes:
+        urls = [e.url for e in nodes]
+        env = dict(os.environ, PREFECT_API_URL=prefect_api)
+        cmd = [sys.executable, "-m", "prefect_odm.cli", "reconstruct", str(brighton_images), "--output",
+               str(tmp_path / "out"), "--nodes", *urls, "--split", "5", "--split-overlap-m", "15", "--pipeline", "direct"]
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        clients = [NodeClient(u) for u in urls]
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            running = [s for c in clients for u in c.task_list() if (s := c.task_state(u)) and s.status == RUNNING]
+            if len(running) >= 2:
+                break
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+            time.sleep(0.2)
+        else:
+            pytest.fail("no task started on the nodes")
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        uploads_before = sum(count(e, "POST", "/task/new/upload") for e in nodes)
+        manifest = run_flow(brighton_images, tmp_path / "out", urls)
+        tasks = [u for c in clients for u in c.task_list()]
+        inits = sum(count(e, "POST", "/task/new/init") for e in nodes)
+        uploads_after = sum(count(e, "POST", "/task/new/upload") for e in nodes)
+        images_per_submodel_upload = sum(len(json.loads(Path(manifest.products["orthophoto"]).parents[1].joinpath("plan", "plan.json").read_text())["submodels"][i]["image_names"]) for i in range(len(manifest.submodels)))
+    assert len(tasks) == len(manifest.submodels) == inits  # one task per submodel, no duplicate
+    assert uploads_after == images_per_submodel_upload  # nothing uploaded twice
+    assert uploads_before <= uploads_after
+    # Identical to an uninterrupted run on fresh nodes.
+    with engines(tmp_path / "fresh", [{}, {}]) as fresh:
+        clean = run_flow(brighton_images, tmp_path / "clean", [e.url for e in fresh])
+    with rasterio.open(manifest.products["orthophoto"]) as a, rasterio.open(clean.products["orthophoto"]) as b:
+        assert a.transform == b.transform and np.array_equal(a.read(), b.read())
+
+
+def test_node_killed_mid_task_its_submodel_finishes_elsewhere(prefect_api, brighton_images, tmp_path, odm_home):
+    with engines(tmp_path, [{"faults": {"slow_seconds": 8}, "parallel": 1}, {"parallel": 1}]) as (doomed, healthy):
+        client = NodeClient(doomed.url)
+
+        def kill_when_running() -> None:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                try:
+                    if any((s := client.task_state(u)) and s.status == RUNNING for u in client.task_list()):
+                        doomed.kill()
+                        return
+                except Exception:
+                    return
+                time.sleep(0.1)
+
+        killer = threading.Thread(target=kill_when_running)
+        killer.start()
+        manifest = run_flow(brighton_images, tmp_path / "out", [doomed.url, healthy.url])
+        killer.join()
+        assert not doomed.alive()
+    assert all(r.status == "completed" for r in manifest.submodels)
+    assert {r.node_url for r in manifest.submodels} == {NodeClient(healthy.url).url} or any(
+        r.attempts > 1 and r.node_url == NodeClient(healthy.url).url for r in manifest.submodels
+    )
+    assert any(r.attempts > 1 for r in manifest.submodels)
+
+
+def test_half_the_uploads_fail_with_http_500_and_the_run_succeeds(prefect_api, brighton_images, tmp_path, odm_home):
+    with engines(tmp_path, [{"faults": {"upload_error_every": 2}}]) as (node,):
+        manifest = run_flow(brighton_images, tmp_path / "out", [node.url])
+        failed_uploads = count(node, "POST", "/task/new/upload")
+    assert all(r.status == "completed" for r in manifest.submodels)
+    total_images = sum(1 for _ in brighton_images.glob("*.JPG"))
+    assert failed_uploads >= total_images  # retried uploads happened
+
+
+def test_engine_dying_mid_upload_gives_a_clear_error_not_a_hang(prefect_api, brighton_images, tmp_path, odm_home):
+    start = time.monotonic()
+    with engines(tmp_path, [{"faults": {"die_after_uploads": 3}}]) as (node,):
+        with pytest.raises(IncompleteRunError) as info:
+            run_flow(brighton_images, tmp_path / "out", [node.url])
+    assert "submodel-" in str(info.value)
+    assert time.monotonic() - start < 300
+    assert not list((tmp_path / "out").glob("*/merged"))
+
+
+def test_out_of_memory_is_retried_with_a_larger_reservation(prefect_api, brighton_images, tmp_path, odm_home):
+    with engines(tmp_path, [{"faults": {"oom_first_n_tasks": 1}, "parallel": 1}]) as (node,):
+        manifest = run_flow(brighton_images, tmp_path / "out", [node.url])
+    assert all(r.status == "completed" for r in manifest.submodels)
+    assert sorted(r.attempts for r in manifest.submodels)[-1] == 2
+
+
+def test_permanent_failure_fails_the_run_or_leaves_a_listed_gap(prefect_api, brighton_images, tmp_path, odm_home):
+    faults = {"fail_task_name": "^submodel-001-", "fail_message": "Reconstruction failed: 2 images registered"}
+    with engines(tmp_path, [{"faults": faults}]) as (node,):
+        with pytest.raises(IncompleteRunError) as info:
+            run_flow(brighton_images, tmp_path / "out", [node.url])
+        assert "submodel-001" in str(info.value) and "2 images registered" in str(info.value)
+        assert list(info.value.failed) == ["submodel-001"]
+        partial = run_flow(brighton_images, tmp_path / "out", [node.url], allow_partial=True)
+    assert list(partial.failed_submodels) == ["submodel-001"]
+    assert "2 images registered" in partial.failed_submodels["submodel-001"]
+    states = {r.submodel_id: r.status for r in partial.submodels}
+    assert states.pop("submodel-001") == "failed" and set(states.values()) == {"reused"}
+    report = Path(partial.products["orthophoto"]).parents[1] / "report" / "report.md"
+    assert "submodel-001" in report.read_text()
+
+
+def test_token_goes_only_to_its_node_and_is_never_written(prefect_api, brighton_images, tmp_path, odm_home, monkeypatch, caplog):
+    secret = "s3cr3t-t0ken-value"
+    with engines(tmp_path, [{"token": secret}, {}]) as (locked, open_node):
+        monkeypatch.setenv("PREFECT_ODM_NODE_TOKENS", json.dumps({locked.url: secret}))
+        manifest = run_flow(brighton_images, tmp_path / "out", [locked.url, open_node.url])
+        assert {r.status for r in manifest.submodels} == {"completed"}
+        assert all("token" in r["query"] for r in requests_of(locked))
+        assert not any("token" in r["query"] for r in requests_of(open_node))
+    for path in (tmp_path / "out").rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
+    assert secret not in caplog.text
+
+
+def test_killed_holder_memory_slots_come_back(prefect_api, tmp_path, odm_home):
+    from prefect_odm.tasks.admission import ensure_memory_limit, reclaim_dead_holders, slots_status
+
+    name = "prefect-odm-test-slots"
+    ensure_memory_limit(name, 10)
+    code = (
+        "import time\n"
+        "from prefect_odm.tasks.admission import memory_slots\n"
+        f"with memory_slots({name!r}, 5.5, what='victim'):\n"
+        "    print('held', flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    env = dict(os.environ, PREFECT_API_URL=prefect_api)
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    assert slots_status(name)["active_slots"] == 6
+    proc.kill()
+    proc.wait()
+    assert reclaim_dead_holders(name) == 6
+    status = slots_status(name)
+    assert status["active_slots"] == 0 and status["holders"] == []
+
+
+def test_changing_only_orthophoto_resolution_restarts_tasks_from_that_stage(prefect_api, brighton_images, tmp_path, odm_home):
+    with engines(tmp_path, [{}]) as (node,):
+        first = run_flow(brighton_images, tmp_path / "out", [node.url])
+        from prefect_odm.flows import reconstruct
+
+        finer = reconstruct(
+            images=str(brighton_images), output=str(tmp_path / "out"), nodes=[node.url], split=5,
+            split_overlap_m=15, options=ProcessingOptions(pipeline="direct", orthophoto_resolution_cm=10),
+        )
+        client = NodeClient(node.url)
+        tasks = client.task_list()
+        outputs = {u: "\n".join(client.output(u, 0)) for u in tasks}
+    assert len(tasks) == len(first.submodels)  # no new task: the existing ones were restarted
+    assert {r.rerun_from for r in finer.submodels} == {"odm_orthophoto"}
+    assert {r.task_uuid for r in finer.submodels} == {r.task_uuid for r in first.submodels}
+    assert all("odm_orthophoto" in text for text in outputs.values())
+    with rasterio.open(finer.products["orthophoto"]) as ds:
+        assert ds.res[0] == pytest.approx(0.10, rel=0.01)
