@@ -98,7 +98,8 @@ def process_submodel(
             return memory_slots(memory_limit_name, memory_gib, what=f"{plan.survey_fingerprint[:12]}/{sid}")
 
         runner = SubmodelRunner(
-            plan, survey, layout, cluster.pool, cluster.clients, admit=admit, log=logger.info
+            plan, survey, layout, cluster.pool, cluster.clients, admit=admit, log=logger.info,
+            cancelled=cluster.cancelled,
         )
         result = runner.run(submodel_id, force=force)
     if result.status == "failed":

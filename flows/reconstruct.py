@@ -229,53 +229,25 @@ def _process(
     """Run the pending submodels: as deployment runs when a submodel deployment is configured,
     else as concurrent inline subflows sharing one placement pool."""
     plan_url = layout.plan_json
-    deployment = configured_submodel_deployment(submodel_deployment)
-    if deployment is not None:
-        return _process_as_deployments(deployment, pending, plan, layout, nodes, force, priority)
+
+    def run_all(active: Cluster, urls: list[str]) -> dict[str, SubmodelResult]:
+        with sharing_cluster(active):
+            futures = [run_submodel.submit(plan_url, sid, layout.root, urls, force) for sid in pending]
+            try:
+                return {sid: f.result() for sid, f in zip(pending, futures, strict=True)}
+            except BaseException:
+                # Cancelled or interrupted: every runner cancels its remote task and returns
+                # its slots before the run ends.
+                active.cancelled.set()
+                for f in futures:
+                    f.wait(timeout=60)
+                raise
+
     if cluster is not None:
         assert nodes is not None
-        with sharing_cluster(cluster):
-            futures = [run_submodel.submit(plan_url, sid, layout.root, list(nodes), force) for sid in pending]
-            return {sid: f.result() for sid, f in zip(pending, futures, strict=True)}
-    with embedded_engine(plan.options.pipeline) as engine, sharing_cluster(engine):
-        urls = list(engine.clients)
-        futures = [run_submodel.submit(plan_url, sid, layout.root, urls, force) for sid in pending]
-        return {sid: f.result() for sid, f in zip(pending, futures, strict=True)}
-
-
-def _process_as_deployments(
-    deployment: str,
-    pending: list[str],
-    plan: SplitPlan,
-    layout: OutputLayout,
-    nodes: list[str] | None,
-    force: bool,
-    priority: str,
-) -> dict[str, SubmodelResult]:
-    """One deployment run per pending submodel (created from tasks), then wait for all of them."""
-    from prefect.artifacts import create_progress_artifact, update_progress_artifact
-
-    logger = get_run_logger()
-    queue = work_queue_for(priority)
-    futures = [
-        start_submodel_run.submit(deployment, layout.plan_json, sid, layout.root, list(nodes) if nodes else None, force, queue)
-        for sid in pending
-    ]
-    run_ids = {sid: f.result() for sid, f in zip(pending, futures, strict=True)}
-    artifact_id = create_progress_artifact(
-        progress=0.0, description=f"submodel runs finished ({len(pending)} started)"
-    )
-    finished: list[str] = []
-
-    def on_final(sid: str, run: Any) -> None:
-        finished.append(sid)
-        logger.info("%s: deployment run %s ended %s", sid, run.name, run.state.name)
-        progress.emit("submodel", id=sid, state=run.state.name.lower(), fraction=1.0)
-        if artifact_id is not None:
-            update_progress_artifact(artifact_id, progress=100.0 * len(finished) / len(pending))
-
-    runs = wait_for_runs(run_ids, on_final=on_final)
-    return {sid: result_of(runs[sid], plan, sid, layout.root) for sid in pending}
+        return run_all(cluster, list(nodes))
+    with embedded_engine(plan.options.pipeline) as engine:
+        return run_all(engine, list(engine.clients))
 
 
 def _merge(

@@ -65,6 +65,8 @@ class Cluster:
     pool: NodePool
     engine_identity: str
     node_memory_gib: list[float] = field(default_factory=list)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    """Set when the run is cancelled: submodel runners cancel their remote tasks and stop."""
 
 
 def connect_nodes(urls: Sequence[str], tokens: dict[str, str] | None = None) -> Cluster:

@@ -98,6 +98,10 @@ class SubmodelFailedError(NodeError):
         )
 
 
+class RunCancelledError(PrefectODMError):
+    """The run was cancelled; remote tasks were cancelled and their slots freed."""
+
+
 class IncompleteRunError(PrefectODMError):
     """Some planned submodels failed and ``allow_partial`` is off.
 

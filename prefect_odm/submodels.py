@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from prefect_odm import progress, storage
@@ -21,6 +22,7 @@ from prefect_odm.errors import (
     OutOfMemoryError,
     OutputValidationError,
     ProcessingFailedError,
+    RunCancelledError,
     StorageError,
     TransientNodeError,
 )
@@ -93,6 +95,8 @@ class SubmodelRunner:
         poll_interval_seconds: task status poll interval.
         upload_deadline_seconds: the upload of one submodel must finish within this time.
         oom_memory_factor: reservation growth after an out-of-memory failure.
+        cancelled: when set, the remote task is cancelled and the run raises
+            :class:`RunCancelledError` (slots and the node are released on the way out).
     """
 
     plan: SplitPlan
@@ -106,6 +110,7 @@ class SubmodelRunner:
     upload_deadline_seconds: float = 1800.0
     oom_memory_factor: float = 1.5
     log: Callable[[str], None] = logger.info
+    cancelled: threading.Event = field(default_factory=threading.Event)
 
     def run(self, submodel_id: str, *, force: bool = False) -> SubmodelResult:
         """Process one submodel, or reuse its stored result. Never raises for a node failure:
@@ -140,8 +145,12 @@ class SubmodelRunner:
                 ) as node:
                     node_key = node.key
                     client = self.clients[node.key]
-                    self._create_or_attach(client, submodel, uuid)
-                    products = self._collect(client, submodel, uuid)
+                    try:
+                        self._create_or_attach(client, submodel, uuid)
+                        products = self._collect(client, submodel, uuid)
+                    except (RunCancelledError, KeyboardInterrupt, SystemExit):
+                        self._cancel_remote(client, uuid)
+                        raise
                 return self._store(
                     submodel, products, node_key, uuid, attempt + 1, start, options, early_fp, None
                 )
@@ -253,6 +262,13 @@ class SubmodelRunner:
         progress.emit("submodel", id=submodel.id, state="completed", fraction=1.0)
         return result
 
+    def _cancel_remote(self, client: NodeClient, uuid: str) -> None:
+        try:
+            client.cancel(uuid)
+            self.log(f"cancelled task {uuid} on {client.url}")
+        except NodeError as exc:
+            self.log(f"could not cancel task {uuid} on {client.url}: {str(exc).splitlines()[0]}")
+
     def _method(self) -> str:
         return str(self.plan.options.pipeline)
 
@@ -295,6 +311,8 @@ class SubmodelRunner:
         sid = submodel.id
 
         def on_progress(s: TaskState) -> None:
+            if self.cancelled.is_set():
+                raise RunCancelledError(f"{sid}: run cancelled")
             progress.emit("submodel", id=sid, state="processing", fraction=0.1 + 0.85 * s.progress / 100.0)
 
         client.wait(uuid, poll_interval_seconds=self.poll_interval_seconds, on_progress=on_progress)

@@ -281,3 +281,26 @@ def test_changing_only_orthophoto_resolution_restarts_tasks_from_that_stage(pref
     assert all("odm_orthophoto" in text for text in outputs.values())
     with rasterio.open(finer.products["orthophoto"]) as ds:
         assert ds.res[0] == pytest.approx(0.10, rel=0.01)
+
+
+def test_interrupting_the_run_cancels_remote_tasks_and_frees_slots(prefect_api, brighton_images, tmp_path, odm_home):
+    from prefect_odm.nodeodm import CANCELED
+    from prefect_odm.tasks.admission import DEFAULT_LIMIT_NAME, ledger
+
+    with engines(tmp_path, [{"faults": {"slow_seconds": 30}}]) as (node,):
+        env = dict(os.environ, PREFECT_API_URL=prefect_api)
+        cmd = [sys.executable, "-m", "prefect_odm.cli", "reconstruct", str(brighton_images), "--output",
+               str(tmp_path / "out"), "--nodes", node.url, "--split", "5", "--split-overlap-m", "15", "--pipeline", "direct"]
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        client = NodeClient(node.url)
+        deadline = time.monotonic() + 120
+        while not any((s := client.task_state(u)) and s.status == RUNNING for u in client.task_list()):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+        assert proc.returncode != 0
+        states = {u: client.task_state(u).status for u in client.task_list()}
+    assert CANCELED in states.values(), states
+    assert RUNNING not in states.values()
+    assert ledger(DEFAULT_LIMIT_NAME) == []
