@@ -43,9 +43,12 @@ def sharing_cluster(cluster: Cluster) -> Iterator[None]:
 
 
 @contextmanager
-def _cluster_for(nodes: list[str] | None, pipeline: str) -> Iterator[Cluster]:
-    from prefect_odm.cluster import split_token
+def _cluster_for(nodes: list[str] | None, pipeline: str, node_pool: str | None = None) -> Iterator[Cluster]:
+    from prefect_odm.cluster import load_pool_block, split_token
 
+    settings = None
+    if node_pool:
+        nodes, settings = load_pool_block(node_pool)
     if nodes:
         key = tuple(sorted(split_token(u)[0] for u in nodes))
         with _active_lock:
@@ -53,7 +56,7 @@ def _cluster_for(nodes: list[str] | None, pipeline: str) -> Iterator[Cluster]:
         if shared is not None:
             yield shared
             return
-        yield connect_nodes(nodes)
+        yield connect_nodes(nodes, settings=settings)
         return
     with embedded_engine(pipeline) as cluster:
         yield cluster
@@ -67,6 +70,7 @@ def process_submodel(
     nodes: list[str] | None = None,
     force: bool = False,
     memory_limit_name: str = DEFAULT_LIMIT_NAME,
+    node_pool: str | None = None,
 ) -> SubmodelResult:
     """Process one submodel of a stored plan, or reuse its stored result.
 
@@ -76,6 +80,7 @@ def process_submodel(
         output: the run's output root (local path or fsspec URL).
         nodes: NodeODM node URLs; none starts the built-in engine for this run.
         force: process again even when a stored result with the same fingerprint exists.
+        node_pool: name of a saved ``NodeODMPool`` block to use instead of ``nodes``.
         memory_limit_name: Prefect global concurrency limit whose slots stand for the pool's
             memory in GiB (created or resized to the pool's memory when the run starts).
 
@@ -91,7 +96,7 @@ def process_submodel(
     plan = SplitPlan.model_validate(storage.read_json(plan_url))
     survey = Survey.model_validate(storage.read_json(plan_url.rsplit("/", 1)[0] + "/survey.json"))
     layout = OutputLayout(output, plan.survey_fingerprint)
-    with _cluster_for(nodes, plan.options.pipeline) as cluster:
+    with _cluster_for(nodes, plan.options.pipeline, node_pool) as cluster:
         ensure_memory_limit(memory_limit_name, max(1, int(sum(cluster.node_memory_gib))))
 
         def admit(sid: str, memory_gib: float) -> AbstractContextManager[object]:

@@ -69,12 +69,26 @@ class Cluster:
     """Set when the run is cancelled: submodel runners cancel their remote tasks and stop."""
 
 
-def connect_nodes(urls: Sequence[str], tokens: dict[str, str] | None = None) -> Cluster:
+@dataclass(frozen=True)
+class NodeSettings:
+    """What a pool block says of one node; ``None`` fields come from the node's ``/info``."""
+
+    token: str | None = None
+    memory_gib: float | None = None
+    max_parallel_tasks: int | None = None
+
+
+def connect_nodes(
+    urls: Sequence[str],
+    tokens: dict[str, str] | None = None,
+    settings: dict[str, NodeSettings] | None = None,
+) -> Cluster:
     """Check every node with ``/info`` and build the pool.
 
     Args:
         urls: node URLs (``http://host:port``; a ``?token=`` is taken as that node's token).
         tokens: node public URL -> token, overriding the environment.
+        settings: node public URL -> settings from a pool block (token, memory, task slots).
 
     Raises:
         InputError: a URL is malformed or a node does not answer ``/info``.
@@ -84,7 +98,8 @@ def connect_nodes(urls: Sequence[str], tokens: dict[str, str] | None = None) -> 
     engines: set[str] = set()
     for raw in urls:
         url, url_token = split_token(raw)
-        token = (tokens or {}).get(url) or url_token or token_for(url)
+        given = (settings or {}).get(url, NodeSettings())
+        token = given.token or (tokens or {}).get(url) or url_token or token_for(url)
         try:
             client = NodeClient(url, token)
             info = client.info()
@@ -95,7 +110,11 @@ def connect_nodes(urls: Sequence[str], tokens: dict[str, str] | None = None) -> 
         clients[url] = client
         total = float(info.get("totalMemory") or psutil.virtual_memory().total) / 2**30
         nodes.append(
-            PoolNode(key=url, memory_gib=round(total * 0.9, 2), max_parallel_tasks=int(info.get("maxParallelTasks") or 1))
+            PoolNode(
+                key=url,
+                memory_gib=given.memory_gib or round(total * 0.9, 2),
+                max_parallel_tasks=given.max_parallel_tasks or int(info.get("maxParallelTasks") or 1),
+            )
         )
         engines.add(f"{info.get('engine', 'odm')} {info.get('engineVersion', '?')}")
     return Cluster(clients, NodePool(nodes), " | ".join(sorted(engines)), [n.memory_gib for n in nodes])
@@ -104,6 +123,29 @@ def connect_nodes(urls: Sequence[str], tokens: dict[str, str] | None = None) -> 
 def embedded_memory_gib() -> float:
     """Memory the embedded engine may use: 80% of this machine's RAM."""
     return round(psutil.virtual_memory().total / 2**30 * 0.8, 2)
+
+
+def load_pool_block(name: str) -> tuple[list[str], dict[str, NodeSettings]]:
+    """Node URLs and settings from a saved ``NodeODMPool`` block.
+
+    Raises:
+        InputError: no such block.
+    """
+    from prefect_odm.blocks import NodeODMPool
+
+    try:
+        pool = NodeODMPool.load(name)
+    except ValueError as exc:
+        raise InputError(f"no NodeODM pool block named {name!r}") from exc
+    settings = {
+        public_url(n.url): NodeSettings(
+            token=n.token.get_secret_value() if n.token else None,
+            memory_gib=n.memory_gib,
+            max_parallel_tasks=n.max_parallel_tasks,
+        )
+        for n in pool.nodes
+    }
+    return list(settings), settings
 
 
 _embedded_lock = threading.Lock()

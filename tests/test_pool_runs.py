@@ -304,3 +304,26 @@ def test_interrupting_the_run_cancels_remote_tasks_and_frees_slots(prefect_api, 
     assert CANCELED in states.values(), states
     assert RUNNING not in states.values()
     assert ledger(DEFAULT_LIMIT_NAME) == []
+
+
+def test_pool_block_supplies_nodes_tokens_and_memory(prefect_api, brighton_images, tmp_path, odm_home):
+    from pydantic import SecretStr
+
+    from prefect_odm.blocks import NodeODM, NodeODMPool
+    from prefect_odm.flows import reconstruct
+
+    with engines(tmp_path, [{"token": "block-token"}, {}]) as (locked, open_node):
+        NodeODMPool(
+            nodes=[
+                NodeODM(url=locked.url, token=SecretStr("block-token"), memory_gib=3, max_parallel_tasks=1),
+                NodeODM(url=open_node.url, memory_gib=3, max_parallel_tasks=1),
+            ]
+        ).save("test-pool", overwrite=True)
+        manifest = reconstruct(
+            images=str(brighton_images), output=str(tmp_path / "out"), node_pool="test-pool",
+            split=5, split_overlap_m=15, options=DIRECT,
+        )
+        used = {r.node_url for r in manifest.submodels}
+        assert all("token" in r["query"] for r in requests_of(locked))
+    assert {r.status for r in manifest.submodels} == {"completed"}
+    assert used == {NodeClient(locked.url).url, NodeClient(open_node.url).url}
