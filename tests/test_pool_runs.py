@@ -238,6 +238,14 @@ def test_token_goes_only_to_its_node_and_is_never_written(prefect_api, brighton_
         if path.is_file():
             assert secret.encode() not in path.read_bytes(), path
     assert secret not in caplog.text
+    # Every log line the runs sent to the Prefect API, and their parameters.
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(limit=200)
+        runs = client.read_flow_runs(limit=200)
+    assert logs and all(secret not in log.message for log in logs)
+    assert runs and all(secret not in json.dumps(run.parameters, default=str) for run in runs)
 
 
 def test_killed_holder_memory_slots_come_back(prefect_api, tmp_path, odm_home):
