@@ -14,7 +14,14 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import Field
 
 from prefect_odm import __version__, progress, storage
-from prefect_odm.cluster import EMBEDDED_ENGINE_IDENTITY, Cluster, connect_nodes, embedded_engine, embedded_memory_gib
+from prefect_odm.cluster import (
+    EMBEDDED_ENGINE_IDENTITY,
+    Cluster,
+    connect_nodes,
+    embedded_engine,
+    embedded_memory_gib,
+    load_pool_block,
+)
 from prefect_odm.errors import IncompleteRunError, MergeError, SubmodelFailedError
 from prefect_odm.fingerprints import fingerprint
 from prefect_odm.layout import OutputLayout
@@ -94,6 +101,7 @@ def reconstruct(
     options: ProcessingOptions | None = None,
     allow_partial: bool = False,
     force: bool = False,
+    node_pool: str | None = None,
     submodel_deployment: str | None = Field(
         None,
         description=(
@@ -119,6 +127,8 @@ def reconstruct(
         options: processing options sent to every node (ODM names).
         allow_partial: merge what finished and list failed submodels, instead of failing.
         force: process every submodel again even when stored results exist.
+        node_pool: name of a saved ``NodeODMPool`` block (nodes, tokens, memory, task slots)
+            to use instead of ``nodes``.
         submodel_deployment: run each pending submodel as a run of this deployment (started from
             a Prefect task with the idempotency key ``{this run id}-{submodel id}``, so each can
             be retried from the UI and a retried parent finds its children again); ``None``:
@@ -145,7 +155,10 @@ def reconstruct(
     timings["scan"] = time.monotonic() - t0
     logger.info("scanned %d images (%d rejected) in EPSG:%d", len(survey.images), len(survey.rejected), survey.crs_epsg)
 
-    cluster: Cluster | None = connect_nodes(nodes) if nodes else None
+    settings = None
+    if node_pool:
+        nodes, settings = load_pool_block(node_pool)
+    cluster: Cluster | None = connect_nodes(nodes, settings=settings) if nodes else None
     identity = cluster.engine_identity if cluster else EMBEDDED_ENGINE_IDENTITY
     memory = cluster.node_memory_gib if cluster else [embedded_memory_gib()]
 

@@ -90,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     slots.add_argument("--name", default="prefect-odm-memory-gib", help="limit name")
     slots.add_argument("--reset", action="store_true", help="set active slots to 0 (nothing may be running)")
 
+    from prefect_odm.cli_ops import add_parsers as _add_ops_parsers
+
+    _add_ops_parsers(sub)  # setup, automations create
+
     eng = sub.add_parser("engine", help="the built-in NodeODM-compatible engine")
     eng.add_argument("engine_args", nargs=argparse.REMAINDER, help="e.g. serve --port 3000")
     return parser
@@ -106,6 +110,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _plan(args)
         if args.command == "reconstruct":
             return _reconstruct(args)
+        if args.command in ("setup", "automations"):
+            from prefect_odm.cli_ops import run as _run_ops
+
+            return _run_ops(args)
         if args.command == "slots":
             return _slots(args)
     except (InputError, PlanningError) as exc:

@@ -1,0 +1,159 @@
+"""Benchmark of the built-in engine's pipeline: direct georeferencing vs structure from motion.
+
+Runs, each in a fresh child process (so peak memory is per run):
+
+* brighton_beach_1600, all 18 images: ``direct`` and ``sfm``;
+* seneca_1200, the 50 images nearest the survey centre: ``direct`` and ``sfm``.
+
+Prints wall time, CPU time (all threads; on a shared machine it shows the work better than the
+wall time), time per stage, peak resident memory (``ru_maxrss`` of the child), registered
+images and points, and the ratio of each run's time to the baseline ``sfm`` run of the same survey
+(the named baseline, measured in the same process tree). For brighton it also prints the DSM and
+orthophoto accuracy against ODM's reference point cloud.
+
+Usage::
+
+    python benchmarks/bench_engine.py [--only brighton|seneca] [--threads 2] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / ".." / "shared" / "data"
+SENECA_SUBSET = 50
+
+
+def _seneca_subset(count: int) -> list[Path]:
+    """The ``count`` seneca images nearest the mean GPS position (deterministic)."""
+    import numpy as np
+
+    from prefect_odm.engine.camera import read_images
+
+    folder = DATA / "seneca_1200" / "images"
+    metas = read_images(folder)
+    lat = np.array([m.latitude_deg for m in metas])
+    lon = np.array([m.longitude_deg for m in metas])
+    north = (lat - lat.mean()) * 111_320.0
+    east = (lon - lon.mean()) * 111_320.0 * np.cos(np.radians(lat.mean()))
+    nearest = np.argsort(np.hypot(north, east), kind="stable")[:count]
+    return [folder / metas[i].name for i in sorted(nearest)]
+
+
+def _child(task: str, options: dict[str, Any], queue: Any) -> None:
+    from prefect_odm.engine import pipeline
+
+    lines: list[str] = []
+    started = time.perf_counter()
+    error = None
+    try:
+        pipeline.run(Path(task), options, log=lines.append)
+    except Exception as exc:  # reported to the parent, which prints it
+        error = f"{type(exc).__name__}: {exc}"
+    seconds = time.perf_counter() - started
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    queue.put(
+        {
+            "seconds": seconds,
+            "cpu_seconds": usage.ru_utime + usage.ru_stime,
+            "peak_mib": usage.ru_maxrss / 1024.0,
+            "error": error,
+            "log": lines[-5:],
+        }
+    )
+
+
+def run_case(
+    root: Path, name: str, images: list[Path] | Path, options: dict[str, Any]
+) -> dict[str, Any]:
+    task = root / name
+    task.mkdir(parents=True)
+    if isinstance(images, Path):
+        (task / "images").symlink_to(images.resolve(), target_is_directory=True)
+    else:
+        (task / "images").mkdir()
+        for path in images:
+            (task / "images" / path.name).symlink_to(path.resolve())
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=_child, args=(str(task), options, queue))
+    process.start()
+    result = queue.get()
+    process.join()
+    result["task"] = task
+    report_path = task / "odm_report" / "engine.json"
+    result["report"] = json.loads(report_path.read_text()) if report_path.exists() else {}
+    return result
+
+
+def brighton_accuracy(task: Path) -> str:
+    sys.path.insert(0, str(REPO / "tests" / "engine"))
+    from test_pipeline import dsm_median_abs_diff_m, orthophoto_offset_m
+
+    median_abs, median_signed, _ = dsm_median_abs_diff_m(task / "odm_dem" / "dsm.tif")
+    offset, corr = orthophoto_offset_m(task / "odm_orthophoto" / "odm_orthophoto.tif")
+    return (
+        f"DSM median |diff| {median_abs:.2f} m (signed {median_signed:+.2f}); "
+        f"orthophoto offset {offset:.2f} m (r={corr:.2f})"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=["brighton", "seneca"])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--keep", type=Path, help="keep the task folders here")
+    args = parser.parse_args()
+    root = args.keep or Path(tempfile.mkdtemp(prefix="bench_engine_"))
+    root.mkdir(parents=True, exist_ok=True)
+    cases = []
+    if args.only in (None, "brighton"):
+        cases.append(("brighton", DATA / "brighton_beach_1600" / "images"))
+    if args.only in (None, "seneca"):
+        cases.append((f"seneca{SENECA_SUBSET}", _seneca_subset(SENECA_SUBSET)))
+    try:
+        for survey, images in cases:
+            count = len(images) if isinstance(images, list) else len(list(images.iterdir()))
+            results = {}
+            for method in ("sfm", "direct"):  # sfm first: it is the baseline
+                options = {"pipeline": method, "dsm": True, "max-concurrency": args.threads}
+                results[method] = run_case(root, f"{survey}-{method}", images, options)
+            baseline = results["sfm"]["seconds"]
+            print(
+                f"\n== {survey}: {count} images, {args.threads} threads "
+                f"(baseline: sfm {baseline:.1f} s) =="
+            )
+            for method, result in results.items():
+                report = result["report"]
+                if result["error"]:
+                    print(f"{method:>7}: FAILED after {result['seconds']:.1f} s: {result['error']}")
+                    continue
+                stages = ", ".join(f"{k} {v:.1f}" for k, v in report["stage_seconds"].items())
+                print(
+                    f"{method:>7}: {result['seconds']:6.1f} s  ratio to sfm "
+                    f"{result['seconds'] / baseline:.3f}  CPU {result['cpu_seconds']:.1f} s  "
+                    f"peak {result['peak_mib']:.0f} MiB  "
+                    f"registered {report['registered_images']}/{report['images']}  "
+                    f"points {report['points']}  GSD {report['gsd_cm']:.2f} cm  "
+                    f"ortho {report['orthophoto_resolution_cm']:.2f} cm"
+                )
+                print(f"         stages (s): {stages}")
+                if survey == "brighton":
+                    print(f"         {brighton_accuracy(result['task'])}")
+    finally:
+        if args.keep is None:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

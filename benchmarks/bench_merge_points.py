@@ -1,0 +1,161 @@
+"""Benchmark: point-cloud merge vs plain laspy read-and-write of the same points.
+
+Writes ``--points`` points (default 50 million) as four LAZ submodels (point format 3, as
+OpenDroneMap writes) in a 2 x 2 layout whose tiles overlap by 20 % of their side. Then, in child
+processes of this same run (each peak memory measured alone):
+
+- baseline: read every input with ``laspy`` ``chunk_iterator`` and write all points to one LAZ
+  (no cropping: overlaps doubled);
+- ours: :func:`prefect_odm.merge.merge_point_clouds` (ownership cropping, header from all
+  inputs, exact bounds and CRS).
+
+Throughput is input points per second; the ratio ours/baseline is printed.
+
+Usage::
+
+    python benchmarks/bench_merge_points.py --points 50000000 [--chunk 2000000] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import resource
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+EPSG = 32615
+LEFT, BOTTOM, TILE_M = 500_000.0, 5_000_000.0, 500.0
+
+
+def _layout(overlap: float) -> list[tuple[str, float, float]]:
+    step = TILE_M * (1 - overlap)
+    return [
+        (f"submodel_{n:04d}", LEFT + c * step, BOTTOM + r * step)
+        for n, (r, c) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)])
+    ]
+
+
+def make_inputs(folder: Path, points: int, overlap: float, chunk: int) -> dict[str, Path]:
+    import laspy
+    import pyproj
+
+    rng = np.random.default_rng(0)
+    out = {}
+    per = points // 4
+    for sid, x0, y0 in _layout(overlap):
+        header = laspy.LasHeader(point_format=3, version="1.2")
+        header.scales = np.array([0.001, 0.001, 0.001])
+        header.offsets = np.array([x0, y0, 0.0])
+        header.add_crs(pyproj.CRS.from_epsg(EPSG))
+        path = folder / f"{sid}.laz"
+        with laspy.open(path, mode="w", header=header) as writer:
+            done = 0
+            while done < per:
+                n = min(chunk, per - done)
+                rec = laspy.ScaleAwarePointRecord.zeros(n, header=header)
+                rec.x = x0 + rng.uniform(0, TILE_M, n)
+                rec.y = y0 + rng.uniform(0, TILE_M, n)
+                rec.z = 150 + rng.normal(0, 3, n)
+                rec.intensity = rng.integers(0, 4000, n, dtype=np.uint16)
+                rec.red = rng.integers(0, 65535, n, dtype=np.uint16)
+                rec.green = rec.red
+                rec.blue = rec.red
+                writer.write_points(rec)
+                done += n
+        out[sid] = path
+    return out
+
+
+def _peak_mib() -> float:
+    """This process's peak resident memory, MiB.
+
+    ``VmHWM`` of /proc/self/status belongs to the process image, whereas ``ru_maxrss`` survives
+    ``exec`` and would report the parent's peak in a freshly spawned child.
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _run_baseline(inputs: dict[str, Path], out: Path, chunk: int, queue: Any) -> None:
+    import laspy
+
+    t = time.perf_counter()
+    ids = sorted(inputs)
+    total = 0
+    with laspy.open(inputs[ids[0]]) as first:
+        header = first.header
+    with laspy.open(out, mode="w", header=header) as writer:
+        for sid in ids:
+            with laspy.open(inputs[sid]) as reader:
+                for pts in reader.chunk_iterator(chunk):
+                    writer.write_points(pts)
+                    total += len(pts)
+    queue.put((time.perf_counter() - t, _peak_mib(), total, total))
+
+
+def _run_ours(inputs: dict[str, Path], out: Path, chunk: int, overlap: float, queue: Any) -> None:
+    from prefect_odm.merge import merge_point_clouds
+    from prefect_odm.ownership import Ownership
+
+    cams = [(x0 + TILE_M / 2, y0 + TILE_M / 2, sid) for sid, x0, y0 in _layout(overlap)]
+    t = time.perf_counter()
+    report = merge_point_clouds(
+        inputs, out, ownership=Ownership.from_cameras(cams), chunk_points=chunk
+    )
+    queue.put((time.perf_counter() - t, _peak_mib(), report.points_in, report.points_kept))
+
+
+def _child(target: Any, *args: Any) -> tuple[Any, ...]:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=target, args=(*args, queue))
+    proc.start()
+    result = queue.get()
+    proc.join()
+    if proc.exitcode != 0:
+        raise SystemExit(f"benchmark child failed with exit code {proc.exitcode}")
+    return result  # type: ignore[no-any-return]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--points", type=int, default=50_000_000)
+    parser.add_argument("--chunk", type=int, default=2_000_000)
+    parser.add_argument("--overlap", type=float, default=0.2)
+    parser.add_argument("--keep", type=Path, default=None)
+    args = parser.parse_args()
+    root = args.keep or Path(tempfile.mkdtemp(prefix="bench_merge_points_"))
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        t = time.perf_counter()
+        inputs = make_inputs(root, args.points, args.overlap, args.chunk)
+        print(f"wrote {args.points:,} points in 4 LAZ inputs in {time.perf_counter() - t:.1f} s")
+        b_s, b_mib, b_in, _ = _child(_run_baseline, inputs, root / "baseline.laz", args.chunk)
+        o_s, o_mib, o_in, o_kept = _child(
+            _run_ours, inputs, root / "ours.laz", args.chunk, args.overlap
+        )
+        print(
+            f"  laspy read+write     : {b_s:7.1f} s  {b_in / b_s / 1e6:6.2f} Mpts/s  "
+            f"peak {b_mib:6.0f} MiB\n"
+            f"  merge_point_clouds   : {o_s:7.1f} s  {o_in / o_s / 1e6:6.2f} Mpts/s  "
+            f"peak {o_mib:6.0f} MiB  (kept {o_kept:,} of {o_in:,})\n"
+            f"  throughput ratio ours/baseline = {(o_in / o_s) / (b_in / b_s):.2f}"
+        )
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

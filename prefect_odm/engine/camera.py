@@ -1,0 +1,436 @@
+"""Image metadata, camera intrinsics and camera poses for the built-in engine.
+
+A deliberately small reader (Pillow only) of what the engine needs from each image: EXIF GPS
+position and altitude, capture time, focal length (mm, 35 mm equivalent, focal-plane resolution),
+pixel size, and DJI XMP attitude (``drone-dji:RelativeAltitude``, ``GimbalYawDegree``,
+``FlightYawDegree``, ``GimbalPitchDegree``). The survey scanner has its own full reader
+(:mod:`prefect_odm.exif`); this one only serves reconstruction.
+
+World frame of every pose here: the survey's WGS 84 / UTM zone, x = easting (m), y = northing (m),
+z = the EXIF GPS altitude datum (m). Camera frame: COLMAP/OpenCV convention, +x right, +y down
+in the image, +z along the optical axis.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from PIL import Image
+
+from prefect_odm.errors import InputError, NoImagesError
+
+logger = logging.getLogger(__name__)
+
+IMAGE_SUFFIXES: frozenset[str] = frozenset({".jpg", ".jpeg", ".tif", ".tiff"})
+"""File name suffixes (lower case) the engine reads as images."""
+
+DEFAULT_FOCAL_RATIO = 1.2
+"""Focal length / long image side used when EXIF gives no focal length (COLMAP's default)."""
+
+FULL_FRAME_DIAGONAL_MM = math.hypot(36.0, 24.0)
+"""Diagonal of the 36 x 24 mm frame: a 35 mm-equivalent focal length is defined on it."""
+
+DISTORTION_VALID_RADIUS = 1.3
+"""Points whose undistorted radius exceeds this many half image diagonals are not projected."""
+
+_RESOLUTION_UNIT_MM = {2: 25.4, 3: 10.0, 4: 1.0, 5: 0.001}
+_EXIF_IFD = 0x8769
+_GPS_IFD = 0x8825
+_DJI_XMP = re.compile(rb'drone-dji:(\w+)\s*=\s*"([^"]*)"')
+_DJI_XMP_ELEMENT = re.compile(rb"<drone-dji:(\w+)>([^<]*)</drone-dji:\1>")
+
+
+@dataclass(frozen=True)
+class ImageMeta:
+    """What the engine knows about one image before reconstruction.
+
+    Attributes:
+        name: file name inside the task's ``images`` folder.
+        width, height: pixels as stored (after EXIF orientation is NOT applied; drone images
+            are stored upright).
+        latitude_deg, longitude_deg: WGS 84 degrees from EXIF GPS.
+        altitude_m: EXIF GPS altitude in metres (None when absent).
+        relative_altitude_m: DJI XMP ``RelativeAltitude``, metres above the take-off point.
+        gimbal_yaw_deg, flight_yaw_deg: DJI XMP yaw, degrees clockwise from north.
+        gimbal_pitch_deg: DJI XMP gimbal pitch, degrees (-90 = nadir).
+        focal_length_mm: EXIF ``FocalLength``.
+        focal_length_35mm: EXIF ``FocalLengthIn35mmFilm``.
+        focal_plane_x_resolution_px_per_mm: EXIF ``FocalPlaneXResolution`` in pixels per mm.
+        capture_time: EXIF ``DateTimeOriginal`` (naive, camera clock).
+        camera: ``"make model"`` (for grouping images that share intrinsics).
+    """
+
+    name: str
+    width: int
+    height: int
+    latitude_deg: float
+    longitude_deg: float
+    altitude_m: float | None = None
+    relative_altitude_m: float | None = None
+    gimbal_yaw_deg: float | None = None
+    flight_yaw_deg: float | None = None
+    gimbal_pitch_deg: float | None = None
+    focal_length_mm: float | None = None
+    focal_length_35mm: float | None = None
+    focal_plane_x_resolution_px_per_mm: float | None = None
+    capture_time: datetime | None = None
+    camera: str = ""
+
+    @property
+    def focal_length_px(self) -> float:
+        """Focal length in pixels of the stored image.
+
+        Order of preference: ``FocalLength`` x ``FocalPlaneXResolution`` (physical pixel pitch);
+        else the 35 mm equivalent focal length scaled by the image diagonal over the 43.27 mm
+        full-frame diagonal (the definition of the equivalent focal length, CIPA DC-008); else
+        1.2 x the long side (COLMAP's default prior).
+        """
+        if self.focal_length_mm and self.focal_plane_x_resolution_px_per_mm:
+            return self.focal_length_mm * self.focal_plane_x_resolution_px_per_mm
+        if self.focal_length_35mm:
+            return (
+                self.focal_length_35mm
+                * math.hypot(self.width, self.height)
+                / (FULL_FRAME_DIAGONAL_MM)
+            )
+        return DEFAULT_FOCAL_RATIO * max(self.width, self.height)
+
+    @property
+    def camera_key(self) -> str:
+        """Images with the same key share one set of intrinsics in structure from motion."""
+        return f"{self.camera}|{self.width}x{self.height}|{self.focal_length_px:.1f}"
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict (datetimes as ISO text)."""
+        data = asdict(self)
+        data["capture_time"] = self.capture_time.isoformat() if self.capture_time else None
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ImageMeta:
+        """Inverse of :meth:`to_json`."""
+        values = dict(data)
+        if values.get("capture_time"):
+            values["capture_time"] = datetime.fromisoformat(values["capture_time"])
+        return cls(**values)
+
+
+def _number(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError, ZeroDivisionError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _text(value: Any) -> str:
+    """EXIF ASCII without NUL padding or surrounding blanks."""
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+    return str(value or "").replace("\x00", "").strip()
+
+
+def _dms_deg(value: Any) -> float | None:
+    try:
+        d, m, s = (float(v) for v in value)
+    except (TypeError, ValueError, ZeroDivisionError):
+        return None
+    return d + m / 60.0 + s / 3600.0
+
+
+def _dji_xmp(image: Image.Image) -> dict[str, float]:
+    raw = image.info.get("xmp")
+    if raw is None:
+        return {}
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", "replace")
+    found: dict[str, float] = {}
+    for key, text in [*_DJI_XMP.findall(raw), *_DJI_XMP_ELEMENT.findall(raw)]:
+        number = _number(text.decode("ascii", "replace").strip())
+        if number is not None:
+            found[key.decode("ascii")] = number
+    return found
+
+
+def read_image_meta(path: Path) -> ImageMeta:
+    """Read one image's EXIF and DJI XMP.
+
+    Args:
+        path: a JPEG or TIFF file.
+
+    Raises:
+        InputError: the file does not open as an image, or has no EXIF GPS latitude/longitude.
+    """
+    try:
+        with Image.open(path) as image:
+            width, height = image.size
+            exif = image.getexif()
+            exif_ifd = exif.get_ifd(_EXIF_IFD)
+            gps = exif.get_ifd(_GPS_IFD)
+            xmp = _dji_xmp(image)
+    except (OSError, ValueError, SyntaxError) as exc:
+        raise InputError(f"{path.name}: cannot read image metadata ({exc})") from exc
+    lat, lon = _dms_deg(gps.get(2)), _dms_deg(gps.get(4))
+    if lat is None or lon is None:
+        raise InputError(f"{path.name}: no GPS position in EXIF")
+    if str(gps.get(1, "N")).upper().startswith("S"):
+        lat = -lat
+    if str(gps.get(3, "E")).upper().startswith("W"):
+        lon = -lon
+    altitude = _number(gps.get(6))
+    if altitude is not None and gps.get(5) in (1, b"\x01"):
+        altitude = -altitude
+    fpx = _number(exif_ifd.get(0xA20E))  # FocalPlaneXResolution
+    unit_mm = _RESOLUTION_UNIT_MM.get(int(exif_ifd.get(0xA210, 2) or 2))
+    when = None
+    text = exif_ifd.get(0x9003) or exif.get(0x0132)  # DateTimeOriginal, DateTime
+    if isinstance(text, str):
+        try:
+            when = datetime.strptime(text.strip()[:19], "%Y:%m:%d %H:%M:%S")
+        except ValueError:
+            when = None
+    return ImageMeta(
+        name=path.name,
+        width=int(width),
+        height=int(height),
+        latitude_deg=float(lat),
+        longitude_deg=float(lon),
+        altitude_m=altitude,
+        relative_altitude_m=xmp.get("RelativeAltitude"),
+        gimbal_yaw_deg=xmp.get("GimbalYawDegree"),
+        flight_yaw_deg=xmp.get("FlightYawDegree"),
+        gimbal_pitch_deg=xmp.get("GimbalPitchDegree"),
+        focal_length_mm=_number(exif_ifd.get(0x920A)) or None,
+        focal_length_35mm=_number(exif_ifd.get(0xA405)) or None,
+        focal_plane_x_resolution_px_per_mm=(fpx / unit_mm) if fpx and unit_mm else None,
+        capture_time=when,
+        camera=" ".join(_text(exif.get(tag)) for tag in (0x010F, 0x0110)).strip(),
+    )
+
+
+def read_images(folder: Path) -> list[ImageMeta]:
+    """Read every image of a folder, sorted by file name.
+
+    Raises:
+        NoImagesError: the folder holds no JPEG/TIFF file.
+        InputError: an image cannot be read or has no GPS (the engine needs a position for
+            every image: it georeferences from GPS).
+    """
+    paths = sorted(
+        p for p in Path(folder).iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES
+    )
+    if not paths:
+        raise NoImagesError(f"no JPEG or TIFF image in {folder}")
+    return [read_image_meta(p) for p in paths]
+
+
+# -- poses -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CameraPose:
+    """A calibrated, posed camera in the survey's UTM CRS.
+
+    Projection (COLMAP's RADIAL model, SIMPLE_RADIAL when ``k2 == 0``):
+    ``p = R (X - C)``, ``(x, y) = p[:2] / p[2]``, ``d = 1 + k1 r^2 + k2 r^4``,
+    ``u = f x d + cx``, ``v = f y d + cy`` (pixel centres at integer + 0.5 as in COLMAP).
+
+    Attributes:
+        name: image file name.
+        width, height: image size in pixels.
+        focal_px, cx, cy, k1, k2: intrinsics.
+        rotation: world-to-camera rotation ``R``, shape ``(3, 3)``.
+        center: projection centre ``C`` in UTM metres, shape ``(3,)``.
+    """
+
+    name: str
+    width: int
+    height: int
+    focal_px: float
+    cx: float
+    cy: float
+    k1: float
+    k2: float
+    rotation: tuple[tuple[float, float, float], ...]
+    center: tuple[float, float, float]
+
+    @property
+    def rotation_matrix(self) -> NDArray[np.float64]:
+        return np.asarray(self.rotation, dtype=np.float64)
+
+    @property
+    def center_array(self) -> NDArray[np.float64]:
+        return np.asarray(self.center, dtype=np.float64)
+
+    def project(
+        self, x: NDArray[np.floating], y: NDArray[np.floating], z: NDArray[np.floating]
+    ) -> tuple[NDArray[np.floating], NDArray[np.floating], NDArray[np.floating]]:
+        """Project world points (UTM metres, any equal shapes) to pixels.
+
+        Returns:
+            ``(u, v, depth)``: pixel column, row (continuous, COLMAP convention: the top-left
+            pixel covers 0..1) and depth along the optical axis in metres (<= 0 behind, or -1
+            far outside the image where the lens distortion model is not valid).
+        """
+        cx0, cy0, cz0 = self.center
+        return self.project_offsets(x - cx0, y - cy0, z - cz0)
+
+    def project_offsets(
+        self, dx: NDArray[np.floating], dy: NDArray[np.floating], dz: NDArray[np.floating]
+    ) -> tuple[NDArray[np.floating], NDArray[np.floating], NDArray[np.floating]]:
+        """Like :meth:`project` for points given relative to the camera centre (metres).
+
+        Offsets may be float32 (millimetre precision within kilometres), which halves the work
+        on large grids; the result has the offsets' precision.
+        """
+        dtype = np.result_type(dx, dy, dz)
+        r = self.rotation_matrix.astype(dtype)
+        px = r[0, 0] * dx + r[0, 1] * dy + r[0, 2] * dz
+        py = r[1, 0] * dx + r[1, 1] * dy + r[1, 2] * dz
+        depth = r[2, 0] * dx + r[2, 1] * dy + r[2, 2] * dz
+        inv = np.where(depth > 1e-6, 1.0 / np.maximum(depth, 1e-6), 0.0).astype(dtype)
+        xn = px * inv
+        yn = py * inv
+        if self.k1 or self.k2:
+            r2 = xn * xn + yn * yn
+            scale = (1.0 + self.k1 * r2 + self.k2 * r2 * r2) * dtype.type(self.focal_px)
+            # far outside the image the distortion polynomial folds back into it: mark such
+            # rays as behind the camera (depth -1) so that no caller samples them
+            r2_max = (
+                DISTORTION_VALID_RADIUS * math.hypot(self.width, self.height) / 2 / self.focal_px
+            ) ** 2
+            depth = np.where(r2 <= r2_max, depth, dtype.type(-1.0))
+        else:
+            scale = dtype.type(self.focal_px)
+        return xn * scale + dtype.type(self.cx), yn * scale + dtype.type(self.cy), depth
+
+    def ray_ground_xy(self, u: float, v: float, ground_z_m: float) -> tuple[float, float] | None:
+        """Where the (undistorted) ray through pixel ``(u, v)`` meets the plane ``z = ground_z_m``.
+
+        Returns None when the ray does not reach the plane in front of the camera.
+        """
+        ray_cam = np.array([(u - self.cx) / self.focal_px, (v - self.cy) / self.focal_px, 1.0])
+        ray = self.rotation_matrix.T @ ray_cam
+        if ray[2] >= -1e-9:
+            return None
+        t = (ground_z_m - self.center[2]) / ray[2]
+        if t <= 0:
+            return None
+        return self.center[0] + t * ray[0], self.center[1] + t * ray[1]
+
+    def footprint(self, ground_z_m: float) -> NDArray[np.float64] | None:
+        """The image outline projected on the plane ``z = ground_z_m``: ``(4, 2)`` UTM metres.
+
+        Returns None when a corner ray misses the plane (camera looking above the horizon).
+        """
+        corners = [(0, 0), (self.width, 0), (self.width, self.height), (0, self.height)]
+        points = [self.ray_ground_xy(u, v, ground_z_m) for u, v in corners]
+        if any(p is None for p in points):
+            return None
+        return np.asarray(points, dtype=np.float64)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CameraPose:
+        values = dict(data)
+        values["rotation"] = tuple(tuple(float(v) for v in row) for row in values["rotation"])
+        values["center"] = tuple(float(v) for v in values["center"])
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class Scene:
+    """The result of the reconstruction stage: posed cameras and (maybe) 3D points.
+
+    Attributes:
+        method: ``"sfm"`` or ``"direct"``.
+        epsg: the WGS 84 / UTM EPSG code of every coordinate.
+        cameras: the registered (posed) cameras.
+        points_xyz: reconstructed points, UTM metres, shape ``(n, 3)`` (``n == 0`` for direct).
+        points_rgb: their colours, uint8, shape ``(n, 3)``.
+        ground_z_m: the ground plane elevation of the direct method (None for sfm).
+        images: number of input images.
+        stats: free-form numbers for the report (e.g. GPS residual of the alignment).
+    """
+
+    method: str
+    epsg: int
+    cameras: tuple[CameraPose, ...]
+    points_xyz: NDArray[np.float64]
+    points_rgb: NDArray[np.uint8]
+    images: int
+    ground_z_m: float | None = None
+    stats: dict[str, float] = field(default_factory=dict)
+
+    def save(self, folder: Path) -> None:
+        """Write ``scene.json`` and ``scene_points.npz`` into ``folder``."""
+        folder.mkdir(parents=True, exist_ok=True)
+        np.savez(
+            folder / "scene_points.npz",
+            xyz=np.asarray(self.points_xyz, dtype=np.float64).reshape(-1, 3),
+            rgb=np.asarray(self.points_rgb, dtype=np.uint8).reshape(-1, 3),
+        )
+        meta = {
+            "method": self.method,
+            "epsg": self.epsg,
+            "images": self.images,
+            "ground_z_m": self.ground_z_m,
+            "stats": self.stats,
+            "cameras": [c.to_json() for c in self.cameras],
+        }
+        tmp = folder / "scene.json.tmp"
+        tmp.write_text(json.dumps(meta, indent=1))
+        tmp.replace(folder / "scene.json")
+
+    @classmethod
+    def load(cls, folder: Path) -> Scene:
+        """Read what :meth:`save` wrote.
+
+        Raises:
+            FileNotFoundError: the scene files are missing.
+        """
+        meta = json.loads((folder / "scene.json").read_text())
+        with np.load(folder / "scene_points.npz") as data:
+            xyz, rgb = data["xyz"], data["rgb"]
+        return cls(
+            method=meta["method"],
+            epsg=int(meta["epsg"]),
+            cameras=tuple(CameraPose.from_json(c) for c in meta["cameras"]),
+            points_xyz=xyz,
+            points_rgb=rgb,
+            images=int(meta["images"]),
+            ground_z_m=meta.get("ground_z_m"),
+            stats=dict(meta.get("stats") or {}),
+        )
+
+
+def rotation_tuple(matrix: Any) -> tuple[tuple[float, float, float], ...]:
+    """A 3x3 rotation matrix (array-like) as the nested float tuple :class:`CameraPose` keeps."""
+    return tuple((float(row[0]), float(row[1]), float(row[2])) for row in np.asarray(matrix))
+
+
+def utm_positions(images: Sequence[ImageMeta], epsg: int) -> NDArray[np.float64]:
+    """GPS positions of ``images`` in the UTM CRS ``epsg``: shape ``(n, 3)`` metres.
+
+    A missing altitude becomes 0 (callers that need heights check ``altitude_m`` themselves).
+    """
+    from pyproj import Transformer
+
+    transformer = Transformer.from_crs(4326, epsg, always_xy=True)
+    lon = np.array([m.longitude_deg for m in images], dtype=np.float64)
+    lat = np.array([m.latitude_deg for m in images], dtype=np.float64)
+    x, y = transformer.transform(lon, lat)
+    z = np.array([m.altitude_m if m.altitude_m is not None else 0.0 for m in images])
+    return np.column_stack([x, y, z])

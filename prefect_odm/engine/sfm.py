@@ -1,0 +1,262 @@
+"""Structure from motion with pycolmap (CPU), georegistered to the images' GPS positions.
+
+Steps (COLMAP's incremental pipeline, Schoenberger & Frahm, "Structure-from-Motion Revisited",
+CVPR 2016):
+
+1. SIFT features on images downscaled to ``resize-to`` (keypoints are reported in full-size
+   pixels); one camera (SIMPLE_RADIAL) per camera model and image size, its focal length from
+   EXIF (:attr:`ImageMeta.focal_length_px`).
+2. Spatial matching: each image is matched to its nearest neighbours by GPS position within about
+   one image footprint, not exhaustively.
+3. Incremental mapping with the focal length held fixed: over a flat scene seen from straight
+   above, focal length and scene depth cannot be told apart (a longer focal length just pushes
+   the ground down), so letting bundle adjustment refine it makes the ground drift by metres
+   (brighton: the refined focal length drifts from 849 to 1107 px and the ground sinks 10 m).
+   Radial distortion is refined. SIFT's peak threshold is lowered so near-textureless frames
+   still register (seneca_1200's fields).
+4. Geo-registration: a similarity transform (scale, rotation, translation) from the model's
+   camera centres to the GPS positions in UTM metres, fitted with RANSAC
+   (``pycolmap.align_reconstruction_to_locations``, Umeyama's least squares inside).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from prefect_odm.engine.camera import (
+    CameraPose,
+    ImageMeta,
+    Scene,
+    rotation_tuple,
+    utm_positions,
+)
+from prefect_odm.engine.direct import estimate_ground_z_m
+from prefect_odm.errors import ProcessingFailedError
+
+logger = logging.getLogger(__name__)
+
+MAX_FEATURES = 6000
+"""SIFT features kept per image (COLMAP's default is 8192; fewer is faster on 2 cores)."""
+
+SIFT_PEAK_THRESHOLD = 0.002
+"""Lower than COLMAP's 0.0067 so near-textureless frames (fields, sand) still get ~2500
+features; well textured images are capped at ``max_features`` either way."""
+
+MAX_NEIGHBOURS = 20
+"""Images each image is matched with, nearest GPS positions first."""
+
+MIN_REGISTERED_FRACTION = 0.5
+"""Reconstruction fails when the largest model registers fewer of the images than this."""
+
+GPS_RANSAC_MAX_ERROR_M = 5.0
+"""Inlier threshold of the camera-centre-to-GPS similarity fit (consumer GPS: a few metres)."""
+
+MAX_POINT_REPROJECTION_ERROR_PX = 2.0
+"""3D points with a larger mean reprojection error are dropped from the products."""
+
+MIN_TRACK_LENGTH = 3
+"""3D points seen in fewer images are dropped from the products."""
+
+
+def reconstruct_sfm(
+    images: Sequence[ImageMeta],
+    image_dir: Path,
+    work_dir: Path,
+    epsg: int,
+    *,
+    resize_to: int = 2048,
+    max_concurrency: int = 2,
+    max_features: int = MAX_FEATURES,
+    max_neighbours: int = MAX_NEIGHBOURS,
+    log: Callable[[str], None] = logger.info,
+) -> Scene:
+    """Reconstruct the cameras and a sparse point cloud, in the survey's UTM CRS.
+
+    Args:
+        images: metadata of every image in ``image_dir`` to use.
+        image_dir: folder of the image files.
+        work_dir: scratch folder (the COLMAP database and model are kept there).
+        epsg: the survey's WGS 84 / UTM EPSG code.
+        resize_to: long side in pixels that features are extracted at (<= 0: full size).
+        max_concurrency: threads for extraction, matching and bundle adjustment.
+        max_features: SIFT features per image.
+        max_neighbours: images each image is matched with (nearest GPS positions first).
+        log: progress line sink.
+
+    Returns:
+        A :class:`Scene` with method ``"sfm"``: the registered cameras (UTM poses, refined
+        distortion) and the filtered, coloured 3D points.
+
+    Raises:
+        ProcessingFailedError: fewer than half of the images (or fewer than 3) registered, or
+            the model could not be aligned to the GPS positions.
+        MemoryError: out of memory inside COLMAP.
+    """
+    import pycolmap
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    database = work_dir / "database.db"
+    database.unlink(missing_ok=True)
+    threads = max(1, int(max_concurrency))
+    previous_level = pycolmap.logging.minloglevel
+    pycolmap.logging.minloglevel = 2  # COLMAP's INFO lines go to stderr; we log our own
+    try:
+        started = time.perf_counter()
+        extraction = pycolmap.FeatureExtractionOptions()
+        extraction.num_threads = threads
+        extraction.max_image_size = int(resize_to) if resize_to and resize_to > 0 else -1
+        extraction.sift.max_num_features = int(max_features)
+        extraction.sift.first_octave = 0  # no upsampled octave: 4x less work, enough features
+        extraction.sift.peak_threshold = SIFT_PEAK_THRESHOLD
+        groups: dict[str, list[ImageMeta]] = defaultdict(list)
+        for meta in images:
+            groups[meta.camera_key].append(meta)
+        for group in groups.values():
+            first = group[0]
+            reader = pycolmap.ImageReaderOptions()
+            reader.camera_model = "SIMPLE_RADIAL"
+            reader.camera_params = (
+                f"{first.focal_length_px},{first.width / 2.0},{first.height / 2.0},0"
+            )
+            pycolmap.extract_features(
+                database,
+                image_dir,
+                image_names=[m.name for m in group],
+                camera_mode=pycolmap.CameraMode.SINGLE,
+                reader_options=reader,
+                extraction_options=extraction,
+                device=pycolmap.Device.cpu,
+            )
+        log(
+            f"Extracted SIFT features of {len(images)} images ({len(groups)} camera(s)) "
+            f"in {time.perf_counter() - started:.1f} s"
+        )
+
+        started = time.perf_counter()
+        ground_z, _ = estimate_ground_z_m(images)
+        heights = [m.altitude_m - ground_z for m in images if m.altitude_m is not None]
+        height_m = max(float(np.median(heights)) if heights else 60.0, 5.0)
+        long_side = max(max(m.width, m.height) / m.focal_length_px for m in images)
+        matching = pycolmap.FeatureMatchingOptions()
+        matching.num_threads = threads
+        pairing = pycolmap.SpatialPairingOptions()
+        pairing.max_num_neighbors = min(max(1, int(max_neighbours)), max(len(images) - 1, 1))
+        pairing.max_distance = 1.2 * height_m * long_side
+        pairing.ignore_z = True
+        pycolmap.match_spatial(
+            database, matching_options=matching, pairing_options=pairing, device=pycolmap.Device.cpu
+        )
+        db = pycolmap.Database.open(database)
+        try:
+            pairs = db.num_verified_image_pairs()
+        finally:
+            db.close()
+        log(
+            f"Matched neighbours within {pairing.max_distance:.0f} m: {pairs} verified pairs "
+            f"in {time.perf_counter() - started:.1f} s"
+        )
+
+        started = time.perf_counter()
+        options = pycolmap.IncrementalPipelineOptions()
+        options.num_threads = threads
+        options.random_seed = 0
+        options.ba_refine_focal_length = False
+        options.ba_refine_principal_point = False
+        options.ba_refine_extra_params = True
+        options.mapper.abs_pose_refine_focal_length = False
+        options.min_model_size = 3
+        (work_dir / "sparse").mkdir(exist_ok=True)
+        models = pycolmap.incremental_mapping(database, image_dir, work_dir / "sparse", options)
+        if not models:
+            raise ProcessingFailedError(
+                f"structure from motion failed: no model from {len(images)} images "
+                f"({pairs} matched pairs)"
+            )
+        model = max(models.values(), key=lambda m: m.num_reg_images())
+        registered = model.num_reg_images()
+        log(
+            f"Incremental mapping: {registered}/{len(images)} images registered, "
+            f"{model.num_points3D()} points, {len(models)} model(s) "
+            f"in {time.perf_counter() - started:.1f} s"
+        )
+        needed = max(3, math.ceil(MIN_REGISTERED_FRACTION * len(images)))
+        if registered < min(needed, len(images)):
+            raise ProcessingFailedError(
+                f"structure from motion registered only {registered} of {len(images)} images "
+                f"(at least {needed} needed)"
+            )
+
+        by_name = {m.name: m for m in images}
+        reg_ids = list(model.reg_image_ids())
+        reg_names = [model.images[i].name for i in reg_ids]
+        gps = utm_positions([by_name[n] for n in reg_names], epsg)
+        origin = np.array([gps[:, 0].mean(), gps[:, 1].mean(), 0.0])
+        ransac = pycolmap.RANSACOptions()
+        ransac.max_error = GPS_RANSAC_MAX_ERROR_M
+        sim = pycolmap.align_reconstruction_to_locations(model, reg_names, gps - origin, 3, ransac)
+        if sim is None:
+            raise ProcessingFailedError(
+                "structure from motion model could not be aligned to the GPS positions"
+            )
+        model.transform(sim)
+        centers = np.array([model.images[i].projection_center() for i in reg_ids]) + origin
+        residual = np.linalg.norm(centers - gps, axis=1)
+        log(
+            f"Aligned to GPS (scale {sim.scale:.3f}): camera residual mean "
+            f"{residual.mean():.2f} m, max {residual.max():.2f} m"
+        )
+
+        cameras = []
+        for image_id in reg_ids:
+            image = model.images[image_id]
+            camera = model.cameras[image.camera_id]
+            f, cx, cy, k1 = (float(v) for v in camera.params[:4])
+            rotation = image.cam_from_world().rotation.matrix()
+            center = np.asarray(image.projection_center()) + origin
+            cameras.append(
+                CameraPose(
+                    name=image.name,
+                    width=int(camera.width),
+                    height=int(camera.height),
+                    focal_px=f,
+                    cx=cx,
+                    cy=cy,
+                    k1=k1,
+                    k2=0.0,
+                    rotation=rotation_tuple(rotation),
+                    center=(float(center[0]), float(center[1]), float(center[2])),
+                )
+            )
+        xyz, rgb = [], []
+        for point in model.points3D.values():
+            if point.track.length() >= MIN_TRACK_LENGTH and point.error <= (
+                MAX_POINT_REPROJECTION_ERROR_PX
+            ):
+                xyz.append(point.xyz)
+                rgb.append(point.color)
+        points = np.asarray(xyz, dtype=np.float64).reshape(-1, 3) + origin
+        colours = np.asarray(rgb, dtype=np.uint8).reshape(-1, 3)
+        return Scene(
+            method="sfm",
+            epsg=epsg,
+            cameras=tuple(cameras),
+            points_xyz=points,
+            points_rgb=colours,
+            images=len(images),
+            stats={
+                "registered_images": float(registered),
+                "verified_pairs": float(pairs),
+                "gps_residual_mean_m": float(residual.mean()),
+                "gps_residual_max_m": float(residual.max()),
+                "similarity_scale": float(sim.scale),
+            },
+        )
+    finally:
+        pycolmap.logging.minloglevel = previous_level

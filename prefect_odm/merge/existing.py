@@ -1,0 +1,165 @@
+"""Find the products of OpenDroneMap outputs made elsewhere (adapter: fsspec via storage).
+
+Recognised layouts, local or at any fsspec URL (``s3://bucket/prefix``):
+
+- an OpenDroneMap project folder, or the extracted contents of a NodeODM/WebODM ``all.zip``:
+  ``odm_orthophoto/odm_orthophoto.tif``, ``odm_dem/dsm.tif``, ``odm_dem/dtm.tif``,
+  ``odm_georeferencing/odm_georeferenced_model.laz`` (the paths of
+  :data:`prefect_odm.layout.ODM_PRODUCT_PATHS`);
+- a folder holding several of those (one level down, e.g. one folder per task, or ODM's own
+  ``submodels/submodel_0000`` folders);
+- an ``all.zip`` file (or a folder holding ``*.zip`` files); the product members are extracted
+  into a local working folder given by the caller.
+
+Each found output gets an id: the folder's name (for ``all.zip``, the name of the folder holding
+it), made unique with a numeric suffix when two are equal.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from prefect_odm.errors import InputError
+from prefect_odm.layout import ODM_PRODUCT_PATHS, join
+from prefect_odm.storage import filesystem, is_local
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ExistingOutput:
+    """The products of one OpenDroneMap output found at ``location``.
+
+    Attributes:
+        submodel_id: id given to this output in the merge.
+        location: the folder or zip URL it was found at.
+        products: product name (``orthophoto``, ``dsm``, ``dtm``, ``point_cloud``) -> local path
+            or URL of the file.
+    """
+
+    submodel_id: str
+    location: str
+    products: dict[str, str]
+
+
+def _products_in_folder(url: str) -> dict[str, str]:
+    fs, root = filesystem(url)
+    found = {}
+    for product, rel in ODM_PRODUCT_PATHS.items():
+        path = posixpath.join(root.rstrip("/"), rel)
+        if fs.exists(path):
+            found[product] = join(url, rel)
+    return found
+
+
+def _name_of(url: str) -> str:
+    name = posixpath.basename(url.rstrip("/"))
+    if name.lower().endswith(".zip"):
+        stem = name[:-4]
+        parent = posixpath.basename(posixpath.dirname(url.rstrip("/")))
+        name = parent if stem.lower() == "all" and parent else stem
+    return name or "output"
+
+
+def extract_products(zip_url: str, dest: Path) -> dict[str, str]:
+    """Extract the product members of an ``all.zip`` (local or URL) into ``dest``.
+
+    Returns:
+        product name -> local path of the extracted file.
+
+    Raises:
+        InputError: the file is not a zip archive.
+    """
+    fs, path = filesystem(zip_url)
+    dest.mkdir(parents=True, exist_ok=True)
+    found: dict[str, str] = {}
+    try:
+        with fs.open(path, "rb") as fh, zipfile.ZipFile(fh) as zf:
+            names = set(zf.namelist())
+            for product, rel in ODM_PRODUCT_PATHS.items():
+                member = next((n for n in sorted(names) if n == rel or n.endswith("/" + rel)), None)
+                if member is None:
+                    continue
+                target = dest / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with zf.open(member) as src, open(target, "wb") as out:
+                    while chunk := src.read(1 << 20):
+                        out.write(chunk)
+                found[product] = str(target)
+    except zipfile.BadZipFile as exc:
+        raise InputError(f"{zip_url} is not a zip archive: {exc}") from exc
+    return found
+
+
+def find_existing_outputs(locations: Sequence[str], workdir: Path) -> list[ExistingOutput]:
+    """OpenDroneMap outputs found at the given folders, zip files or their children.
+
+    Args:
+        locations: local paths or fsspec URLs (ODM project folders, extracted ``all.zip``
+            contents, ``all.zip`` files, or folders holding any of those one level down).
+        workdir: local folder where zip members are extracted.
+
+    Returns:
+        The outputs found, sorted by id; ids are unique.
+
+    Raises:
+        InputError: a location that does not exist, or no product found anywhere.
+    """
+    found: list[tuple[str, str, dict[str, str]]] = []
+    for url in locations:
+        fs, path = filesystem(url)
+        if not fs.exists(path):
+            raise InputError(f"{url}: no such file or folder")
+        if url.lower().endswith(".zip"):
+            name = _name_of(url)
+            found.append((name, url, extract_products(url, workdir / f"zip-{len(found)}-{name}")))
+            continue
+        direct = _products_in_folder(url)
+        if direct:
+            found.append((_name_of(url), url, direct))
+            continue
+        children = sorted(p for p in fs.ls(path, detail=False))
+        for child in children:
+            name = posixpath.basename(str(child).rstrip("/"))
+            child_url = join(url, name) if not is_local(url) else str(Path(url) / name)
+            if name.lower().endswith(".zip"):
+                prods = extract_products(child_url, workdir / f"zip-{len(found)}-{name[:-4]}")
+                if prods:
+                    found.append((_name_of(child_url), child_url, prods))
+            elif fs.isdir(child):
+                prods = _products_in_folder(child_url)
+                if not prods and name == "submodels":
+                    for sub in sorted(fs.ls(child, detail=False)):
+                        sub_name = posixpath.basename(str(sub).rstrip("/"))
+                        sub_url = join(child_url, sub_name)
+                        sub_prods = _products_in_folder(sub_url)
+                        if sub_prods:
+                            found.append((sub_name, sub_url, sub_prods))
+                elif prods:
+                    found.append((name, child_url, prods))
+    if not any(p for _, _, p in found):
+        raise InputError(
+            "no OpenDroneMap product ("
+            + ", ".join(ODM_PRODUCT_PATHS.values())
+            + ") found in "
+            + ", ".join(locations)
+        )
+    out: list[ExistingOutput] = []
+    used: set[str] = set()
+    for name, url, prods in found:
+        if not prods:
+            log.info("%s holds no OpenDroneMap product", url)
+            continue
+        sid = name
+        n = 2
+        while sid in used:
+            sid = f"{name}-{n}"
+            n += 1
+        used.add(sid)
+        out.append(ExistingOutput(sid, url, dict(sorted(prods.items()))))
+    return sorted(out, key=lambda o: o.submodel_id)

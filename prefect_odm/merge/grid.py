@@ -1,0 +1,167 @@
+"""The common pixel grid of a merge (pure core: no I/O).
+
+Every merged raster lives on one north-up grid whose edges are whole multiples of the
+resolution in the target CRS ("snapped to the resolution"): two merges at the same resolution
+share pixel edges, and an input already on a snapped grid is read without resampling.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+Bounds = tuple[float, float, float, float]
+"""``(left, bottom, right, top)`` in CRS units, as rasterio spells bounds."""
+
+_SNAP_TOLERANCE = 1e-6
+"""Fraction of a pixel below which an offset counts as a whole number of pixels."""
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A north-up pixel grid.
+
+    Attributes:
+        left: x of the left edge, CRS units (metres in a UTM CRS).
+        top: y of the top edge, CRS units.
+        resolution_m: pixel size (square pixels), CRS units.
+        width, height: size in pixels.
+    """
+
+    left: float
+    top: float
+    resolution_m: float
+    width: int
+    height: int
+
+    @property
+    def transform(self) -> tuple[float, float, float, float, float, float]:
+        """Affine coefficients ``(a, b, c, d, e, f)`` as rasterio's ``Affine`` takes them."""
+        return (self.resolution_m, 0.0, self.left, 0.0, -self.resolution_m, self.top)
+
+    @property
+    def bounds(self) -> Bounds:
+        """``(left, bottom, right, top)`` in CRS units."""
+        return (
+            self.left,
+            self.top - self.height * self.resolution_m,
+            self.left + self.width * self.resolution_m,
+            self.top,
+        )
+
+    @property
+    def pixel_area_m2(self) -> float:
+        """Area of one pixel, square CRS units."""
+        return self.resolution_m * self.resolution_m
+
+    def offset_of(self, left: float, top: float) -> tuple[int, int] | None:
+        """Whole-pixel ``(row, col)`` of a point on this grid; None if it falls between pixels."""
+        col = (left - self.left) / self.resolution_m
+        row = (self.top - top) / self.resolution_m
+        rc, cc = round(row), round(col)
+        if abs(row - rc) > _SNAP_TOLERANCE or abs(col - cc) > _SNAP_TOLERANCE:
+            return None
+        return rc, cc
+
+    def sub_grid(self, bounds: Bounds) -> tuple[int, int, Grid]:
+        """The part of this grid covering ``bounds`` (rounded outward to whole pixels).
+
+        Returns:
+            ``(row_off, col_off, grid)`` where the offsets are in pixels of this grid (they may
+            lie outside ``[0, height)``/``[0, width)`` when ``bounds`` extends beyond it).
+        """
+        res = self.resolution_m
+        col0 = math.floor((bounds[0] - self.left) / res + _SNAP_TOLERANCE)
+        col1 = math.ceil((bounds[2] - self.left) / res - _SNAP_TOLERANCE)
+        row0 = math.floor((self.top - bounds[3]) / res + _SNAP_TOLERANCE)
+        row1 = math.ceil((self.top - bounds[1]) / res - _SNAP_TOLERANCE)
+        grid = Grid(
+            left=self.left + col0 * res,
+            top=self.top - row0 * res,
+            resolution_m=res,
+            width=max(col1 - col0, 1),
+            height=max(row1 - row0, 1),
+        )
+        return row0, col0, grid
+
+    def decimated(self, max_side_px: int) -> tuple[int, Grid]:
+        """A coarser grid over the same area whose longer side is at most ``max_side_px``.
+
+        Returns:
+            ``(factor, grid)``: the integer decimation factor and the coarse grid (its pixel is
+            ``factor`` times larger; its extent may overhang by less than one coarse pixel).
+        """
+        factor = max(1, math.ceil(max(self.width, self.height) / max_side_px))
+        return factor, Grid(
+            left=self.left,
+            top=self.top,
+            resolution_m=self.resolution_m * factor,
+            width=max(1, math.ceil(self.width / factor)),
+            height=max(1, math.ceil(self.height / factor)),
+        )
+
+
+@dataclass(frozen=True)
+class Block:
+    """A rectangular window of a :class:`Grid`, in pixels."""
+
+    row_off: int
+    col_off: int
+    height: int
+    width: int
+
+
+def snap_grid(bounds: Iterable[Bounds], resolution_m: float) -> Grid:
+    """The smallest snapped grid holding every bounding box.
+
+    Edges are rounded outward to whole multiples of ``resolution_m`` (anchored at the CRS
+    origin), so the same resolution always gives the same pixel edges.
+
+    Args:
+        bounds: ``(left, bottom, right, top)`` boxes in one CRS.
+        resolution_m: pixel size in CRS units (> 0).
+
+    Raises:
+        ValueError: no bounds, or a non-positive resolution.
+    """
+    boxes = list(bounds)
+    if not boxes:
+        raise ValueError("snap_grid needs at least one bounding box")
+    if not resolution_m > 0:
+        raise ValueError(f"resolution must be positive, got {resolution_m}")
+    res = float(resolution_m)
+    left = math.floor(min(b[0] for b in boxes) / res + _SNAP_TOLERANCE) * res
+    bottom = math.floor(min(b[1] for b in boxes) / res + _SNAP_TOLERANCE) * res
+    right = math.ceil(max(b[2] for b in boxes) / res - _SNAP_TOLERANCE) * res
+    top = math.ceil(max(b[3] for b in boxes) / res - _SNAP_TOLERANCE) * res
+    width = max(1, round((right - left) / res))
+    height = max(1, round((top - bottom) / res))
+    return Grid(left=left, top=top, resolution_m=res, width=width, height=height)
+
+
+def iter_blocks(grid: Grid, block_size: int) -> Iterator[Block]:
+    """Blocks of at most ``block_size`` x ``block_size`` pixels in row-major order."""
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    for row in range(0, grid.height, block_size):
+        for col in range(0, grid.width, block_size):
+            yield Block(
+                row_off=row,
+                col_off=col,
+                height=min(block_size, grid.height - row),
+                width=min(block_size, grid.width - col),
+            )
+
+
+def intersect(
+    a: tuple[int, int, int, int], b: tuple[int, int, int, int]
+) -> tuple[int, int, int, int] | None:
+    """Intersection of two ``(row_off, col_off, height, width)`` windows, None when empty."""
+    r0 = max(a[0], b[0])
+    c0 = max(a[1], b[1])
+    r1 = min(a[0] + a[2], b[0] + b[2])
+    c1 = min(a[1] + a[3], b[1] + b[3])
+    if r1 <= r0 or c1 <= c0:
+        return None
+    return r0, c0, r1 - r0, c1 - c0

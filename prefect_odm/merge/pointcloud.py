@@ -1,0 +1,378 @@
+"""Point-cloud merge (adapter: laspy with lazrs, pyproj).
+
+Each submodel's points are kept only where the ownership rule says that submodel owns them
+(the same nearest-core-camera cells that bound the orthophoto seams), so overlaps are not
+doubled. Inputs are streamed chunk by chunk (``laspy`` ``chunk_iterator``) into one
+``LasWriter``; memory is a few chunks whatever the cloud size.
+
+The output header is fixed before the first point is written, from all input headers: the
+finest scale of any input per axis, offsets at whole metres below the union of the bounds (the
+scale is coarsened by powers of ten only if the extent would not fit 32-bit integers), the point
+format shared by the inputs (or the highest one among them, copying the dimensions they have in
+common), the extra dimensions common to all inputs, and the output CRS as a WKT VLR (LAS 1.4 /
+point formats >= 6) or GeoTIFF keys (older), via ``LasHeader.add_crs``. The writer updates the
+point count and bounds from the points actually written, so the header is exact.
+
+COPC is not written: laspy reads COPC but cannot write it; ``copclib`` (PyPI) can write COPC but
+leaves building the octree to the caller, which is future work.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import laspy
+import numpy as np
+import pyproj
+from numpy.typing import NDArray
+from scipy.spatial import cKDTree
+
+from prefect_odm.errors import MergeError
+from prefect_odm.merge.seams import ownership_from_centres
+from prefect_odm.ownership import Ownership
+
+log = logging.getLogger(__name__)
+
+_INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class SubmodelPoints:
+    """Points read from and kept of one submodel."""
+
+    submodel_id: str
+    points_in: int
+    points_kept: int
+
+
+@dataclass(frozen=True)
+class PointCloudMergeReport:
+    """What a point-cloud merge produced (figures for the manifest and report).
+
+    Attributes:
+        mins, maxs: header bounds ``(x, y, z)`` of the merged cloud, CRS units.
+        scales, offsets: header scales and offsets ``(x, y, z)``.
+    """
+
+    path: str
+    submodel_ids: tuple[str, ...]
+    points_in: int
+    points_kept: int
+    per_submodel: tuple[SubmodelPoints, ...]
+    crs_wkt: str
+    crs_epsg: int | None
+    point_format: int
+    las_version: str
+    scales: tuple[float, float, float]
+    offsets: tuple[float, float, float]
+    mins: tuple[float, float, float]
+    maxs: tuple[float, float, float]
+    reprojected: tuple[str, ...]
+    ownership_from_footprints: bool
+    copc: bool
+    elapsed_seconds: float
+    points_per_second: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class _Input:
+    submodel_id: str
+    path: Path
+    header: laspy.LasHeader
+    crs: pyproj.CRS | None
+
+
+def _read_headers(inputs: Mapping[str, Path]) -> list[_Input]:
+    out = []
+    for sid in sorted(inputs):
+        path = Path(inputs[sid])
+        try:
+            with laspy.open(path) as reader:
+                header = reader.header
+                try:
+                    crs = header.parse_crs()
+                except Exception as exc:  # noqa: BLE001 - laspy raises several types here
+                    raise MergeError(f"input {sid} ({path}): unreadable CRS: {exc}") from exc
+        except (laspy.LaspyException, OSError) as exc:
+            raise MergeError(f"input {sid} ({path}) cannot be opened: {exc}") from exc
+        out.append(_Input(sid, path, header, crs))
+    return out
+
+
+def _bounds_in(inp: _Input, crs: pyproj.CRS) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    mins = np.asarray(inp.header.mins, dtype=np.float64)
+    maxs = np.asarray(inp.header.maxs, dtype=np.float64)
+    if inp.crs is None or inp.crs == crs:
+        return mins, maxs
+    tr = pyproj.Transformer.from_crs(inp.crs, crs, always_xy=True)
+    xs = np.linspace(mins[0], maxs[0], 11)
+    ys = np.linspace(mins[1], maxs[1], 11)
+    gx, gy = np.meshgrid(xs, ys)
+    tx, ty, tz = tr.transform(gx.ravel(), gy.ravel(), np.full(gx.size, mins[2]))
+    _, _, tz2 = tr.transform(gx.ravel(), gy.ravel(), np.full(gx.size, maxs[2]))
+    lo = np.array([tx.min(), ty.min(), min(tz.min(), tz2.min())])
+    hi = np.array([tx.max(), ty.max(), max(tz.max(), tz2.max())])
+    return lo, hi
+
+
+def _output_header(inputs: list[_Input], crs: pyproj.CRS) -> laspy.LasHeader:
+    formats = {i.header.point_format.id for i in inputs}
+    fmt = formats.pop() if len(formats) == 1 else max(i.header.point_format.id for i in inputs)
+    version = max((i.header.version for i in inputs), key=lambda v: (v.major, v.minor))
+    if fmt >= 6:
+        version = laspy.header.Version(1, 4)
+    header = laspy.LasHeader(point_format=fmt, version=f"{version.major}.{version.minor}")
+    common: dict[str, Any] | None = None
+    for inp in inputs:
+        extra = {d.name: d for d in inp.header.point_format.extra_dimensions}
+        if common is None:
+            common = extra
+        else:
+            common = {n: d for n, d in common.items() if n in extra and extra[n].dtype == d.dtype}
+    for name, dim in sorted((common or {}).items()):
+        header.add_extra_dim(laspy.ExtraBytesParams(name=name, type=dim.dtype))
+    scales = np.min(np.array([i.header.scales for i in inputs], dtype=np.float64), axis=0)
+    lows, highs = zip(*(_bounds_in(i, crs) for i in inputs), strict=True)
+    lo = np.min(np.array(lows), axis=0)
+    hi = np.max(np.array(highs), axis=0)
+    offsets = np.floor(lo)
+    for axis in range(3):
+        while (
+            max(abs(hi[axis] - offsets[axis]), abs(lo[axis] - offsets[axis])) / scales[axis]
+            > _INT32_MAX * 0.99
+        ):
+            scales[axis] *= 10.0
+            log.info("point cloud axis %d scale coarsened to %g to fit 32 bits", axis, scales[axis])
+    header.scales = scales
+    header.offsets = offsets
+    header.add_crs(crs)
+    return header
+
+
+class _Owners:
+    """:meth:`Ownership.label_of_points` with the k-d tree queried on all cores.
+
+    Same rule and same tree (cameras in the same order), so the same labels.
+    """
+
+    def __init__(self, ownership: Ownership) -> None:
+        index = {sid: n for n, sid in enumerate(ownership.submodel_ids)}
+        self._labels = np.array([index[s] for s in ownership.camera_submodel], dtype=np.int32)
+        self._tree = cKDTree(np.column_stack([ownership.x_m, ownership.y_m]).astype(np.float64))
+
+    def label_of_points(self, x: NDArray[np.float64], y: NDArray[np.float64]) -> NDArray[np.int32]:
+        _, nearest = self._tree.query(np.column_stack([x, y]), k=1, workers=-1)
+        labels: NDArray[np.int32] = self._labels[nearest]
+        return labels
+
+
+def _integer_shift(inp: laspy.LasHeader, header: laspy.LasHeader) -> tuple[int, int, int] | None:
+    """Integer steps to add to X, Y, Z to move points from ``inp``'s offsets to ``header``'s.
+
+    None unless the point formats and scales are equal and the offsets differ by whole steps
+    (then the copy is exact and needs no floating-point rescaling).
+    """
+    if inp.point_format != header.point_format or not np.array_equal(inp.scales, header.scales):
+        return None
+    steps = (np.asarray(inp.offsets) - np.asarray(header.offsets)) / np.asarray(header.scales)
+    rounded = np.rint(steps)
+    if np.any(np.abs(steps - rounded) > 1e-6):
+        return None
+    return (int(rounded[0]), int(rounded[1]), int(rounded[2]))
+
+
+def _shifted(
+    points: laspy.ScaleAwarePointRecord, shift: tuple[int, int, int], header: laspy.LasHeader
+) -> laspy.ScaleAwarePointRecord:
+    """The same points expressed in ``header``'s offsets (integer shift; exact)."""
+    array = points.array
+    for name, step in zip(("X", "Y", "Z"), shift, strict=True):
+        if step:
+            array[name] += np.int32(step)
+    return laspy.ScaleAwarePointRecord(array, header.point_format, header.scales, header.offsets)
+
+
+def _convert(
+    chunk: laspy.ScaleAwarePointRecord,
+    header: laspy.LasHeader,
+    xyz: tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]] | None,
+) -> laspy.ScaleAwarePointRecord:
+    """Copy a chunk into the output point format/scales (and new coordinates when given)."""
+    out = laspy.ScaleAwarePointRecord.zeros(len(chunk), header=header)
+    skip = {"X", "Y", "Z"}
+    have = set(chunk.point_format.dimension_names)
+    for name in out.point_format.dimension_names:
+        if name in have and name not in skip:
+            out[name] = chunk[name]
+    if xyz is None:
+        out.x, out.y, out.z = chunk.x, chunk.y, chunk.z
+    else:
+        out.x, out.y, out.z = xyz
+    return out
+
+
+def _centres(inputs: list[_Input], crs: pyproj.CRS) -> dict[str, tuple[float, float]]:
+    centres = {}
+    for inp in inputs:
+        lo, hi = _bounds_in(inp, crs)
+        centres[inp.submodel_id] = (float((lo[0] + hi[0]) / 2), float((lo[1] + hi[1]) / 2))
+    return centres
+
+
+def merge_point_clouds(
+    inputs: Mapping[str, Path],
+    out: Path,
+    *,
+    ownership: Ownership | None,
+    crs_epsg: int | None = None,
+    chunk_points: int = 2_000_000,
+    progress: Callable[[int, int], None] | None = None,
+) -> PointCloudMergeReport:
+    """Merge per-submodel LAS/LAZ point clouds into one LAZ, each point kept once.
+
+    Args:
+        inputs: submodel id -> local LAS/LAZ path.
+        out: output LAZ path (written through a temporary name, then promoted).
+        ownership: who owns each ground position (in the output CRS); None derives one from the
+            centre of each input's header bounds (:func:`.seams.ownership_from_centres`).
+        crs_epsg: output CRS; None: the CRS of the first input (sorted ids) that has one. Inputs
+            in another CRS are reprojected with pyproj; inputs without a CRS are taken to be in
+            the output CRS.
+        chunk_points: points per streamed chunk (memory is a few chunks).
+        progress: ``(points_done, points_total)`` callback.
+
+    Returns:
+        A :class:`PointCloudMergeReport`.
+
+    Raises:
+        MergeError: no inputs, an unreadable input, no CRS anywhere, an input unknown to the
+            ownership, an empty result, or a written file whose header disagrees with what was
+            written.
+    """
+    started = time.perf_counter()
+    out = Path(out)
+    if not inputs:
+        raise MergeError("nothing to merge: no point clouds")
+    if chunk_points <= 0:
+        raise MergeError(f"chunk_points must be positive, got {chunk_points}")
+    infos = _read_headers(inputs)
+    if crs_epsg is not None:
+        crs = pyproj.CRS.from_epsg(crs_epsg)
+    else:
+        with_crs = [i.crs for i in infos if i.crs is not None]
+        if not with_crs:
+            raise MergeError("no input point cloud carries a CRS and no crs_epsg was given")
+        crs = with_crs[0]
+    derived = ownership is None
+    owners = ownership if ownership is not None else ownership_from_centres(_centres(infos, crs))
+    unknown = sorted({i.submodel_id for i in infos} - set(owners.submodel_ids))
+    if unknown:
+        raise MergeError(f"point clouds {unknown} own no camera in the ownership rule")
+    label_of = {sid: n for n, sid in enumerate(owners.submodel_ids)}
+    fast_owners = _Owners(owners)
+    header = _output_header(infos, crs)
+    total_in = sum(int(i.header.point_count) for i in infos)
+    per: list[SubmodelPoints] = []
+    reprojected = []
+    done = 0
+    tmp = out.with_name(f".{out.stem}.{uuid.uuid4().hex[:8]}.tmp{out.suffix}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with laspy.open(
+            tmp, mode="w", header=header, do_compress=out.suffix.lower() == ".laz"
+        ) as w:
+            for inp in infos:
+                transformer = None
+                if inp.crs is not None and inp.crs != crs:
+                    transformer = pyproj.Transformer.from_crs(inp.crs, crs, always_xy=True)
+                    reprojected.append(inp.submodel_id)
+                shift = None if transformer is not None else _integer_shift(inp.header, header)
+                kept_n = 0
+                read_n = 0
+                with laspy.open(inp.path) as reader:
+                    for chunk in reader.chunk_iterator(chunk_points):
+                        n = len(chunk)
+                        read_n += n
+                        if transformer is None:
+                            x = np.asarray(chunk.x)
+                            y = np.asarray(chunk.y)
+                            xyz = None
+                        else:
+                            x, y, z = transformer.transform(
+                                np.asarray(chunk.x), np.asarray(chunk.y), np.asarray(chunk.z)
+                            )
+                            xyz = (x, y, z)
+                        keep = fast_owners.label_of_points(x, y) == label_of[inp.submodel_id]
+                        count = int(keep.sum())
+                        if count:
+                            if shift is not None:
+                                w.write_points(_shifted(chunk[keep], shift, header))
+                            else:
+                                sel = (
+                                    None
+                                    if xyz is None
+                                    else (xyz[0][keep], xyz[1][keep], xyz[2][keep])
+                                )
+                                w.write_points(_convert(chunk[keep], header, sel))
+                        kept_n += count
+                        done += n
+                        if progress is not None:
+                            progress(done, total_in)
+                if read_n != int(inp.header.point_count):
+                    raise MergeError(
+                        f"input {inp.submodel_id} ({inp.path}): header says "
+                        f"{inp.header.point_count} points, {read_n} were read"
+                    )
+                per.append(SubmodelPoints(inp.submodel_id, read_n, kept_n))
+                log.info("point cloud %s: kept %d of %d points", inp.submodel_id, kept_n, read_n)
+        kept_total = sum(p.points_kept for p in per)
+        if kept_total == 0:
+            raise MergeError(f"{out}: the merged point cloud is empty")
+        with laspy.open(tmp) as check:
+            h = check.header
+            if int(h.point_count) != kept_total:
+                raise MergeError(
+                    f"{out}: header counts {h.point_count} points, {kept_total} were written"
+                )
+            mins = tuple(float(v) for v in h.mins)
+            maxs = tuple(float(v) for v in h.maxs)
+            out_crs = h.parse_crs()
+        if out_crs is None or not out_crs.equals(crs):
+            raise MergeError(f"{out}: the written CRS {out_crs} is not {crs}")
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    elapsed = time.perf_counter() - started
+    return PointCloudMergeReport(
+        path=str(out),
+        submodel_ids=tuple(i.submodel_id for i in infos),
+        points_in=total_in,
+        points_kept=kept_total,
+        per_submodel=tuple(per),
+        crs_wkt=crs.to_wkt(),
+        crs_epsg=crs.to_epsg(),
+        point_format=int(header.point_format.id),
+        las_version=f"{header.version.major}.{header.version.minor}",
+        scales=tuple(float(v) for v in header.scales),  # type: ignore[arg-type]
+        offsets=tuple(float(v) for v in header.offsets),  # type: ignore[arg-type]
+        mins=mins,  # type: ignore[arg-type]
+        maxs=maxs,  # type: ignore[arg-type]
+        reprojected=tuple(reprojected),
+        ownership_from_footprints=derived,
+        copc=False,
+        elapsed_seconds=elapsed,
+        points_per_second=total_in / elapsed if elapsed > 0 else math.inf,
+    )

@@ -1,0 +1,409 @@
+"""The built-in engine's photogrammetry pipeline on real surveys (data used in place).
+
+Accuracy is measured against ``brighton_beach_1600/reference/model.laz``, the point cloud
+OpenDroneMap made from the full-resolution images (EPSG:32615):
+
+* DSM: median absolute height difference to the reference points averaged per DSM cell, over the
+  cells both cover;
+* orthophoto: horizontal offset found by phase correlation between our orthophoto and the
+  reference colours, both at 25 cm cells.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import resource
+import time
+from pathlib import Path
+
+import laspy
+import numpy as np
+import pytest
+import rasterio
+from rasterio.enums import Resampling
+
+from prefect_odm.engine import pipeline
+from prefect_odm.engine.camera import CameraPose, read_image_meta, read_images, rotation_tuple
+from prefect_odm.engine.direct import nadir_rotation
+from prefect_odm.errors import InputError, ProcessingFailedError
+
+DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+BRIGHTON = DATA / "brighton_beach_1600"
+BRIGHTON_EPSG = 32615
+COMPARE_RES_M = 0.25
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def make_task(tmp_path: Path, images: Path | list[Path]) -> Path:
+    """A task folder whose ``images`` links to the data in place (nothing is copied)."""
+    task = tmp_path / "task"
+    task.mkdir()
+    if isinstance(images, Path):
+        (task / "images").symlink_to(images.resolve(), target_is_directory=True)
+    else:
+        (task / "images").mkdir()
+        for path in images:
+            (task / "images" / path.name).symlink_to(path.resolve())
+    return task
+
+
+def _reference() -> tuple[np.ndarray, np.ndarray]:
+    las = laspy.read(BRIGHTON / "reference" / "model.laz")
+    xyz = np.column_stack([las.x, las.y, las.z])
+    rgb = np.column_stack([las.red, las.green, las.blue]).astype(np.float64)
+    return xyz, rgb
+
+
+def _rasterise_mean(
+    xyz: np.ndarray, values: np.ndarray, transform: rasterio.Affine, shape: tuple[int, int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Mean of ``values`` (n, k) per cell; returns ``(means (k, rows, cols), counts)``."""
+    col = np.floor((xyz[:, 0] - transform.c) / transform.a).astype(np.int64)
+    row = np.floor((xyz[:, 1] - transform.f) / transform.e).astype(np.int64)
+    ok = (col >= 0) & (col < shape[1]) & (row >= 0) & (row < shape[0])
+    index = row[ok] * shape[1] + col[ok]
+    counts = np.bincount(index, minlength=shape[0] * shape[1])
+    means = []
+    for k in range(values.shape[1]):
+        sums = np.bincount(index, weights=values[ok, k], minlength=shape[0] * shape[1])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            means.append((sums / counts).reshape(shape))
+    return np.asarray(means), counts.reshape(shape)
+
+
+def dsm_median_abs_diff_m(dsm_path: Path) -> tuple[float, float, int]:
+    """(median |DSM - reference|, median signed difference, compared cells)."""
+    xyz, _ = _reference()
+    with rasterio.open(dsm_path) as src:
+        dsm = src.read(1)
+        nodata = src.nodata
+        (ref,), counts = _rasterise_mean(xyz, xyz[:, 2:3], src.transform, dsm.shape)
+    both = (dsm != nodata) & (counts > 0)
+    diff = dsm[both].astype(np.float64) - ref[both]
+    return float(np.median(np.abs(diff))), float(np.median(diff)), int(both.sum())
+
+
+def orthophoto_offset_m(ortho_path: Path) -> tuple[float, float]:
+    """(horizontal offset in metres, correlation coefficient after the shift) by phase
+    correlation against the reference colours at 25 cm cells."""
+    xyz, rgb = _reference()
+    with rasterio.open(ortho_path) as src:
+        factor = max(1, int(round(COMPARE_RES_M / src.res[0])))
+        shape = (src.height // factor, src.width // factor)
+        image = src.read(out_shape=(4, *shape), resampling=Resampling.average)
+        transform = src.transform @ src.transform.scale(src.width / shape[1], src.height / shape[0])
+    ours = image[:3].astype(np.float64).mean(axis=0)
+    means, counts = _rasterise_mean(xyz, rgb, transform, shape)
+    theirs = means.mean(axis=0)
+    both = (image[3] > 250) & (counts > 0)
+    rows, cols = np.nonzero(both)
+    window = np.s_[rows.min() : rows.max() + 1, cols.min() : cols.max() + 1]
+    a = np.where(both, ours, np.nan)[window]
+    b = np.where(both, theirs, np.nan)[window]
+
+    def prepare(x: np.ndarray) -> np.ndarray:
+        x = np.where(np.isnan(x), np.nanmean(x), x) - np.nanmean(x)
+        return x * np.outer(np.hanning(x.shape[0]), np.hanning(x.shape[1]))
+
+    spectrum = np.fft.fft2(prepare(a)) * np.conj(np.fft.fft2(prepare(b)))
+    surface = np.real(np.fft.ifft2(spectrum / (np.abs(spectrum) + 1e-12)))
+    peak = np.unravel_index(int(np.argmax(surface)), surface.shape)
+    shift = [p if p < n // 2 else p - n for p, n in zip(peak, surface.shape, strict=True)]
+    shifted = np.roll(b, shift, axis=(0, 1))
+    valid = ~np.isnan(a) & ~np.isnan(shifted)
+    corr = float(np.corrcoef(a[valid], shifted[valid])[0, 1])
+    return math.hypot(*shift) * transform.a, corr
+
+
+def check_common_outputs(task: Path, method: str, images: int) -> dict:
+    """Assert the ODM-layout products exist with the right CRS, types and tags."""
+    with rasterio.open(task / "odm_orthophoto" / "odm_orthophoto.tif") as src:
+        assert src.crs.to_epsg() == BRIGHTON_EPSG
+        assert src.count == 4 and src.dtypes == ("uint8",) * 4
+        assert src.tags()["PREFECT_ODM_ENGINE_METHOD"] == method
+        alpha = src.read(4, out_shape=(src.height // 8, src.width // 8))
+        assert set(np.unique(alpha)) <= {0, 255}
+        assert 0.3 < (alpha == 255).mean() < 1.0  # coverage inside, transparent outside
+    with rasterio.open(task / "odm_dem" / "dsm.tif") as src:
+        assert src.crs.to_epsg() == BRIGHTON_EPSG
+        assert src.dtypes == ("float32",) and src.nodata == -9999
+        assert src.tags()["PREFECT_ODM_ENGINE_METHOD"] == method
+        dsm = src.read(1)
+        valid = dsm[dsm != -9999]
+        assert valid.size > 1000 and 150 < np.median(valid) < 170
+    with laspy.open(task / "odm_georeferencing" / "odm_georeferenced_model.laz") as reader:
+        header = reader.header
+        assert header.point_format.id == 3 and header.version.minor >= 2
+        assert header.parse_crs().to_epsg() == BRIGHTON_EPSG
+        points = reader.read()
+        assert points.red.max() > 0
+    shots = json.loads((task / "odm_report" / "shots.geojson").read_text())
+    assert len(shots["features"]) == images
+    lon, lat, _ = shots["features"][0]["geometry"]["coordinates"]
+    assert -92.1 < lon < -91.9 and 46.8 < lat < 46.9
+    report = json.loads((task / "odm_report" / "engine.json").read_text())
+    assert report["method"] == method
+    assert report["images"] == images
+    assert report["points"] == header.point_count
+    assert set(report["stage_seconds"]) == set(pipeline.STAGES)
+    assert report["orthophoto_resolution_cm"] >= max(5.0, report["gsd_cm"]) - 1e-6
+    return report
+
+
+# -- camera metadata ----------------------------------------------------------------------------
+
+
+def test_metadata_matches_manifest() -> None:
+    metas = {m.name: m for m in read_images(BRIGHTON / "images")}
+    with (BRIGHTON / "manifest.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == len(metas) == 18
+    for row in rows:
+        meta = metas[row["file"]]
+        assert meta.latitude_deg == pytest.approx(float(row["lat"]), abs=1e-7)
+        assert meta.longitude_deg == pytest.approx(float(row["lon"]), abs=1e-7)
+        assert meta.altitude_m == pytest.approx(float(row["alt"]), abs=1e-3)
+        assert meta.relative_altitude_m == pytest.approx(float(row["rel_alt"]), abs=1e-3)
+        assert meta.gimbal_pitch_deg == pytest.approx(float(row["gimbal_pitch"]), abs=1e-3)
+        assert (meta.width, meta.height) == (1600, 900)
+        assert meta.gimbal_yaw_deg is not None
+    # 35 mm equivalent on the diagonal: 20 mm * 1835.8 px / 43.27 mm
+    assert metas["DJI_0018.JPG"].focal_length_px == pytest.approx(848.5, abs=0.5)
+    seneca = read_image_meta(DATA / "seneca_1200" / "images" / "IMG_0446.jpg")
+    # FocalLength 4.3 mm x FocalPlaneXResolution 6071.6 px/inch
+    assert seneca.focal_length_px == pytest.approx(4.3 * 6071.645 / 25.4, rel=1e-4)
+    assert seneca.relative_altitude_m is None and seneca.gimbal_yaw_deg is None
+
+
+@pytest.mark.parametrize("yaw_deg", [0.0, 45.0, 90.0, 200.0, -132.0])
+def test_nadir_camera_image_top_points_along_yaw(yaw_deg: float) -> None:
+    rotation = nadir_rotation(yaw_deg)
+    camera = CameraPose(
+        name="a.jpg",
+        width=1000,
+        height=800,
+        focal_px=1000.0,
+        cx=500.0,
+        cy=400.0,
+        k1=0.0,
+        k2=0.0,
+        rotation=rotation_tuple(rotation),
+        center=(0.0, 0.0, 100.0),
+    )
+    ahead = np.radians(yaw_deg)
+    u, v, depth = camera.project(
+        np.array([10 * np.sin(ahead)]), np.array([10 * np.cos(ahead)]), np.array([0.0])
+    )
+    assert depth[0] == pytest.approx(100.0)
+    assert u[0] == pytest.approx(500.0, abs=1e-6) and v[0] == pytest.approx(300.0)
+    assert np.allclose(rotation @ rotation.T, np.eye(3)) and np.linalg.det(rotation) > 0
+    footprint = camera.footprint(0.0)
+    assert footprint is not None and np.allclose(footprint.mean(axis=0), 0.0, atol=1e-6)
+
+
+def test_options_contract() -> None:
+    names = {o["name"]: o for o in pipeline.OPTIONS}
+    for required in (
+        "orthophoto-resolution",
+        "dsm",
+        "dtm",
+        "pipeline",
+        "resize-to",
+        "end-with",
+        "rerun-from",
+        "max-concurrency",
+        "fast-orthophoto",
+        "feature-quality",
+    ):
+        assert required in names
+    for option in pipeline.OPTIONS:
+        assert set(option) == {"name", "type", "value", "domain", "help"}
+        assert option["type"] in {"bool", "int", "float", "string", "enum"}
+        assert isinstance(option["value"], str)
+    assert names["orthophoto-resolution"]["value"] == "5"
+    assert names["dsm"]["value"] == "false"
+    assert names["pipeline"]["value"] == "sfm"
+    assert names["pipeline"]["domain"] == ["sfm", "direct"]
+    assert names["resize-to"]["value"] == "2048"
+    assert names["end-with"]["domain"] == list(pipeline.STAGES)
+    assert names["rerun-from"]["domain"] == list(pipeline.STAGES)
+
+
+def test_bad_option_and_stage_are_input_errors(tmp_path: Path) -> None:
+    task = make_task(tmp_path, BRIGHTON / "images")
+    with pytest.raises(InputError):
+        pipeline.run(task, {"pipeline": "nerf"}, log=lambda _: None)
+    with pytest.raises(InputError):
+        pipeline.run(task, {"pipeline": "direct"}, rerun_from="odm_meshing", log=lambda _: None)
+
+
+# -- direct georeferencing ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def direct_task(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float, list[str]]:
+    task = make_task(tmp_path_factory.mktemp("direct"), BRIGHTON / "images")
+    lines: list[str] = []
+    started = time.perf_counter()
+    pipeline.run(task, {"pipeline": "direct", "dsm": "true", "dtm": True}, log=lines.append)
+    return task, time.perf_counter() - started, lines
+
+
+def test_direct_brighton_products(direct_task: tuple[Path, float, list[str]]) -> None:
+    task, seconds, lines = direct_task
+    report = check_common_outputs(task, "direct", 18)
+    assert report["registered_images"] == 18
+    assert (task / "odm_dem" / "dtm.tif").exists()
+    assert any("Finished odm_orthophoto" in line for line in lines)
+    # the return line's XMP yaw (-132 degrees) is a half turn off its images (+45 degrees)
+    assert report["stats"]["turned_images"] == 6
+    assert any("DJI_0024.JPG..DJI_0029.JPG turned by 180" in line for line in lines)
+    _, corr = orthophoto_offset_m(task / "odm_orthophoto" / "odm_orthophoto.tif")
+    assert corr > 0.3, f"direct orthophoto does not resemble the reference (r={corr:.2f})"
+    # generous bound for a loaded CI machine; ~1.5-2.5 s on 2 idle cores
+    assert seconds < 15, f"direct took {seconds:.1f} s"
+
+
+def test_direct_ground_plane_is_take_off_elevation(
+    direct_task: tuple[Path, float, list[str]],
+) -> None:
+    task, _, _ = direct_task
+    with (BRIGHTON / "manifest.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    expected = float(np.median([float(r["alt"]) - float(r["rel_alt"]) for r in rows]))
+    with rasterio.open(task / "odm_dem" / "dsm.tif") as src:
+        dsm = src.read(1)
+    assert np.allclose(dsm[dsm != -9999], expected, atol=0.01)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="brighton's take-off point is ~3.6 m below the median surface (trees up to 169 m); "
+    "a ground plane from the metadata cannot be within 3 m of ODM's surface",
+)
+def test_direct_brighton_dsm_within_3m(direct_task: tuple[Path, float, list[str]]) -> None:
+    task, _, _ = direct_task
+    median_abs, _, cells = dsm_median_abs_diff_m(task / "odm_dem" / "dsm.tif")
+    assert cells > 10000
+    assert median_abs <= 3.0
+
+
+def test_end_with_stops_after_the_stage(tmp_path: Path) -> None:
+    task = make_task(tmp_path, BRIGHTON / "images")
+    pipeline.run(
+        task, {"pipeline": "direct", "dsm": True, "end-with": "odm_dem"}, log=lambda _: None
+    )
+    assert (task / "odm_dem" / "dsm.tif").exists()
+    assert not (task / "odm_orthophoto").exists()
+    assert not (task / "odm_report" / "engine.json").exists()
+
+
+def test_rerun_from_reuses_earlier_stages(tmp_path: Path) -> None:
+    task = make_task(tmp_path, BRIGHTON / "images")
+    options = {"pipeline": "direct", "dsm": True}
+    pipeline.run(task, options, log=lambda _: None)
+    scene = task / "opensfm" / "scene.json"
+    dsm = task / "odm_dem" / "dsm.tif"
+    before = {p: p.stat().st_mtime_ns for p in (scene, dsm, task / "images.json")}
+    first = json.loads((task / "odm_report" / "engine.json").read_text())
+    lines: list[str] = []
+    pipeline.run(
+        task,
+        {**options, "orthophoto-resolution": "20"},
+        rerun_from="odm_orthophoto",
+        log=lines.append,
+    )
+    assert {p: p.stat().st_mtime_ns for p in before} == before
+    assert not any("Running opensfm" in line or "Running odm_dem" in line for line in lines)
+    with rasterio.open(task / "odm_orthophoto" / "odm_orthophoto.tif") as src:
+        assert src.res == pytest.approx((0.2, 0.2))
+    second = json.loads((task / "odm_report" / "engine.json").read_text())
+    assert second["orthophoto_resolution_cm"] == pytest.approx(20.0)
+    # stage times of the reused stages are kept from the first run
+    assert second["stage_seconds"]["opensfm"] == first["stage_seconds"]["opensfm"]
+    # the rerun-from option works too, and a missing earlier result is rebuilt, not trusted
+    dsm.unlink()
+    lines.clear()
+    pipeline.run(task, {**options, "rerun-from": "odm_georeferencing"}, log=lines.append)
+    assert any("Running odm_dem" in line for line in lines)
+    assert dsm.exists()
+
+
+# -- structure from motion ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sfm_task(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float, float]:
+    task = make_task(tmp_path_factory.mktemp("sfm"), BRIGHTON / "images")
+    started = time.perf_counter()
+    cpu_started = _cpu_seconds()
+    pipeline.run(
+        task,
+        {"dsm": True, "dtm": True, "max-concurrency": min(2, os.cpu_count() or 1)},
+        log=lambda _: None,
+    )
+    return task, time.perf_counter() - started, _cpu_seconds() - cpu_started
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def test_sfm_brighton_registers_all_and_is_accurate(sfm_task: tuple[Path, float, float]) -> None:
+    task, seconds, cpu_seconds = sfm_task
+    report = check_common_outputs(task, "sfm", 18)
+    assert report["registered_images"] == 18
+    assert report["points"] > 1500
+    assert report["stats"]["gps_residual_mean_m"] < 1.5
+    median_abs, median_signed, cells = dsm_median_abs_diff_m(task / "odm_dem" / "dsm.tif")
+    assert cells > 10000
+    assert median_abs <= 1.0, f"DSM median |diff| {median_abs:.2f} m (signed {median_signed:.2f})"
+    offset, corr = orthophoto_offset_m(task / "odm_orthophoto" / "odm_orthophoto.tif")
+    assert offset <= 1.0, f"orthophoto offset {offset:.2f} m"
+    assert corr > 0.5, f"orthophoto does not resemble the reference (r={corr:.2f})"
+    with (
+        rasterio.open(task / "odm_dem" / "dtm.tif") as dtm_src,
+        rasterio.open(task / "odm_dem" / "dsm.tif") as dsm_src,
+    ):
+        dtm, dsm = dtm_src.read(1), dsm_src.read(1)
+    valid = dsm != -9999
+    assert np.all(dtm[valid] <= dsm[valid] + 1e-3)
+    # target: 90 s wall on 2 cores; on a machine shared with other jobs the process's CPU time
+    # (all threads) stands in for the wall time it would take on 2 free cores (it is more)
+    assert min(seconds, cpu_seconds) < 90, (
+        f"sfm on brighton took {seconds:.1f} s wall, {cpu_seconds:.1f} s CPU"
+    )
+
+
+def test_sfm_fails_clearly_without_overlap(tmp_path: Path) -> None:
+    images = sorted((BRIGHTON / "images").iterdir())
+    task = make_task(tmp_path, [images[0], images[-1]])  # opposite corners: no overlap
+    with pytest.raises(ProcessingFailedError, match="structure from motion"):
+        pipeline.run(task, {"max-concurrency": 1}, log=lambda _: None)
+
+
+@pytest.mark.slow
+def test_sfm_seneca_subset_registers_95_percent(tmp_path: Path) -> None:
+    """50 seneca images nearest the survey centre (criss-cross fixed-wing flight, no attitude,
+    some near-textureless fields): at least 95 % registered. ~1-2 min on 2 cores."""
+    from pyproj import Transformer
+
+    folder = DATA / "seneca_1200" / "images"
+    metas = read_images(folder)
+    to_utm = Transformer.from_crs(4326, 32617, always_xy=True)
+    xy = np.array([to_utm.transform(m.longitude_deg, m.latitude_deg) for m in metas])
+    nearest = np.argsort(np.hypot(*(xy - xy.mean(axis=0)).T), kind="stable")[:50]
+    task = make_task(tmp_path, [folder / metas[i].name for i in sorted(nearest)])
+    pipeline.run(task, {"dsm": True, "max-concurrency": 2}, log=lambda _: None)
+    report = json.loads((task / "odm_report" / "engine.json").read_text())
+    assert report["images"] == 50
+    assert report["registered_images"] >= 48
+    assert report["stats"]["gps_residual_mean_m"] < 6.0
+    with rasterio.open(task / "odm_orthophoto" / "odm_orthophoto.tif") as src:
+        assert src.crs.to_epsg() == 32617

@@ -1,0 +1,102 @@
+"""DEM merge: vertical offsets removed, distance-to-edge blending, nodata, COG."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rasterio
+from numpy.typing import NDArray
+from rasterio.transform import from_origin
+from rio_cogeo.cogeo import cog_validate
+
+from prefect_odm.errors import MergeError
+from prefect_odm.merge import DEM_NODATA, merge_dems
+from prefect_odm.ownership import Ownership
+
+from .conftest import LEFT, TOP
+
+RES = 0.5
+H, W = 160, 240
+
+
+def _surface() -> NDArray[np.float32]:
+    yy, xx = np.mgrid[0:H, 0:W].astype(np.float64)
+    return (150 + 0.03 * xx - 0.02 * yy + 1.5 * np.sin(xx / 15) * np.cos(yy / 11)).astype(
+        np.float32
+    )
+
+
+def _write(path: Path, z: NDArray[np.float32], col0: int) -> Path:
+    with rasterio.open(
+        path,
+        "w",
+        driver="GTiff",
+        width=z.shape[1],
+        height=z.shape[0],
+        count=1,
+        dtype="float32",
+        crs="EPSG:32615",
+        transform=from_origin(LEFT + col0 * RES, TOP, RES, RES),
+        nodata=DEM_NODATA,
+    ) as dst:
+        dst.write(z, 1)
+    return path
+
+
+@pytest.fixture
+def two_dems(tmp_path: Path) -> tuple[dict[str, Path], NDArray[np.float32], Ownership]:
+    surf = _surface()
+    a = surf[:, :150].copy()
+    b = surf[:, 90:] + np.float32(0.8)  # known 0.8 m vertical offset
+    b[:25, :40] = DEM_NODATA  # a nodata patch inside the overlap
+    tiles = {"a": _write(tmp_path / "a.tif", a, 0), "b": _write(tmp_path / "b.tif", b, 90)}
+    own = Ownership.from_cameras(
+        [(LEFT + 30, TOP - 40, "a"), (LEFT + 90, TOP - 40, "b")]
+    )  # seam at x = 60 m = column 120, in the middle of the overlap (columns 90..150)
+    return tiles, surf, own
+
+
+def test_vertical_offset_removed_no_step_across_the_seam(two_dems, tmp_path: Path) -> None:
+    tiles, surf, own = two_dems
+    report = merge_dems(tiles, tmp_path / "dsm.tif", ownership=own, block_size=64)
+    assert report.vertical_offsets_m["b"] - report.vertical_offsets_m["a"] == pytest.approx(
+        0.8, abs=0.01
+    )
+    assert report.overlap_median_diff_m["a|b"] == pytest.approx(-0.8, abs=0.01)
+    with rasterio.open(tmp_path / "dsm.tif") as ds:
+        z = ds.read(1)
+        assert ds.nodata == DEM_NODATA and ds.dtypes[0] == "float32"
+    assert not np.any(z == DEM_NODATA)
+    residual = z - surf  # the merged DSM minus the true surface: constant if seamless
+    steps = np.abs(np.diff(residual, axis=1))
+    assert steps.max() < 0.1
+    assert np.abs(residual - residual.mean()).max() < 0.1
+    valid, errors, _ = cog_validate(str(tmp_path / "dsm.tif"), quiet=True)
+    assert valid, errors
+
+
+def test_without_offset_removal_blending_is_smooth_but_biased(two_dems, tmp_path: Path) -> None:
+    tiles, surf, own = two_dems
+    merge_dems(
+        tiles, tmp_path / "dsm.tif", ownership=own, remove_vertical_offsets=False, block_size=64
+    )
+    with rasterio.open(tmp_path / "dsm.tif") as ds:
+        residual = ds.read(1) - surf
+    # a keeps its heights far from the seam, b its +0.8 m; the change is spread over the band
+    assert np.abs(residual[80, :60]).max() < 1e-4
+    assert np.abs(residual[80, 200:] - 0.8).max() < 1e-4
+    assert np.abs(np.diff(residual[80])).max() < 0.8
+
+
+def test_dem_is_deterministic_and_needs_data(two_dems, tmp_path: Path) -> None:
+    tiles, _, own = two_dems
+    merge_dems(tiles, tmp_path / "1.tif", ownership=own, block_size=64, workers=1)
+    merge_dems(dict(reversed(tiles.items())), tmp_path / "2.tif", ownership=None, block_size=100)
+    merge_dems(dict(reversed(tiles.items())), tmp_path / "3.tif", ownership=own, block_size=37)
+    with rasterio.open(tmp_path / "1.tif") as d1, rasterio.open(tmp_path / "3.tif") as d3:
+        assert np.array_equal(d1.read(), d3.read())
+    empty = _write(tmp_path / "e.tif", np.full((10, 10), DEM_NODATA, np.float32), 0)
+    with pytest.raises(MergeError):
+        merge_dems({"e": empty}, tmp_path / "e_out.tif", ownership=None)
