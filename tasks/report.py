@@ -22,20 +22,39 @@ def _key(prefix: str, fingerprint: str) -> str:
 @task(name="publish_plan", cache_policy=NO_CACHE)
 def publish_plan(plan: SplitPlan, survey: Survey, layout: OutputLayout) -> None:
     """Write plan.json, survey.json, plan.geojson and plan.png; publish the plan table."""
-    from prefect_odm.planviz import plan_geojson, plan_markdown, plan_png, plan_rows
+    from prefect_odm.planviz import plan_markdown, plan_rows
 
-    storage.write_json_atomic(layout.survey_json, survey.model_dump(mode="json"))
-    storage.write_json_atomic(layout.plan_geojson, plan_geojson(plan))
-    with tempfile.TemporaryDirectory() as tmp:
-        png = Path(tmp) / "plan.png"
-        plan_png(plan, png)
-        storage.put_file(png, layout.plan_png)
-    # plan.json last: process_submodel runs read it, and survey.json beside it.
-    storage.write_json_atomic(layout.plan_json, plan.model_dump(mode="json"))
+    _write_plan_files(plan, survey, layout, picture=not _plan_stored(plan, layout))
     create_table_artifact(key=_key("plan", survey.fingerprint), table=plan_rows(plan), description="Split plan")
     create_markdown_artifact(
         key=_key("plan-report", survey.fingerprint), markdown=plan_markdown(plan, survey), description="Split plan"
     )
+
+
+def _plan_stored(plan: SplitPlan, layout: OutputLayout) -> bool:
+    """True when this very plan (same fingerprint) and its pictures are already stored."""
+    try:
+        stored = storage.read_json(layout.plan_json)
+    except (FileNotFoundError, OSError, ValueError):
+        return False
+    same_names = [c.get("name") for c in stored.get("cameras", [])] == [c.name for c in plan.cameras]
+    return bool(stored.get("fingerprint") == plan.fingerprint and same_names and storage.exists(layout.plan_png))
+
+
+def _write_plan_files(plan: SplitPlan, survey: Survey, layout: OutputLayout, *, picture: bool) -> None:
+    """survey.json and plan.json always (image locations may have moved, the plan identity
+    does not see names); the GeoJSON and PNG only when the plan changed."""
+    from prefect_odm.planviz import plan_geojson, plan_png
+
+    storage.write_json_atomic(layout.survey_json, survey.model_dump(mode="json"))
+    if picture:
+        storage.write_json_atomic(layout.plan_geojson, plan_geojson(plan))
+        with tempfile.TemporaryDirectory() as tmp:
+            png = Path(tmp) / "plan.png"
+            plan_png(plan, png)
+            storage.put_file(png, layout.plan_png)
+    # plan.json last: process_submodel runs read it, and survey.json beside it.
+    storage.write_json_atomic(layout.plan_json, plan.model_dump(mode="json"))
 
 
 def report_markdown(manifest: Manifest, plan: SplitPlan, merge_reports: dict[str, Any]) -> str:
