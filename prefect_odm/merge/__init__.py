@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
     "merge_orthophotos": "ortho",
+    "ownership_from_rasters": "ortho",
     "OrthoMergeReport": "ortho",
     "SeamQuality": "ortho",
     "merge_dems": "dem",
@@ -52,6 +53,7 @@ __all__ = [
     "merge_orthophotos",
     "merge_point_clouds",
     "ownership_from_centres",
+    "ownership_from_rasters",
     "snap_grid",
 ]
 
@@ -64,7 +66,12 @@ if TYPE_CHECKING:
         find_existing_outputs,
     )
     from prefect_odm.merge.grid import Grid, snap_grid
-    from prefect_odm.merge.ortho import OrthoMergeReport, SeamQuality, merge_orthophotos
+    from prefect_odm.merge.ortho import (
+        OrthoMergeReport,
+        SeamQuality,
+        merge_orthophotos,
+        ownership_from_rasters,
+    )
     from prefect_odm.merge.pointcloud import (
         PointCloudMergeReport,
         SubmodelPoints,

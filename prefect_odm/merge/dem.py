@@ -310,8 +310,12 @@ def merge_dems(
         ownership_from_footprints=derived,
         elapsed_seconds=time.perf_counter() - started,
     )
-    if not remove_vertical_offsets and medians:
-        log.info("vertical offsets left in place: %s", medians)
-    if any(abs(v) > 5.0 for v in offsets.values()):
-        log.info("large vertical offsets removed between submodels: %s", offsets)
+    log.info(
+        "merged %d DEMs into %s: %d px, vertical offsets removed %s, in %.1f s",
+        len(ids),
+        out,
+        report.pixels,
+        report.vertical_offsets_m,
+        report.elapsed_seconds,
+    )
     return report

@@ -6,8 +6,8 @@ Recognised layouts, local or at any fsspec URL (``s3://bucket/prefix``):
   ``odm_orthophoto/odm_orthophoto.tif``, ``odm_dem/dsm.tif``, ``odm_dem/dtm.tif``,
   ``odm_georeferencing/odm_georeferenced_model.laz`` (the paths of
   :data:`prefect_odm.layout.ODM_PRODUCT_PATHS`);
-- a folder holding several of those (one level down, e.g. one folder per task, or ODM's own
-  ``submodels/submodel_0000`` folders);
+- a folder holding several of those (one level down, e.g. one folder per task, possibly each
+  with its ``all.zip``, or ODM's own ``submodels/submodel_0000`` folders);
 - an ``all.zip`` file (or a folder holding ``*.zip`` files); the product members are extracted
   into a local working folder given by the caller.
 
@@ -133,6 +133,10 @@ def find_existing_outputs(locations: Sequence[str], workdir: Path) -> list[Exist
                     found.append((_name_of(child_url), child_url, prods))
             elif fs.isdir(child):
                 prods = _products_in_folder(child_url)
+                zipped = posixpath.join(str(child).rstrip("/"), "all.zip")
+                if not prods and fs.exists(zipped):
+                    zip_url = join(child_url, "all.zip")
+                    prods = extract_products(zip_url, workdir / f"zip-{len(found)}-{name}")
                 if not prods and name == "submodels":
                     for sub in sorted(fs.ls(child, detail=False)):
                         sub_name = posixpath.basename(str(sub).rstrip("/"))

@@ -107,6 +107,7 @@ class RasterSource:
     warp: bool
     grid: Grid
     src_alpha: int | None = None
+    dtype: str = "uint8"
 
     @property
     def window(self) -> tuple[int, int, int, int]:
@@ -155,6 +156,7 @@ def plan_grid(
                 interp = ds.colorinterp
                 alpha = next((i + 1 for i, c in enumerate(interp) if c == ColorInterp.alpha), None)
                 infos[sid] = {
+                    "dtype": ds.dtypes[0],
                     "crs": ds.crs,
                     "transform": ds.transform,
                     "bounds": tuple(ds.bounds),
@@ -216,6 +218,7 @@ def plan_grid(
                     info["nodata"],
                     False,
                     src_grid,
+                    dtype=info["dtype"],
                 )
             )
         else:
@@ -240,6 +243,7 @@ def plan_grid(
                     True,
                     sub,
                     src_alpha=info["alpha"],
+                    dtype=info["dtype"],
                 )
             )
             log.info("input %s is warped onto the output grid", sid)
@@ -389,6 +393,20 @@ def footprint_centres(plan: GridPlan) -> dict[str, tuple[float, float]]:
     finally:
         reader.close()
     return centres
+
+
+def ownership_from_rasters(inputs: Mapping[str, Path], *, crs_epsg: int | None = None) -> Ownership:
+    """An ownership for outputs merged without a split plan, from their rasters' footprints.
+
+    One pseudo-camera per input at the centroid of its valid pixels (decimated), in ``crs_epsg``
+    (None: the CRS of the first input by sorted id). Pass the result to all three merges so the
+    orthophoto, DEM and point cloud agree on the seams.
+
+    Raises:
+        MergeError: no inputs, an unreadable input, or an input without data.
+    """
+    plan = plan_grid(inputs, resolution_m=None, crs_epsg=crs_epsg, value_bands=None)
+    return ownership_from_centres(footprint_centres(plan))
 
 
 def resolve_ownership(plan: GridPlan, ownership: Ownership | None) -> Ownership:
@@ -699,6 +717,10 @@ def merge_orthophotos(
     for src in plan.sources:
         if len(src.value_bands) < 3:
             raise MergeError(f"input {src.submodel_id} ({src.path}) is not an RGB(A) raster")
+        if src.dtype != "uint8":
+            raise MergeError(
+                f"input {src.submodel_id} ({src.path}) is {src.dtype}; orthophotos must be uint8"
+            )
     derived = ownership is None
     owners = resolve_ownership(plan, ownership)
     ids = tuple(s.submodel_id for s in plan.sources)

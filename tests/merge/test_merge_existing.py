@@ -38,6 +38,8 @@ def test_project_folders_zip_and_submodels_layout(ortho_tiles: Callable, tmp_pat
     found = find_existing_outputs([str(tmp_path / "flights")], tmp_path / "work")
     assert [f.submodel_id for f in found] == ["task-a", "task-b"]
     assert set(found[0].products) == {"orthophoto", "dsm"}
+    found = find_existing_outputs([str(tmp_path / "zips")], tmp_path / "work")
+    assert [f.submodel_id for f in found] == ["task-c"]
 
     found = find_existing_outputs(
         [str(task_a), str(zdir / "all.zip"), str(split)], tmp_path / "work"

@@ -137,11 +137,24 @@ def test_input_in_another_crs_is_warped(ortho_tiles: Callable, tmp_path: Path) -
 
 
 def test_no_ownership_uses_footprint_centres(ortho_tiles: Callable, tmp_path: Path) -> None:
-    tiles, ground = ortho_tiles()
+    from prefect_odm.merge import ownership_from_rasters
+
+    tiles, ground = ortho_tiles(brighten={"a": 7})
     report = merge_orthophotos(tiles, tmp_path / "o.tif", ownership=None)
     assert report.ownership_from_footprints
     assert report.coverage_of_union == 1.0
-    assert np.array_equal(_read(tmp_path / "o.tif")[:3], ground)
+    # the same as passing the ownership derived from the rasters explicitly
+    own = ownership_from_rasters(tiles)
+    assert own.submodel_ids == ("a", "b", "c")
+    merge_orthophotos(tiles, tmp_path / "p.tif", ownership=own)
+    assert np.array_equal(_read(tmp_path / "o.tif"), _read(tmp_path / "p.tif"))
+    # seams between centroids: a's centre (12 m, -15 m) is a's, b's (28, -9) b's, c's c's
+    assert list(
+        own.owner_of_points(
+            np.array([LEFT + 12, LEFT + 28, LEFT + 28]), np.array([TOP - 15, TOP - 9, TOP - 21])
+        )
+    ) == ["a", "b", "c"]
+    del ground
 
 
 def test_unknown_submodel_and_empty_inputs_raise(ortho_tiles: Callable, tmp_path: Path) -> None:
@@ -175,3 +188,55 @@ def test_progress_is_reported(ortho_tiles: Callable, tmp_path: Path) -> None:
         progress=lambda d, t: calls.append((d, t)),
     )
     assert calls[-1] == (12, 12) and [c[0] for c in calls] == list(range(1, 13))
+
+
+def test_coverage_guard_and_overview_levels() -> None:
+    from prefect_odm.merge.ortho import check_coverage, overview_factors
+
+    check_coverage(Path("x.tif"), 995, 1000)
+    with pytest.raises(MergeError, match="covers 99.4%"):
+        check_coverage(Path("x.tif"), 994, 1000)
+    with pytest.raises(MergeError, match="empty"):
+        check_coverage(Path("x.tif"), 0, 0)
+    assert overview_factors(1200, 900) == [2, 4]
+    assert overview_factors(500, 400) == []
+    assert overview_factors(14400, 14400) == [2, 4, 8, 16, 32]
+
+
+def test_rgb_with_nodata_is_merged_and_16_bit_is_refused(tmp_path: Path) -> None:
+    rgb = np.full((3, 40, 60), 120, np.uint8)
+    rgb[:, :, :10] = 0  # nodata strip
+    with rasterio.open(
+        tmp_path / "rgb.tif",
+        "w",
+        driver="GTiff",
+        width=60,
+        height=40,
+        count=3,
+        dtype="uint8",
+        crs="EPSG:32615",
+        transform=rasterio.transform.from_origin(LEFT, TOP, 0.1, 0.1),
+        nodata=0,
+    ) as dst:
+        dst.write(rgb)
+    report = merge_orthophotos({"a": tmp_path / "rgb.tif"}, tmp_path / "o.tif", ownership=None)
+    assert report.pixels == 40 * 50
+    out = _read(tmp_path / "o.tif")
+    assert np.all(out[3, :, :10] == 0) and np.all(
+        out[:, :, 10:] == [[[120]], [[120]], [[120]], [[255]]]
+    )
+    with rasterio.open(
+        tmp_path / "u16.tif",
+        "w",
+        driver="GTiff",
+        width=60,
+        height=40,
+        count=3,
+        dtype="uint16",
+        crs="EPSG:32615",
+        transform=rasterio.transform.from_origin(LEFT, TOP, 0.1, 0.1),
+        nodata=0,
+    ) as dst:
+        dst.write(rgb.astype(np.uint16))
+    with pytest.raises(MergeError, match="uint8"):
+        merge_orthophotos({"a": tmp_path / "u16.tif"}, tmp_path / "p.tif", ownership=None)

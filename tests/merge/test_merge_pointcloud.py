@@ -158,3 +158,18 @@ def test_errors(tmp_path: Path) -> None:
         merge_point_clouds({"a": tiles["a"]}, tmp_path / "m.laz", ownership=empty_owner)
     assert not (tmp_path / "m.laz").exists()
     merge_point_clouds({"a": tiles["a"], "b": tiles["b"]}, tmp_path / "m.laz", ownership=far)
+
+
+def test_cell_owners_give_the_ownership_labels_exactly() -> None:
+    from prefect_odm.merge.pointcloud import CellOwners
+
+    rng = np.random.default_rng(5)
+    cams = [
+        (float(x), float(y), f"s{int(x // 40)}{int(y // 40)}")
+        for x, y in rng.uniform(0, 120, (30, 2))
+    ]
+    own = Ownership.from_cameras(cams)
+    cells = CellOwners(own, (0.0, 0.0, 120.0, 120.0), max_cells=400)
+    x = rng.uniform(-5, 125, 200_000)  # some outside the table's bounds
+    y = rng.uniform(-5, 125, 200_000)
+    assert np.array_equal(cells.label_of_points(x, y), own.label_of_points(x, y))
