@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import tempfile
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, Literal
 
 from prefect import flow, get_run_logger, task
@@ -28,7 +26,7 @@ from prefect_odm.layout import OutputLayout
 from prefect_odm.models import Manifest, ProcessingOptions, SplitPlan, SubmodelResult, Survey
 from prefect_odm.ownership import Ownership
 from prefect_odm.submodels import load_stored_result
-from prefect_odm.tasks.merge import check_coverage, merge_dems, merge_orthophotos, merge_point_clouds
+from prefect_odm.tasks.merge import merge_all
 from prefect_odm.tasks.report import publish_plan, publish_report
 from prefect_odm.tasks.survey import plan_submodels, scan_survey
 
@@ -242,6 +240,10 @@ def _process(
     """Run the pending submodels: as deployment runs when a submodel deployment is configured,
     else as concurrent inline subflows sharing one placement pool."""
     plan_url = layout.plan_json
+    # Deployment mode (issue 7, flows/deployment.py): keep this branch when editing _process.
+    deployment = configured_submodel_deployment(submodel_deployment)
+    if deployment is not None:
+        return _process_as_deployments(deployment, pending, plan, layout, nodes, force, priority)
 
     def run_all(active: Cluster, urls: list[str]) -> dict[str, SubmodelResult]:
         with sharing_cluster(active):
@@ -263,36 +265,56 @@ def _process(
         return run_all(engine, list(engine.clients))
 
 
+def _process_as_deployments(
+    deployment: str,
+    pending: list[str],
+    plan: SplitPlan,
+    layout: OutputLayout,
+    nodes: list[str] | None,
+    force: bool,
+    priority: str,
+) -> dict[str, SubmodelResult]:
+    """One deployment run per pending submodel (created from tasks, so each is linked to this
+    run and can be retried from the UI), then wait for all of them (see flows/deployment.py)."""
+    from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+    logger = get_run_logger()
+    queue = work_queue_for(priority)
+    node_urls = list(nodes) if nodes else None
+    futures = [
+        start_submodel_run.submit(deployment, layout.plan_json, sid, layout.root, node_urls, force, queue)
+        for sid in pending
+    ]
+    run_ids = {sid: f.result() for sid, f in zip(pending, futures, strict=True)}
+    artifact_id = create_progress_artifact(
+        progress=0.0, description=f"submodel runs finished ({len(pending)} started)"
+    )
+    finished: list[str] = []
+
+    def on_final(sid: str, run: Any) -> None:
+        finished.append(sid)
+        logger.info("%s: deployment run %s ended %s", sid, run.name, run.state.name)
+        progress.emit("submodel", id=sid, state=run.state.name.lower(), fraction=1.0)
+        if artifact_id is not None:
+            update_progress_artifact(artifact_id, progress=100.0 * len(finished) / len(pending))
+
+    runs = wait_for_runs(run_ids, on_final=on_final)
+    return {sid: result_of(runs[sid], plan, sid, layout.root) for sid in pending}
+
+
 def _merge(
     plan: SplitPlan, merged: list[SubmodelResult], layout: OutputLayout
 ) -> tuple[dict[str, str], dict[str, Any]]:
     """Merge every product the finished submodels have; store them under ``layout.merged_dir``."""
     ids = [r.submodel_id for r in merged]
     ownership = Ownership.from_cameras(((c.x_m, c.y_m, c.submodel_id) for c in plan.cameras), only=ids)
-    reports: dict[str, Any] = {}
-    products: dict[str, str] = {}
-    with tempfile.TemporaryDirectory(prefix="prefect-odm-merge-") as tmp:
-        work = Path(tmp)
-        staged: dict[str, Path] = {}
-        ortho_in = {r.submodel_id: r.products["orthophoto"] for r in merged}
-        staged["orthophoto"] = work / "odm_orthophoto.tif"
-        reports["orthophoto"] = merge_orthophotos(ortho_in, staged["orthophoto"], work, ownership)
-        for dem in ("dsm", "dtm"):
-            dem_in = {r.submodel_id: r.products[dem] for r in merged if dem in r.products}
-            if dem_in:
-                staged[dem] = work / f"{dem}.tif"
-                reports[dem] = merge_dems(dem_in, staged[dem], work, ownership, product=dem)
-        pc_in = {r.submodel_id: r.products["point_cloud"] for r in merged}
-        staged["point_cloud"] = work / "odm_georeferenced_model.laz"
-        reports["point_cloud"] = merge_point_clouds(pc_in, staged["point_cloud"], work, ownership)
-        planned = _planned_footprint(plan)
-        reports["coverage"] = check_coverage(staged["orthophoto"], ortho_in, work, planned)
-        # Every product is complete before any is promoted.
-        for product, path in staged.items():
-            url = layout.merged_product(product)
-            storage.put_file(path, url)
-            products[product] = url
-    return products, reports
+    return merge_all(
+        {r.submodel_id: r.products for r in merged},
+        layout.merged_product,
+        ownership=ownership,
+        crs_epsg=plan.crs_epsg,
+        planned_footprint=_planned_footprint(plan),
+    )
 
 
 def _planned_footprint(plan: SplitPlan) -> dict[str, Any] | None:

@@ -86,6 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_split_args(plan)
     _add_option_args(plan)
 
+    mrg = sub.add_parser("merge", help="merge OpenDroneMap outputs made elsewhere")
+    mrg.add_argument("inputs", nargs="+", help="ODM project folders, all.zip files or folders of them (paths or URLs)")
+    mrg.add_argument("--output", "-o", required=True, help="output folder or fsspec URL")
+    mrg.add_argument("--plan", help="plan.json of the prefect-odm run that made the inputs (same seams as its merge)")
+
     slots = sub.add_parser("slots", help="inspect or reset the memory slots (global concurrency limit)")
     slots.add_argument("--name", default="prefect-odm-memory-gib", help="limit name")
     slots.add_argument("--reset", action="store_true", help="set active slots to 0 (nothing may be running)")
@@ -116,6 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run_ops(args)
         if args.command == "slots":
             return _slots(args)
+        if args.command == "merge":
+            return _merge_existing(args)
     except (InputError, PlanningError) as exc:
         print(f"prefect-odm: error: {exc}", file=sys.stderr)
         return 2
@@ -167,6 +174,18 @@ def _plan(args: argparse.Namespace) -> int:
     for r in survey.rejected:
         console.print(f"rejected {r.name}: {r.reason} {r.detail}")
     console.print(f"plan written to {out}/plan.json, plan.geojson, plan.png")
+    return 0
+
+
+def _merge_existing(args: argparse.Namespace) -> int:
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from prefect_odm.flows.merge_existing import merge_existing
+
+    _quiet_prefect_console(args.verbose)
+    manifest = merge_existing(inputs=args.inputs, output=args.output, plan=args.plan)
+    for name, url in sorted(manifest.products.items()):
+        print(f"{name}: {url}")
     return 0
 
 

@@ -7,7 +7,8 @@ products are written locally, then stored under their final names.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from prefect_odm import progress, storage
+from prefect_odm.layout import PRODUCT_FILES
 from prefect_odm.ownership import Ownership
 
 
@@ -42,35 +44,46 @@ def _on_progress(product: str):  # type: ignore[no-untyped-def]
 
 @task(name="merge_orthophotos", cache_policy=NO_CACHE)
 def merge_orthophotos(
-    inputs: Mapping[str, str], out: Path, work: Path, ownership: Ownership | None, workers: int = 2
+    inputs: Mapping[str, str], out: Path, work: Path, ownership: Ownership | None, crs_epsg: int | None, workers: int = 2
 ) -> dict[str, Any]:
     """Merge submodel orthophotos into one RGBA COG at ``out`` (local path); returns the report."""
     from prefect_odm.merge import merge_orthophotos as _merge
 
     local = _local_inputs(inputs, work, "orthophoto")
-    return _as_dict(_merge(local, out, ownership=ownership, workers=workers, progress=_on_progress("orthophoto")))
+    report = _merge(
+        local, out, ownership=ownership, crs_epsg=crs_epsg, workers=workers, progress=_on_progress("orthophoto")
+    )
+    return _as_dict(report)
 
 
 @task(name="merge_dems", cache_policy=NO_CACHE)
 def merge_dems(
-    inputs: Mapping[str, str], out: Path, work: Path, ownership: Ownership | None, product: str = "dsm", workers: int = 2
+    inputs: Mapping[str, str],
+    out: Path,
+    work: Path,
+    ownership: Ownership | None,
+    crs_epsg: int | None,
+    product: str = "dsm",
+    workers: int = 2,
 ) -> dict[str, Any]:
     """Merge submodel DSMs (or DTMs) into one float32 COG at ``out``; returns the report."""
     from prefect_odm.merge import merge_dems as _merge
 
     local = _local_inputs(inputs, work, product)
-    return _as_dict(_merge(local, out, ownership=ownership, workers=workers, progress=_on_progress(product)))
+    report = _merge(local, out, ownership=ownership, crs_epsg=crs_epsg, workers=workers, progress=_on_progress(product))
+    return _as_dict(report)
 
 
 @task(name="merge_point_clouds", cache_policy=NO_CACHE)
 def merge_point_clouds(
-    inputs: Mapping[str, str], out: Path, work: Path, ownership: Ownership | None
+    inputs: Mapping[str, str], out: Path, work: Path, ownership: Ownership | None, crs_epsg: int | None
 ) -> dict[str, Any]:
     """Merge submodel LAZ files, each cropped to its own area, into one LAZ at ``out``."""
     from prefect_odm.merge import merge_point_clouds as _merge
 
     local = _local_inputs(inputs, work, "point_cloud")
-    return _as_dict(_merge(local, out, ownership=ownership, progress=_on_progress("point_cloud")))
+    report = _merge(local, out, ownership=ownership, crs_epsg=crs_epsg, progress=_on_progress("point_cloud"))
+    return _as_dict(report)
 
 
 @task(name="check_coverage", cache_policy=NO_CACHE)
@@ -82,3 +95,52 @@ def check_coverage(
 
     local = _local_inputs(inputs, work, "orthophoto")
     return _as_dict(coverage_report(merged_orthophoto, local, planned_footprint))
+
+
+def merge_all(
+    products: Mapping[str, Mapping[str, str]],
+    layout_merged: Callable[[str], str],
+    *,
+    ownership: Ownership | None,
+    crs_epsg: int | None,
+    planned_footprint: dict[str, Any] | None,
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """Merge every product the inputs have and store the results.
+
+    Args:
+        products: submodel id -> product name -> URL (orthophoto and point cloud required).
+        layout_merged: product name -> URL where the merged product is stored.
+        ownership: who owns which ground position (``None``: from the orthophotos' footprints).
+        crs_epsg: CRS of the merged products (and of ``ownership``).
+        planned_footprint: GeoJSON polygon of the planned area in ``crs_epsg``, for coverage.
+
+    Returns:
+        (product name -> stored URL, reports by product plus ``coverage``). Every product is
+        complete in a local staging folder before any is stored.
+    """
+    reports: dict[str, Any] = {}
+    stored: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="prefect-odm-merge-") as tmp:
+        work = Path(tmp)
+        staged: dict[str, Path] = {}
+        ortho_in = {sid: p["orthophoto"] for sid, p in sorted(products.items())}
+        if ownership is None:
+            from prefect_odm.merge import ownership_from_rasters
+
+            ownership = ownership_from_rasters(_local_inputs(ortho_in, work, "orthophoto"), crs_epsg=crs_epsg)
+        staged["orthophoto"] = work / PRODUCT_FILES["orthophoto"]
+        reports["orthophoto"] = merge_orthophotos(ortho_in, staged["orthophoto"], work, ownership, crs_epsg)
+        for dem in ("dsm", "dtm"):
+            dem_in = {sid: p[dem] for sid, p in sorted(products.items()) if dem in p}
+            if dem_in:
+                staged[dem] = work / PRODUCT_FILES[dem]
+                reports[dem] = merge_dems(dem_in, staged[dem], work, ownership, crs_epsg, product=dem)
+        pc_in = {sid: p["point_cloud"] for sid, p in sorted(products.items())}
+        staged["point_cloud"] = work / PRODUCT_FILES["point_cloud"]
+        reports["point_cloud"] = merge_point_clouds(pc_in, staged["point_cloud"], work, ownership, crs_epsg)
+        reports["coverage"] = check_coverage(staged["orthophoto"], ortho_in, work, planned_footprint)
+        for product, path in staged.items():
+            url = layout_merged(product)
+            storage.put_file(path, url)
+            stored[product] = url
+    return stored, reports
