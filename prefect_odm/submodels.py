@@ -11,7 +11,7 @@ import logging
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +29,7 @@ from prefect_odm.errors import (
 from prefect_odm.fingerprints import submodel_fingerprint
 from prefect_odm.layout import OutputLayout, join
 from prefect_odm.models import SplitPlan, Submodel, SubmodelResult, Survey
-from prefect_odm.nodeodm import COMPLETED, NodeClient, TaskState, task_uuid
+from prefect_odm.nodeodm import CANCELED, COMPLETED, NodeClient, TaskState, task_uuid
 from prefect_odm.option_stages import early_options, rerun_from_stage
 from prefect_odm.pool import NodePool
 from prefect_odm.products import find_odm_products
@@ -139,9 +139,12 @@ class SubmodelRunner:
         attempt = 0
         for attempt in range(self.max_attempts):
             uuid = task_uuid(submodel.fingerprint, attempt)
+            # A task a killed run left on some node is re-attached there, never duplicated.
+            holder = self._locate(uuid, excluded)
+            pinned = [k for k in self.clients if k != holder] if holder else []
             try:
                 with self.admit(submodel_id, memory_gib), self.pool.lease(
-                    memory_gib, what=submodel_id, exclude=excluded
+                    memory_gib, what=submodel_id, exclude=sorted(set(excluded) | set(pinned))
                 ) as node:
                     node_key = node.key
                     client = self.clients[node.key]
@@ -262,6 +265,19 @@ class SubmodelRunner:
         progress.emit("submodel", id=submodel.id, state="completed", fraction=1.0)
         return result
 
+    def _locate(self, uuid: str, excluded: Sequence[str]) -> str | None:
+        """The node (key) that already has task ``uuid`` running or finished, if any answers so."""
+        for key, client in sorted(self.clients.items()):
+            if key in excluded:
+                continue
+            try:
+                state = client.task_state(uuid)
+            except NodeError:
+                continue
+            if state is not None and state.status != CANCELED:
+                return key
+        return None
+
     def _cancel_remote(self, client: NodeClient, uuid: str) -> None:
         try:
             client.cancel(uuid)
@@ -302,7 +318,11 @@ class SubmodelRunner:
         elif state.status == COMPLETED:
             self.log(f"{sid}: task {uuid} already completed on {client.url}; downloading")
         elif state.finished:
-            raise client.classify_failure(state)
+            # Failed or cancelled in an earlier run (this run's attempts use fresh UUIDs): the
+            # operator asked again, so restart it; the node keeps the images, nothing is uploaded.
+            self.log(f"{sid}: task {uuid} ended {state.status} in an earlier run; restarting it on {client.url}")
+            if not client.restart(uuid):
+                raise client.classify_failure(state)
         else:
             self.log(f"{sid}: re-attached to running task {uuid} on {client.url}")
 
