@@ -217,6 +217,23 @@ def _quiet_prefect_console(verbose: bool) -> None:
                 handler.setLevel(logging.CRITICAL + 1)
 
 
+def _start_embedded_api_early() -> threading.Thread:
+    """Start Prefect's temporary API server in the background while the rest is imported.
+
+    The flow's client finds the same (singleton) server already running; the command saves the
+    few seconds its imports take. Joined before the flow starts.
+    """
+
+    def start() -> None:
+        from prefect.server.api.server import SubprocessASGIServer
+
+        SubprocessASGIServer().start()
+
+    thread = threading.Thread(target=start, name="prefect-api-start", daemon=True)
+    thread.start()
+    return thread
+
+
 def _reconstruct(args: argparse.Namespace) -> int:
     from prefect_odm.layout import OutputLayout
     from prefect_odm.storage import is_local, local_path
@@ -228,6 +245,8 @@ def _reconstruct(args: argparse.Namespace) -> int:
     # The embedded server would try to send telemetry; this machine may have no route out.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     embedded_api = not os.environ.get("PREFECT_API_URL")
+
+    early_server = _start_embedded_api_early() if embedded_api else None
 
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
     from rich.console import Console
@@ -259,6 +278,8 @@ def _reconstruct(args: argparse.Namespace) -> int:
                     bar.update(stage, state=f"merge {event['product']} {event['done']}/{event['total']}")
 
         unsubscribe = events.subscribe(listen)
+        if early_server is not None:
+            early_server.join()
         try:
             # The heartbeat costs ~1 s per flow run; it only matters with a real server.
             settings = {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None} if embedded_api else {}
