@@ -216,4 +216,58 @@ def plan_markdown(plan: SplitPlan, survey: Survey) -> str:
         ]
     else:
         lines.append("None.")
+    gaps = survey_gaps(plan, survey)
+    lines += ["", "## Coverage gaps", ""]
+    if gaps["sequence_gaps"] or gaps["coverage_gaps"]:
+        lines += [
+            f"- {g['missing']} missing shot(s) between `{g['before']}` and `{g['after']}` "
+            f"({g['length_m']:.0f} m) at ({g['x_m']:.0f}, {g['y_m']:.0f})"
+            for g in gaps["sequence_gaps"]
+        ]
+        lines += [
+            f"- hole of radius {g['radius_m']:.0f} m ({g['area_m2']:,.0f} m²) at ({g['x_m']:.0f}, {g['y_m']:.0f})"
+            for g in gaps["coverage_gaps"]
+        ]
+    else:
+        lines.append("None found.")
+    if gaps["flight_tail_images"]:
+        lines += [
+            "",
+            f"Take-off/landing tails (shots flying to or from the survey lines): "
+            f"{len(gaps['flight_tail_images'])} images, kept in the plan.",
+        ]
     return "\n".join(lines) + "\n"
+
+
+def survey_gaps(plan: SplitPlan, survey: Survey) -> dict[str, Any]:
+    """Missing shots, holes in camera coverage and take-off/landing tails of a survey.
+
+    Returns:
+        ``{"sequence_gaps": [...], "coverage_gaps": [...], "flight_tail_images": [names]}``;
+        positions in the plan CRS, metres (see :func:`prefect_odm.scan.find_sequence_gaps`,
+        :func:`prefect_odm.planning.find_coverage_gaps`, :func:`prefect_odm.scan.flight_tail_mask`).
+    """
+    import numpy as np
+
+    from prefect_odm.planning import find_coverage_gaps
+    from prefect_odm.scan import find_sequence_gaps, flight_tail_mask
+
+    position = {c.name: (c.x_m, c.y_m) for c in plan.cameras}
+    images = [im for im in survey.images if im.name in position]
+    out: dict[str, Any] = {"sequence_gaps": [], "coverage_gaps": [], "flight_tail_images": []}
+    if len(images) < 4:
+        return out
+    x = np.array([position[im.name][0] for im in images])
+    y = np.array([position[im.name][1] for im in images])
+    times = [im.capture_time for im in images]
+    names = [im.name for im in images]
+    for g in find_sequence_gaps(times, x, y):
+        out["sequence_gaps"].append(
+            {"before": names[g.before], "after": names[g.after], "missing": g.missing,
+             "x_m": g.x_m, "y_m": g.y_m, "length_m": g.length_m}
+        )
+    for c in find_coverage_gaps(x, y):
+        out["coverage_gaps"].append({"x_m": c.x_m, "y_m": c.y_m, "radius_m": c.radius_m, "area_m2": c.area_m2})
+    tails = flight_tail_mask(times, x, y)
+    out["flight_tail_images"] = [n for n, t in zip(names, tails, strict=True) if t]
+    return out

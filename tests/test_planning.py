@@ -492,3 +492,23 @@ def test_planning_modules_do_not_import_prefect_or_pyodm() -> None:
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_plan_report_lists_a_gap_left_by_removed_images(tmp_path):
+    """Two shots removed from the middle of a brighton flight line show up in the plan report."""
+    from prefect_odm.planviz import plan_markdown, survey_gaps
+    from prefect_odm.scan import scan_survey as scan
+
+    src = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "brighton_beach_1600" / "images"
+    full = scan(str(src))
+    names = [im.name for im in sorted(full.images, key=lambda im: im.capture_time)]
+    removed = set(names[2:4])
+    for path in sorted(src.glob("*.JPG")):
+        if path.name not in removed:
+            (tmp_path / path.name).symlink_to(path)
+    survey = scan(str(tmp_path))
+    plan = plan_submodels(survey, split=20)
+    gaps = survey_gaps(plan, survey)
+    assert any(g["missing"] >= 1 for g in gaps["sequence_gaps"])
+    assert "missing shot" in plan_markdown(plan, survey)
+    assert survey_gaps(plan_submodels(full, split=20), full)["sequence_gaps"] == []
