@@ -79,7 +79,8 @@ def main() -> None:
         f"{timings['heartbeat 180 s'] - base:+.2f} s)"
     )
     print(
-        f"{args.concurrent} subflows one after the other (baseline): {timings['serial subflows']:.2f} s; "
+        f"{args.concurrent} subflows one after the other (baseline): "
+        f"{timings['serial subflows']:.2f} s; "
         f"started at once: {timings['concurrent subflows']:.2f} s "
         f"(ratio {timings['concurrent subflows'] / timings['serial subflows']:.2f}x)"
     )

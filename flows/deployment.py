@@ -2,7 +2,7 @@
 
 ``reconstruct`` uses this mode when it is given ``submodel_deployment`` or when
 ``PREFECT_ODM_SUBMODEL_DEPLOYMENT`` names one (the ``reconstruct`` deployment in ``prefect.yaml``
-sets the parameter). Every child is created by :func:`run_submodel_deployment`, a Prefect *task*,
+sets the parameter). Every child is created by :func:`start_submodel_run`, a Prefect *task*,
 so the child is linked to the parent run in the UI (``run_deployment`` from a plain thread is not),
 with the idempotency key ``{parent_run_id}-{submodel_id}``: a retried parent gets its existing
 children back instead of starting new ones.
@@ -97,19 +97,10 @@ def retry_flow_run(flow_run_id: UUID | str, message: str = "Retry from the UI") 
     status = str(getattr(result.status, "value", result.status))
     if status != "ACCEPT":
         details = getattr(result.details, "reason", "")
-        raise DeploymentRunError(f"flow run {flow_run_id}: retry was not accepted ({status}: {details})")
+        raise DeploymentRunError(
+            f"flow run {flow_run_id}: retry was not accepted ({status}: {details})"
+        )
     return status
-
-
-def _wait_final(flow_run_id: UUID, poll_interval_seconds: float) -> FlowRun:
-    from prefect.client.orchestration import get_client
-
-    with get_client(sync_client=True) as client:
-        while True:
-            run = client.read_flow_run(flow_run_id)
-            if run.state is not None and run.state.is_final():
-                return run
-            time.sleep(poll_interval_seconds)
 
 
 @task(name="start_submodel_run", cache_policy=NO_CACHE, task_run_name="deploy-{submodel_id}")
@@ -162,7 +153,11 @@ def start_submodel_run(
     state = child.state
     logger.info(
         "%s: deployment run %s (%s), queue %s, %s",
-        submodel_id, child.name, child.id, child.work_queue_name, state.name if state else "?",
+        submodel_id,
+        child.name,
+        child.id,
+        child.work_queue_name,
+        state.name if state else "?",
     )
     if state is not None and state.is_final() and state.type.value in _FINAL_FAILED:
         # A retried parent got its failed child back through the idempotency key.
@@ -212,7 +207,9 @@ def wait_for_runs(
             if len(done) < len(by_id):
                 if deadline is not None and time.monotonic() > deadline:
                     left = sorted(k for k in by_id.values() if k not in done)
-                    raise DeploymentRunError(f"runs still unfinished after {timeout_seconds} s: {left}")
+                    raise DeploymentRunError(
+                        f"runs still unfinished after {timeout_seconds} s: {left}"
+                    )
                 time.sleep(poll_interval_seconds)
     return done
 

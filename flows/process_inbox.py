@@ -45,9 +45,13 @@ class ReconstructSettings(BaseModel):
     options: ProcessingOptions = Field(
         default_factory=ProcessingOptions, description="Processing options for every node."
     )
-    nodes: list[str] | None = Field(None, description="NodeODM node URLs; none: the built-in engine.")
+    nodes: list[str] | None = Field(
+        None, description="NodeODM node URLs; none: the built-in engine."
+    )
     allow_partial: bool = Field(False, description="Merge what finished when submodels fail.")
-    priority: Literal["normal", "urgent"] = Field("normal", description="Queue priority of submodels.")
+    priority: Literal["normal", "urgent"] = Field(
+        "normal", description="Queue priority of submodels."
+    )
 
 
 class InboxEntry(BaseModel):
@@ -84,9 +88,8 @@ class InboxReport(BaseModel):
         ]
         for e in self.entries:
             fp = (e.survey_fingerprint or "")[:16]
-            lines.append(
-                f"| {e.folder} | {fp} | {e.action} | {e.reason} | {e.flow_run_id or ''} | {e.state or ''} |"
-            )
+            run, state = e.flow_run_id or "", e.state or ""
+            lines.append(f"| {e.folder} | {fp} | {e.action} | {e.reason} | {run} | {state} |")
         return "\n".join(lines) + "\n"
 
 
@@ -148,7 +151,9 @@ def survey_fingerprint(folder: str) -> str:
     return scan_survey(folder).fingerprint
 
 
-@task(name="start_reconstruction", cache_policy=NO_CACHE, task_run_name="reconstruct-{fingerprint16}")
+@task(
+    name="start_reconstruction", cache_policy=NO_CACHE, task_run_name="reconstruct-{fingerprint16}"
+)
 def start_reconstruction(
     deployment: str,
     folder: str,
@@ -167,7 +172,11 @@ def start_reconstruction(
     """
     ctx = get_run_context()
     parent = ctx.task_run.flow_run_id  # type: ignore[union-attr]
-    parameters: dict[str, Any] = {"images": folder, "output": output, **settings.model_dump(mode="json")}
+    parameters: dict[str, Any] = {
+        "images": folder,
+        "output": output,
+        **settings.model_dump(mode="json"),
+    }
     run = run_deployment(
         deployment,
         parameters=parameters,
@@ -254,5 +263,7 @@ def process_inbox(
                     entry.action, entry.reason = "error", f"could not start: {exc}".split("\n")[0]
                     continue
                 entry.action, entry.flow_run_id, entry.state = "started", run_id, state
-    create_markdown_artifact(key="inbox-report", markdown=report.markdown(), description="process_inbox report")
+    create_markdown_artifact(
+        key="inbox-report", markdown=report.markdown(), description="process_inbox report"
+    )
     return report

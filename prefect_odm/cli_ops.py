@@ -119,16 +119,24 @@ def create_work_queues(pool: str, urgent: str | None = None) -> dict[str, int]:
 def add_parsers(sub: Any) -> None:
     """Add ``setup`` and ``automations`` to the ``prefect-odm`` sub-command parsers."""
     setup = sub.add_parser("setup", help="create the urgent work queue and the crash automation")
-    setup.add_argument("--pool", default="odm", help="work pool (default odm; names starting with prefect are reserved)")
     setup.add_argument(
-        "--heartbeat-window-seconds", type=float, default=DEFAULT_HEARTBEAT_WINDOW_SECONDS,
+        "--pool",
+        default="odm",
+        help="work pool (default odm; names starting with prefect are reserved)",
+    )
+    setup.add_argument(
+        "--heartbeat-window-seconds",
+        type=float,
+        default=DEFAULT_HEARTBEAT_WINDOW_SECONDS,
         help="mark runs crashed after this long without heartbeat (default 540)",
     )
     auto = sub.add_parser("automations", help="Prefect automations of prefect-odm")
     auto_sub = auto.add_subparsers(dest="automations_command", required=True)
     create = auto_sub.add_parser("create", help="create the crash-detection automation")
     create.add_argument(
-        "--heartbeat-window-seconds", type=float, default=DEFAULT_HEARTBEAT_WINDOW_SECONDS,
+        "--heartbeat-window-seconds",
+        type=float,
+        default=DEFAULT_HEARTBEAT_WINDOW_SECONDS,
         help="mark runs crashed after this long without heartbeat (default 540)",
     )
 
@@ -137,7 +145,10 @@ def run(args: argparse.Namespace) -> int:
     """Run ``setup`` or ``automations create``; prints what was made."""
     if args.command == "setup":
         queues = create_work_queues(args.pool)
-        print(f"work queues of {args.pool}: " + ", ".join(f"{q} (priority {p})" for q, p in queues.items()))
+        print(
+            f"work queues of {args.pool}: "
+            + ", ".join(f"{q} (priority {p})" for q, p in queues.items())
+        )
     automation_id = create_crash_automation(args.heartbeat_window_seconds)
     print(f"automation '{CRASH_AUTOMATION_NAME}': {automation_id}")
     print("workers need PREFECT_FLOWS_HEARTBEAT_FREQUENCY (seconds, >= 30) for heartbeats")

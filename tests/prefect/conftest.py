@@ -7,7 +7,6 @@ process group is killed in teardown.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -63,10 +62,17 @@ class PrefectServer:
     workers: list[subprocess.Popen] = field(default_factory=list)
     timings_seconds: dict[str, float] = field(default_factory=dict)
 
-    def cli(self, *args: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    def cli(
+        self, *args: str, cwd: Path | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess:
         """Run the ``prefect`` command line against this server; fails the test on an error."""
         res = subprocess.run(
-            [str(BIN / "prefect"), *args], cwd=cwd, env=self.env, capture_output=True, text=True, timeout=timeout
+            [str(BIN / "prefect"), *args],
+            cwd=cwd,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
         assert res.returncode == 0, f"prefect {' '.join(args)} failed:\n{res.stdout}\n{res.stderr}"
         return res
@@ -75,12 +81,19 @@ class PrefectServer:
         self, log: Path, extra_env: dict[str, str] | None = None, pool: str = POOL
     ) -> subprocess.Popen:
         """A process worker on ``pool`` (polls every second); stopped in the session teardown."""
-        env = {**self.env, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "5"}
+        env = {
+            **self.env,
+            "PREFECT_WORKER_QUERY_SECONDS": "1",
+            "PREFECT_WORKER_PREFETCH_SECONDS": "5",
+        }
         env.update(extra_env or {})
         with open(log, "ab") as out:
             proc = subprocess.Popen(
                 [str(BIN / "prefect"), "worker", "start", "--pool", pool, "--type", "process"],
-                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         self.workers.append(proc)
         return proc
@@ -98,15 +111,23 @@ def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_seconds: 
         except OSError:
             pass
         time.sleep(0.3)
-    raise RuntimeError(f"prefect server did not answer in {timeout_seconds} s: {log.read_text()[-3000:]}")
+    raise RuntimeError(
+        f"prefect server did not answer in {timeout_seconds} s: {log.read_text()[-3000:]}"
+    )
 
 
 def clean_copy(dest: Path) -> Path:
     """Copy the files git would ship (tracked plus untracked-not-ignored) to ``dest``."""
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=REPO, capture_output=True, check=True,
-    ).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+            cwd=REPO,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for rel in filter(None, listed):
         src = REPO / rel
         if src.is_file():
@@ -119,13 +140,19 @@ def clean_copy(dest: Path) -> Path:
 @pytest.fixture(scope="session")
 def prefect_server(tmp_path_factory) -> Iterator[PrefectServer]:
     """``prefect server start`` on a free loopback port; in-process clients point at it too."""
-    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        temporary_settings,
+    )
 
     home = tmp_path_factory.mktemp("prefect-home")
     port = free_port()
     api_url = f"http://127.0.0.1:{port}/api"
     env = {
-        k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") or k.startswith("PREFECT_ODM_")
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("PREFECT_") or k.startswith("PREFECT_ODM_")
     }
     env.pop("PREFECT_ODM_ENGINE_FAULTS", None)
     env.update(
@@ -146,14 +173,18 @@ def prefect_server(tmp_path_factory) -> Iterator[PrefectServer]:
         proc = subprocess.Popen(
             [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
             env={k: v for k, v in env.items() if k != "PREFECT_API_URL"},
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     server = PrefectServer(api_url=api_url, home=home, env=env, proc=proc)
     try:
         _wait_healthy(api_url, proc, log)
         server.timings_seconds["server_start"] = time.monotonic() - t0
         server.cli("work-pool", "create", POOL, "--type", "process")
-        with temporary_settings({PREFECT_API_URL: api_url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        with temporary_settings(
+            {PREFECT_API_URL: api_url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
+        ):
             yield server
     finally:
         for worker in server.workers:

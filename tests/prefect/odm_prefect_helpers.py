@@ -26,7 +26,8 @@ def runs_of(deployment_name: str, output: Path) -> list:
 
     with get_client(sync_client=True) as client:
         runs = client.read_flow_runs(
-            deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[deployment_name])), limit=200
+            deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[deployment_name])),
+            limit=200,
         )
     return [r for r in runs if r.parameters.get("output") == str(output)]
 
@@ -35,4 +36,6 @@ def wait_run(run_id, timeout_seconds: float = 240):
     """The flow run once it is final (polls every second)."""
     from prefect_odm.flows.deployment import wait_for_runs
 
-    return wait_for_runs({"run": str(run_id)}, poll_interval_seconds=1, timeout_seconds=timeout_seconds)["run"]
+    return wait_for_runs(
+        {"run": str(run_id)}, poll_interval_seconds=1, timeout_seconds=timeout_seconds
+    )["run"]

@@ -13,7 +13,7 @@ import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-PROBE = '''
+PROBE = """
 import time
 from prefect import flow
 
@@ -22,7 +22,7 @@ def probe():
     time.sleep(900)
 
 probe()
-'''
+"""
 
 
 def _probe_run():
@@ -30,7 +30,9 @@ def _probe_run():
     from prefect.client.schemas.filters import FlowFilter, FlowFilterName
 
     with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["odm-crash-probe"])))
+        runs = client.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=["odm-crash-probe"]))
+        )
     return runs[0] if runs else None
 
 
@@ -41,9 +43,19 @@ def test_killed_flow_run_is_marked_crashed(prefect_server, tmp_path):
 
     window_seconds = 45
     res = subprocess.run(
-        [sys.executable, "-m", "prefect_odm.cli", "automations", "create",
-         "--heartbeat-window-seconds", str(window_seconds)],
-        env=prefect_server.env, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "prefect_odm.cli",
+            "automations",
+            "create",
+            "--heartbeat-window-seconds",
+            str(window_seconds),
+        ],
+        env=prefect_server.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert res.returncode == 0, res.stderr
     try:
@@ -51,8 +63,11 @@ def test_killed_flow_run_is_marked_crashed(prefect_server, tmp_path):
         script.write_text(PROBE)
         env = {**prefect_server.env, "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}
         proc = subprocess.Popen(
-            [sys.executable, str(script)], env=env, start_new_session=True,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [sys.executable, str(script)],
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         try:
             deadline = time.monotonic() + 60

@@ -34,7 +34,10 @@ def test_deploy_all_from_a_clean_copy_creates_every_deployment(prefect_server, d
         assert d.pull_steps == [
             {"prefect.deployments.steps.set_working_directory": {"directory": str(deployed)}}
         ]
-    assert deployments["reconstruct"].parameters["submodel_deployment"] == "process_submodel/process-submodel"
+    assert (
+        deployments["reconstruct"].parameters["submodel_deployment"]
+        == "process_submodel/process-submodel"
+    )
     inbox_schedules = deployments["process-inbox"].schedules
     assert [s.schedule.cron for s in inbox_schedules] == ["*/30 * * * *"]
     # parameters are documented in the UI: the reconstruct schema has descriptions

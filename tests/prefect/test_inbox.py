@@ -21,12 +21,14 @@ def _half(images: Path, dest: Path, part: int) -> Path:
     return dest
 
 
-def test_inbox_starts_exactly_one_reconstruction(prefect_server, worker, brighton_images, tmp_path, odm_home):
+def test_inbox_starts_exactly_one_reconstruction(
+    prefect_server, worker, brighton_images, tmp_path, odm_home
+):
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
-
     from prefect_odm.flows import reconstruct
     from prefect_odm.flows.process_inbox import SURVEY_TAG_PREFIX
+
     from prefect_odm.models import ProcessingOptions
     from prefect_odm.scan import scan_survey
 
@@ -34,7 +36,10 @@ def test_inbox_starts_exactly_one_reconstruction(prefect_server, worker, brighto
     # Half A was reconstructed earlier from a folder of another name (inline, in this process).
     first = _half(brighton_images, tmp_path / "earlier" / "flight-2026-06-01", 0)
     done = reconstruct(
-        images=str(first), output=str(output), split=10, options=ProcessingOptions(pipeline="direct"),
+        images=str(first),
+        output=str(output),
+        split=10,
+        options=ProcessingOptions(pipeline="direct"),
         submodel_deployment="inline",
     )
     inbox = tmp_path / "inbox"

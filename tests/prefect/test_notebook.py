@@ -24,7 +24,10 @@ def test_example_notebook_plans_reconstructs_and_shows_the_orthophoto(
     monkeypatch.setenv("PREFECT_ODM_EXAMPLE_OUTPUT", str(tmp_path / "out"))
     nb = nbformat.read(NOTEBOOK, as_version=4)
     client = nbclient.NotebookClient(
-        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}
+        nb,
+        timeout=600,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(NOTEBOOK.parent)}},
     )
     client.execute()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]

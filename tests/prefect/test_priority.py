@@ -25,7 +25,11 @@ def _wait_for_children(output, count_at_least: int, timeout_seconds: float = 180
         if len(runs) >= count_at_least:
             return runs
         time.sleep(1)
-    raise AssertionError(f"submodel runs for {output} were not created in {timeout_seconds} s")
+    parents = runs_of("reconstruct", output)
+    raise AssertionError(
+        f"submodel runs for {output} were not created in {timeout_seconds} s; parent runs: "
+        + "; ".join(f"{r.state.name} {r.parameters}" for r in parents)
+    )
 
 
 def test_urgent_submodels_are_taken_before_a_normal_backlog(
@@ -39,9 +43,16 @@ def test_urgent_submodels_are_taken_before_a_normal_backlog(
     prefect_server.cli("work-pool", "set-concurrency-limit", PRIO_POOL, "1")
     create_work_queues(PRIO_POOL)
     prefect_server.cli(
-        "--no-prompt", "deploy", "flows/process_submodel.py:process_submodel", "-n", "prio", "-p", PRIO_POOL,
+        "--no-prompt",
+        "deploy",
+        "flows/process_submodel.py:process_submodel",
+        "-n",
+        "prio",
+        "-p",
+        PRIO_POOL,
         cwd=deployed,
     )
+
     def submit(images, output, priority, split):
         return run_deployment(
             "reconstruct/reconstruct",

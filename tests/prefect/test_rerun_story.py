@@ -14,11 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
+from odm_prefect_helpers import engine_tasks, runs_of, wait_run
 
 from prefect_odm.engine.faults import FAULTS_ENV
 from prefect_odm.engine.launch import start_engine
-
-from odm_prefect_helpers import engine_tasks, runs_of, wait_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -30,13 +29,14 @@ def test_failed_submodel_retried_from_ui_then_parent_reuses_everything(
 ):
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
-
     from prefect_odm.flows.deployment import retry_flow_run
 
     engine_dir = tmp_path / "engine"
     output = tmp_path / "out"
     faults = json.dumps({"fail_task_name": f"^{FAILING}-"})
-    engine = start_engine(engine_dir, method="direct", max_parallel_tasks=2, extra_env={FAULTS_ENV: faults})
+    engine = start_engine(
+        engine_dir, method="direct", max_parallel_tasks=2, extra_env={FAULTS_ENV: faults}
+    )
     try:
         t0 = time.monotonic()
         parent = run_deployment(
@@ -68,19 +68,20 @@ def test_failed_submodel_retried_from_ui_then_parent_reuses_everything(
             for child in children:
                 assert child.parent_task_run_id is not None
                 assert client.read_task_run(child.parent_task_run_id).flow_run_id == parent.id
-        results = {
-            sid: next((output).glob(f"*/submodels/{sid}-*/result.json")) for sid in finished
-        }
+        results = {sid: next((output).glob(f"*/submodels/{sid}-*/result.json")) for sid in finished}
         mtimes = {sid: p.stat().st_mtime_ns for sid, p in results.items()}
 
-        # The operator mends the node: restart it without the fault, clear the failed task.
+        # The operator mends the node: the same node (port, data folder) without the fault. It
+        # still holds the failed task; the retried child restarts that task in place.
         engine.stop()
         engine = start_engine(engine_dir, port=engine.port, method="direct", max_parallel_tasks=2)
         failed_tasks = [t for t in engine_tasks(engine.url) if t["status"]["code"] == 30]
         assert [t["name"].startswith(FAILING) for t in failed_tasks] == [True]
-        from prefect_odm.nodeodm import NodeClient
-
-        assert NodeClient(engine.url).remove(failed_tasks[0]["uuid"])
+        completed_before = {
+            t["uuid"]: t["dateCreated"]
+            for t in engine_tasks(engine.url)
+            if t["status"]["code"] == 40
+        }
 
         # Retry the failed child as the UI's Retry button does, then the parent.
         t1 = time.monotonic()
@@ -107,11 +108,66 @@ def test_failed_submodel_retried_from_ui_then_parent_reuses_everything(
         names = sorted(t["name"].rsplit("-", 1)[0] for t in tasks)
         assert names == sorted(by_submodel), names
         assert all(t["status"]["code"] == 40 for t in tasks)
+        assert {t["uuid"]: t["dateCreated"] for t in tasks if t["uuid"] in completed_before} == (
+            completed_before
+        )
         assert {sid: p.stat().st_mtime_ns for sid, p in results.items()} == mtimes
         manifest = json.loads(next(output.glob("*/manifest.json")).read_text())
         assert sorted(r["submodel_id"] for r in manifest["submodels"]) == sorted(by_submodel)
         assert all(r["status"] in ("completed", "reused") for r in manifest["submodels"])
         assert Path(manifest["products"]["orthophoto"]).is_file()
-        print(f"\nrerun story: first round {first_round_seconds:.1f} s, child+parent retry {rerun_seconds:.1f} s")
+        print(
+            f"\nrerun story: first round {first_round_seconds:.1f} s, "
+            f"child+parent retry {rerun_seconds:.1f} s"
+        )
+    finally:
+        engine.stop()
+
+
+def test_parent_retried_alone_retries_its_failed_child(
+    prefect_server, worker, brighton_images, tmp_path
+):
+    """The operator retries only the parent: the idempotency key hands back the failed child,
+    which the parent retries (no second run for any submodel)."""
+    from prefect.deployments import run_deployment
+    from prefect_odm.flows.deployment import retry_flow_run
+
+    engine_dir = tmp_path / "engine"
+    output = tmp_path / "out"
+    faults = json.dumps({"fail_task_name": f"^{FAILING}-"})
+    engine = start_engine(
+        engine_dir, method="direct", max_parallel_tasks=2, extra_env={FAULTS_ENV: faults}
+    )
+    try:
+        parent = run_deployment(
+            "reconstruct/reconstruct",
+            parameters={
+                "images": str(brighton_images),
+                "output": str(output),
+                "nodes": [engine.url],
+                "split": 10,
+                "split_overlap_m": 20,
+                "options": {"pipeline": "direct"},
+            },
+            timeout=0,
+            as_subflow=False,
+        )
+        assert wait_run(parent.id).state.type.value == "FAILED"
+        failed_child = next(
+            c for c in runs_of("process-submodel", output) if c.parameters["submodel_id"] == FAILING
+        )
+        assert failed_child.state.type.value == "FAILED"
+        engine.stop()
+        engine = start_engine(engine_dir, port=engine.port, method="direct", max_parallel_tasks=2)
+
+        retry_flow_run(parent.id)
+        parent = wait_run(parent.id)
+        assert parent.state.type.value == "COMPLETED", parent.state
+        children = runs_of("process-submodel", output)
+        ids = sorted(c.parameters["submodel_id"] for c in children)
+        assert ids == sorted(set(ids))  # one run per submodel
+        assert all(c.state.type.value == "COMPLETED" for c in children)
+        assert failed_child.id in {c.id for c in children}  # the same run, retried
+        assert next(output.glob("*/manifest.json")).is_file()
     finally:
         engine.stop()
