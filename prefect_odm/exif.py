@@ -11,7 +11,8 @@ The I/O is a callable ``read(offset, length) -> bytes`` so that the same code se
 and object stores (ranged GETs); see :mod:`prefect_odm.scan`.
 
 Sources: JPEG markers, ITU-T T.81 annex B; EXIF 2.32 (CIPA DC-008) for the GPS IFD (tags 1-6) and
-the EXIF IFD (FocalLength 0x920A, FocalLengthIn35mmFilm 0xA405, DateTimeOriginal 0x9003); DJI XMP
+the EXIF IFD (FocalLength 0x920A, FocalLengthIn35mmFilm 0xA405, DateTimeOriginal 0x9003,
+FocalPlaneXResolution 0xA20E with FocalPlaneResolutionUnit 0xA210); DJI XMP
 ``drone-dji:`` namespace as written by DJI cameras (RelativeAltitude, GimbalPitchDegree, ...).
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 import re
 import struct
 import warnings
@@ -55,6 +57,19 @@ _TAG_DATETIME = 0x0132
 _TAG_DATETIME_ORIGINAL = 0x9003
 _TAG_FOCAL_LENGTH = 0x920A
 _TAG_FOCAL_35MM = 0xA405
+_TAG_FOCAL_PLANE_X_RES = 0xA20E
+_TAG_FOCAL_PLANE_RES_UNIT = 0xA210
+#: The EXIF IFD tags read.
+_SUB_TAGS = (
+    _TAG_DATETIME_ORIGINAL,
+    _TAG_FOCAL_LENGTH,
+    _TAG_FOCAL_35MM,
+    _TAG_FOCAL_PLANE_X_RES,
+    _TAG_FOCAL_PLANE_RES_UNIT,
+)
+#: FocalPlaneResolutionUnit -> millimetres per unit (EXIF 2.32: 2 inch, 3 cm; 4 mm and 5 um as
+#: exiftool reads them). 1 (no absolute unit) and unknown values give no resolution.
+_RESOLUTION_UNIT_MM = {2: 25.4, 3: 10.0, 4: 1.0, 5: 0.001}
 
 
 class ImageHeaderError(InputError):
@@ -79,6 +94,9 @@ class ImageMetadata:
     file has no GPS IFD. ``altitude_m`` is the EXIF GPS altitude (metres above sea level as the
     camera records it); ``relative_altitude_m`` is DJI's height above the take-off point. Angles
     are degrees as DJI writes them (gimbal pitch -90 = nadir).
+    ``focal_plane_x_resolution_px_per_mm`` is EXIF ``FocalPlaneXResolution`` converted to pixels
+    per millimetre with ``FocalPlaneResolutionUnit`` (default inch); ``None`` when absent, zero or
+    without an absolute unit.
     """
 
     format: ImageFormat
@@ -96,6 +114,7 @@ class ImageMetadata:
     focal_length_mm: float | None = None
     focal_length_35mm: float | None = None
     capture_time: datetime | None = None
+    focal_plane_x_resolution_px_per_mm: float | None = None
 
     @property
     def megapixels(self) -> float:
@@ -254,6 +273,17 @@ def _dms(value: Any) -> float | None:
     return d + m / 60.0 + s / 3600.0
 
 
+def _focal_plane_px_per_mm(resolution: Any, unit: Any) -> float | None:
+    """``FocalPlaneXResolution`` (pixels per ``unit``) in pixels per millimetre, or None."""
+    per_unit = _rational(resolution)
+    if not unit:
+        unit = 2  # absent (or 0, not a valid value): the EXIF 2.32 default, inch
+    mm_per_unit = _RESOLUTION_UNIT_MM.get(unit) if isinstance(unit, int) else None
+    if not per_unit or mm_per_unit is None or not math.isfinite(per_unit):
+        return None
+    return per_unit / mm_per_unit
+
+
 def _exif_time(value: Any) -> datetime | None:
     text = _clean_text(value)
     if not text:
@@ -333,10 +363,7 @@ def _read_tags(tiff: _Tiff) -> tuple[dict[int, Any], dict[int, Any], dict[int, A
     gps: dict[int, Any] = {}
     if _EXIF_IFD in ifd0:
         entries = tiff.entries(int(tiff.value(ifd0[_EXIF_IFD])))
-        sub = {
-            t: tiff.value(entries.get(t))
-            for t in (_TAG_DATETIME_ORIGINAL, _TAG_FOCAL_LENGTH, _TAG_FOCAL_35MM)
-        }
+        sub = {t: tiff.value(entries.get(t)) for t in _SUB_TAGS}
     if _GPS_IFD in ifd0:
         entries = tiff.entries(int(tiff.value(ifd0[_GPS_IFD])))
         gps = {t: tiff.value(entries.get(t)) for t in (1, 2, 3, 4, 5, 6)}
@@ -442,10 +469,7 @@ def parse_metadata(header: bytes) -> ImageMetadata:
             gps_ifd = exif.get_ifd(_GPS_IFD)
             gps = {t: gps_ifd.get(t) for t in (1, 2, 3, 4, 5, 6)}
             sub_ifd = exif.get_ifd(_EXIF_IFD)
-            sub = {
-                t: sub_ifd.get(t)
-                for t in (_TAG_DATETIME_ORIGINAL, _TAG_FOCAL_LENGTH, _TAG_FOCAL_35MM)
-            }
+            sub = {t: sub_ifd.get(t) for t in _SUB_TAGS}
         except Exception as exc:  # noqa: BLE001 - Pillow raises many types for broken EXIF
             logger.debug("broken EXIF ignored: %s", exc)
 
@@ -483,6 +507,9 @@ def parse_metadata(header: bytes) -> ImageMetadata:
         focal_length_35mm=focal35 if focal35 else None,
         capture_time=_exif_time(sub.get(_TAG_DATETIME_ORIGINAL))
         or _exif_time(main.get(_TAG_DATETIME)),
+        focal_plane_x_resolution_px_per_mm=_focal_plane_px_per_mm(
+            sub.get(_TAG_FOCAL_PLANE_X_RES), sub.get(_TAG_FOCAL_PLANE_RES_UNIT)
+        ),
     )
 
 

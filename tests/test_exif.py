@@ -142,3 +142,63 @@ def test_truncated_pixels(brighton_images: Path) -> None:
     with pytest.raises(ImageHeaderError) as info:
         read_metadata(read, len(data))
     assert info.value.reason == "truncated"
+
+
+def _pillow_focal_plane_px_per_mm(path: Path) -> float | None:
+    """Independent reading with Pillow: FocalPlaneXResolution / mm per FocalPlaneResolutionUnit."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        sub = im.getexif().get_ifd(0x8769)
+    resolution, unit = sub.get(0xA20E), sub.get(0xA210, 2)
+    if resolution is None:
+        return None
+    return float(resolution) / {2: 25.4, 3: 10.0, 4: 1.0}[unit]
+
+
+@pytest.mark.parametrize("survey", ["brighton_beach_1600", "seneca_1200", "tiny_exif"])
+def test_focal_plane_resolution_matches_pillow(data_dir: Path, survey: str) -> None:
+    for row in _manifest(data_dir, survey):
+        path = data_dir / survey / "images" / row["file"]
+        read, size, _ = _reader(path)
+        meta, _ = read_metadata(read, size)
+        expected = _pillow_focal_plane_px_per_mm(path)
+        if expected is None:
+            # the DJI FC300S writes no focal-plane resolution; the Canons do
+            assert row["make"] == "DJI"
+            assert meta.focal_plane_x_resolution_px_per_mm is None
+            continue
+        assert meta.focal_plane_x_resolution_px_per_mm == pytest.approx(expected, rel=1e-12)
+        if survey == "seneca_1200":
+            # rescaled with the pixels (SOURCE.md): the manifest width over it is the sensor
+            # width of a 1/2.3-inch type sensor, 5-6.2 mm
+            assert 5.0 < int(row["w"]) / meta.focal_plane_x_resolution_px_per_mm < 6.2
+
+
+@pytest.mark.parametrize("suffix", [".jpg", ".tif", ".png"])
+@pytest.mark.parametrize(
+    ("resolution", "unit", "expected_px_per_mm"),
+    [
+        (2540.0, None, 100.0),  # no unit tag: inch
+        (2540.0, 2, 100.0),
+        (1000.0, 3, 100.0),  # centimetre
+        (100.0, 4, 100.0),  # millimetre
+        (1000.0, 1, None),  # no absolute unit
+        (0.0, 2, None),
+    ],
+)
+def test_focal_plane_resolution_units(
+    tmp_path: Path, suffix: str, resolution: float, unit: int | None, expected_px_per_mm: float
+) -> None:
+    from PIL import Image
+
+    exif = Image.Exif()
+    sub = exif.get_ifd(0x8769)
+    sub[0xA20E] = resolution
+    if unit is not None:
+        sub[0xA210] = unit
+    path = tmp_path / f"a{suffix}"
+    Image.new("RGB", (32, 24), (10, 20, 30)).save(path, exif=exif.tobytes())
+    read, size, _ = _reader(path)
+    meta, _ = read_metadata(read, size)
+    assert meta.focal_plane_x_resolution_px_per_mm == pytest.approx(expected_px_per_mm)

@@ -1,10 +1,9 @@
 """Image metadata, camera intrinsics and camera poses for the built-in engine.
 
-A deliberately small reader (Pillow only) of what the engine needs from each image: EXIF GPS
-position and altitude, capture time, focal length (mm, 35 mm equivalent, focal-plane resolution),
-pixel size, and DJI XMP attitude (``drone-dji:RelativeAltitude``, ``GimbalYawDegree``,
-``FlightYawDegree``, ``GimbalPitchDegree``). The survey scanner has its own full reader
-(:mod:`prefect_odm.exif`); this one only serves reconstruction.
+:class:`ImageMeta` is what the engine needs from each image: EXIF GPS position and altitude,
+capture time, focal length (mm, 35 mm equivalent, focal-plane resolution), pixel size, and DJI XMP
+attitude (``drone-dji:RelativeAltitude``, ``GimbalYawDegree``, ``FlightYawDegree``,
+``GimbalPitchDegree``). It is read by the project's EXIF/XMP reader, :mod:`prefect_odm.exif`.
 
 World frame of every pose here: the survey's WGS 84 / UTM zone, x = easting (m), y = northing (m),
 z = the EXIF GPS altitude datum (m). Camera frame: COLMAP/OpenCV convention, +x right, +y down
@@ -16,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -25,9 +24,9 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from PIL import Image
 
 from prefect_odm.errors import InputError, NoImagesError
+from prefect_odm.exif import read_metadata
 
 logger = logging.getLogger(__name__)
 
@@ -42,12 +41,6 @@ FULL_FRAME_DIAGONAL_MM = math.hypot(36.0, 24.0)
 
 DISTORTION_VALID_RADIUS = 1.3
 """Points whose undistorted radius exceeds this many half image diagonals are not projected."""
-
-_RESOLUTION_UNIT_MM = {2: 25.4, 3: 10.0, 4: 1.0, 5: 0.001}
-_EXIF_IFD = 0x8769
-_GPS_IFD = 0x8825
-_DJI_XMP = re.compile(rb'drone-dji:(\w+)\s*=\s*"([^"]*)"')
-_DJI_XMP_ELEMENT = re.compile(rb"<drone-dji:(\w+)>([^<]*)</drone-dji:\1>")
 
 
 @dataclass(frozen=True)
@@ -125,96 +118,47 @@ class ImageMeta:
         return cls(**values)
 
 
-def _number(value: Any) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError, ZeroDivisionError):
-        return None
-    return number if math.isfinite(number) else None
-
-
-def _text(value: Any) -> str:
-    """EXIF ASCII without NUL padding or surrounding blanks."""
-    if isinstance(value, bytes):
-        value = value.decode("ascii", "replace")
-    return str(value or "").replace("\x00", "").strip()
-
-
-def _dms_deg(value: Any) -> float | None:
-    try:
-        d, m, s = (float(v) for v in value)
-    except (TypeError, ValueError, ZeroDivisionError):
-        return None
-    return d + m / 60.0 + s / 3600.0
-
-
-def _dji_xmp(image: Image.Image) -> dict[str, float]:
-    raw = image.info.get("xmp")
-    if raw is None:
-        return {}
-    if isinstance(raw, str):
-        raw = raw.encode("utf-8", "replace")
-    found: dict[str, float] = {}
-    for key, text in [*_DJI_XMP.findall(raw), *_DJI_XMP_ELEMENT.findall(raw)]:
-        number = _number(text.decode("ascii", "replace").strip())
-        if number is not None:
-            found[key.decode("ascii")] = number
-    return found
-
-
 def read_image_meta(path: Path) -> ImageMeta:
-    """Read one image's EXIF and DJI XMP.
+    """Read one image's EXIF and DJI XMP with :func:`prefect_odm.exif.read_metadata`.
+
+    Only the header is read; whether the pixel data is complete is not checked here (decoding
+    the image later fails on a truncated file).
 
     Args:
         path: a JPEG or TIFF file.
 
     Raises:
-        InputError: the file does not open as an image, or has no EXIF GPS latitude/longitude.
+        InputError: the file does not open as an image, or has no EXIF GPS latitude/longitude;
+            the message starts with the file name.
     """
     try:
-        with Image.open(path) as image:
-            width, height = image.size
-            exif = image.getexif()
-            exif_ifd = exif.get_ifd(_EXIF_IFD)
-            gps = exif.get_ifd(_GPS_IFD)
-            xmp = _dji_xmp(image)
-    except (OSError, ValueError, SyntaxError) as exc:
+        with path.open("rb") as handle:
+
+            def read(offset: int, length: int) -> bytes:
+                handle.seek(offset)
+                return handle.read(length)
+
+            meta, _ = read_metadata(read, os.fstat(handle.fileno()).st_size, check_complete=False)
+    except (OSError, InputError) as exc:
         raise InputError(f"{path.name}: cannot read image metadata ({exc})") from exc
-    lat, lon = _dms_deg(gps.get(2)), _dms_deg(gps.get(4))
-    if lat is None or lon is None:
+    if meta.latitude is None or meta.longitude is None:
         raise InputError(f"{path.name}: no GPS position in EXIF")
-    if str(gps.get(1, "N")).upper().startswith("S"):
-        lat = -lat
-    if str(gps.get(3, "E")).upper().startswith("W"):
-        lon = -lon
-    altitude = _number(gps.get(6))
-    if altitude is not None and gps.get(5) in (1, b"\x01"):
-        altitude = -altitude
-    fpx = _number(exif_ifd.get(0xA20E))  # FocalPlaneXResolution
-    unit_mm = _RESOLUTION_UNIT_MM.get(int(exif_ifd.get(0xA210, 2) or 2))
-    when = None
-    text = exif_ifd.get(0x9003) or exif.get(0x0132)  # DateTimeOriginal, DateTime
-    if isinstance(text, str):
-        try:
-            when = datetime.strptime(text.strip()[:19], "%Y:%m:%d %H:%M:%S")
-        except ValueError:
-            when = None
     return ImageMeta(
         name=path.name,
-        width=int(width),
-        height=int(height),
-        latitude_deg=float(lat),
-        longitude_deg=float(lon),
-        altitude_m=altitude,
-        relative_altitude_m=xmp.get("RelativeAltitude"),
-        gimbal_yaw_deg=xmp.get("GimbalYawDegree"),
-        flight_yaw_deg=xmp.get("FlightYawDegree"),
-        gimbal_pitch_deg=xmp.get("GimbalPitchDegree"),
-        focal_length_mm=_number(exif_ifd.get(0x920A)) or None,
-        focal_length_35mm=_number(exif_ifd.get(0xA405)) or None,
-        focal_plane_x_resolution_px_per_mm=(fpx / unit_mm) if fpx and unit_mm else None,
-        capture_time=when,
-        camera=" ".join(_text(exif.get(tag)) for tag in (0x010F, 0x0110)).strip(),
+        width=meta.width,
+        height=meta.height,
+        latitude_deg=meta.latitude,
+        longitude_deg=meta.longitude,
+        altitude_m=meta.altitude_m,
+        relative_altitude_m=meta.relative_altitude_m,
+        gimbal_yaw_deg=meta.gimbal_yaw_deg,
+        flight_yaw_deg=meta.flight_yaw_deg,
+        gimbal_pitch_deg=meta.gimbal_pitch_deg,
+        focal_length_mm=meta.focal_length_mm or None,
+        focal_length_35mm=meta.focal_length_35mm,
+        focal_plane_x_resolution_px_per_mm=meta.focal_plane_x_resolution_px_per_mm,
+        capture_time=meta.capture_time,
+        camera=" ".join(part for part in (meta.make, meta.model) if part),
     )
 
 

@@ -22,36 +22,32 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import rasterio
 from numpy.typing import NDArray
 from rasterio.enums import Resampling
-from rasterio.transform import Affine
 from rasterio.windows import Window
 from scipy.ndimage import distance_transform_edt, map_coordinates
 
-from prefect_odm.merge.grid import Block, iter_blocks
+from prefect_odm.merge.grid import Block
 from prefect_odm.merge.ortho import (
     DEFAULT_GDAL_CACHE_MB,
     GridPlan,
+    RasterMergeReport,
     RasterSource,
     SourceReader,
     ThreadReaders,
-    build_overviews,
-    check_coverage,
     overlap_pairs,
     plan_grid,
+    raster_report_fields,
     resolve_ownership,
-    run_blocks,
     sample_overlap,
     sources_in,
-    temporary_sibling,
     with_gdal_cache,
-    write_cog,
+    write_merged_raster,
 )
 from prefect_odm.merge.seams import SeamField, blend_weights, solve_vertical_offsets
 from prefect_odm.ownership import Ownership
@@ -103,7 +99,7 @@ def edge_distance(
 
 
 @dataclass(frozen=True)
-class DemMergeReport:
+class DemMergeReport(RasterMergeReport):
     """What a DEM merge produced (figures for the manifest and report).
 
     Attributes:
@@ -112,26 +108,11 @@ class DemMergeReport:
             correction, metres.
     """
 
-    path: str
-    submodel_ids: tuple[str, ...]
-    crs_wkt: str
-    crs_epsg: int | None
-    resolution_m: float
-    width: int
-    height: int
-    pixels: int
-    union_pixels: int
-    covered_area_m2: float
-    coverage_of_union: float
     vertical_offsets_m: dict[str, float]
     overlap_median_diff_m: dict[str, float]
     warped: tuple[str, ...]
     ownership_from_footprints: bool
     elapsed_seconds: float
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready dict."""
-        return asdict(self)
 
 
 @with_gdal_cache
@@ -252,61 +233,28 @@ def merge_dems(
         dem[any_valid] = blended[any_valid]
         return dem, int(any_valid.sum()), union
 
-    totals = {"pixels": 0, "union": 0}
-    blocks = list(iter_blocks(plan.grid, block_size))
-    tmp_blocks = temporary_sibling(out, "blocks")
-    profile: dict[str, Any] = {
-        "driver": "GTiff",
-        "width": plan.grid.width,
-        "height": plan.grid.height,
-        "count": 1,
-        "dtype": "float32",
-        "nodata": DEM_NODATA,
-        "crs": plan.crs,
-        "transform": Affine(*plan.grid.transform),
-        "tiled": True,
-        "blockxsize": 256,
-        "blockysize": 256,
-        "BIGTIFF": "IF_SAFER",
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with rasterio.open(tmp_blocks, "w", **profile) as dst:
+    def write(dst: Any, block: Block, result: Any) -> tuple[int, int]:
+        dem, pixels, union = result
+        dst.write(dem, 1, window=Window(block.col_off, block.row_off, block.width, block.height))
+        return pixels, union
 
-            def consume(block: Block, result: Any) -> None:
-                dem, pixels, union = result
-                totals["pixels"] += pixels
-                totals["union"] += union
-                dst.write(
-                    dem, 1, window=Window(block.col_off, block.row_off, block.width, block.height)
-                )
-
-            try:
-                run_blocks(blocks, work, consume, workers=workers, progress=progress)
-            finally:
-                readers.close()
-            check_coverage(out, totals["pixels"], totals["union"])
-            build_overviews(dst)
-        write_cog(tmp_blocks, out, workers=workers, compress="DEFLATE", predictor=True)
-    finally:
-        if tmp_blocks.exists():
-            tmp_blocks.unlink()
+    pixels, union_pixels = write_merged_raster(
+        out,
+        plan,
+        {"count": 1, "dtype": "float32", "nodata": DEM_NODATA},
+        work,
+        write,
+        readers,
+        block_size=block_size,
+        workers=workers,
+        progress=progress,
+        cog_options={"compress": "DEFLATE", "predictor": True},
+    )
 
     report = DemMergeReport(
-        path=str(out),
-        submodel_ids=ids,
-        crs_wkt=plan.crs.to_wkt(),
-        crs_epsg=plan.crs.to_epsg(),
-        resolution_m=res,
-        width=plan.grid.width,
-        height=plan.grid.height,
-        pixels=totals["pixels"],
-        union_pixels=totals["union"],
-        covered_area_m2=totals["pixels"] * plan.grid.pixel_area_m2,
-        coverage_of_union=totals["pixels"] / totals["union"],
+        **raster_report_fields(out, plan, pixels, union_pixels),
         vertical_offsets_m=dict(sorted(offsets.items())),
         overlap_median_diff_m=medians,
-        warped=tuple(s.submodel_id for s in plan.sources if s.warp),
         ownership_from_footprints=derived,
         elapsed_seconds=time.perf_counter() - started,
     )

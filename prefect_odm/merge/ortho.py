@@ -603,6 +603,88 @@ def run_blocks(
                     progress(done, total)
 
 
+def write_merged_raster(
+    out: Path,
+    plan: GridPlan,
+    creation_options: Mapping[str, Any],
+    work: Callable[[Block], Any],
+    write: Callable[[Any, Block, Any], tuple[int, int]],
+    readers: ThreadReaders,
+    *,
+    block_size: int,
+    workers: int,
+    progress: Callable[[int, int], None] | None,
+    cog_options: Mapping[str, Any],
+    blocks_done: Callable[[], None] | None = None,
+) -> tuple[int, int]:
+    """Merge ``plan``'s grid block by block into a tiled GeoTIFF, check it, write the COG.
+
+    The blocks go to a temporary tiled GeoTIFF beside ``out`` (256-pixel tiles, BigTIFF if
+    needed), which gets overviews and is converted to the COG ``out`` by :func:`write_cog`; the
+    temporary file is removed in every case.
+
+    Args:
+        out: the output COG path.
+        plan: the output grid (size, CRS, transform).
+        creation_options: the product's own GeoTIFF options (``count``, ``dtype``, ``nodata``,
+            ``photometric``...), added to the common ones.
+        work: ``work(block) -> result``, run on a thread pool (see :func:`run_blocks`).
+        write: ``write(dataset, block, result) -> (pixels, union_pixels)`` writes one result to
+            the open temporary dataset, in the calling thread; returns the block's pixels with
+            data and the pixels where at least one input has data.
+        readers: closed once every block is done.
+        block_size: block side, pixels.
+        workers: threads over blocks (and for COG compression).
+        progress: ``(blocks_done, blocks_total)`` callback, called in the calling thread.
+        cog_options: keyword arguments of :func:`write_cog` other than ``workers``.
+        blocks_done: called after the last block, before the coverage check (phase timing).
+
+    Returns:
+        ``(pixels, union_pixels)`` over the whole grid.
+
+    Raises:
+        MergeError: an empty result, one covering less than 99.5 % of the union (see
+            :func:`check_coverage`), or an invalid COG.
+    """
+    blocks = list(iter_blocks(plan.grid, block_size))
+    tmp_blocks = temporary_sibling(out, "blocks")
+    profile: dict[str, Any] = {
+        "driver": "GTiff",
+        "width": plan.grid.width,
+        "height": plan.grid.height,
+        "crs": plan.crs,
+        "transform": Affine(*plan.grid.transform),
+        "tiled": True,
+        "blockxsize": 256,
+        "blockysize": 256,
+        "BIGTIFF": "IF_SAFER",
+        **creation_options,
+    }
+    totals = [0, 0]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with rasterio.open(tmp_blocks, "w", **profile) as dst:
+
+            def consume(block: Block, result: Any) -> None:
+                pixels, union = write(dst, block, result)
+                totals[0] += pixels
+                totals[1] += union
+
+            try:
+                run_blocks(blocks, work, consume, workers=workers, progress=progress)
+            finally:
+                readers.close()
+            if blocks_done is not None:
+                blocks_done()
+            check_coverage(out, totals[0], totals[1])
+            build_overviews(dst)
+        write_cog(tmp_blocks, out, workers=workers, **cog_options)
+    finally:
+        if tmp_blocks.exists():
+            tmp_blocks.unlink()
+    return totals[0], totals[1]
+
+
 # --------------------------------------------------------------------------------------------
 # Orthophoto merge
 # --------------------------------------------------------------------------------------------
@@ -627,8 +709,20 @@ class SeamQuality:
 
 
 @dataclass(frozen=True)
-class OrthoMergeReport:
-    """What an orthophoto merge produced (figures for the manifest and report)."""
+class RasterMergeReport:
+    """The figures every raster merge reports (orthophoto and DEM reports extend it).
+
+    Attributes:
+        path: the output COG.
+        submodel_ids: the merged submodels, in the order of the grid plan's sources.
+        crs_wkt, crs_epsg: the output CRS.
+        resolution_m: output pixel size, CRS units.
+        width, height: output grid size, pixels.
+        pixels: output pixels with data.
+        union_pixels: grid pixels where at least one input has data.
+        covered_area_m2: ``pixels`` times the pixel area, square CRS units.
+        coverage_of_union: ``pixels / union_pixels``.
+    """
 
     path: str
     submodel_ids: tuple[str, ...]
@@ -641,6 +735,44 @@ class OrthoMergeReport:
     union_pixels: int
     covered_area_m2: float
     coverage_of_union: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict."""
+        return asdict(self)
+
+
+def raster_report_fields(
+    out: Path, plan: GridPlan, pixels: int, union_pixels: int
+) -> dict[str, Any]:
+    """Keyword arguments of the :class:`RasterMergeReport` fields, plus ``warped``.
+
+    Args:
+        out: the output COG.
+        plan: the grid the merge wrote.
+        pixels: output pixels with data.
+        union_pixels: grid pixels where at least one input has data (> 0, see
+            :func:`check_coverage`).
+    """
+    return {
+        "path": str(out),
+        "submodel_ids": tuple(s.submodel_id for s in plan.sources),
+        "crs_wkt": plan.crs.to_wkt(),
+        "crs_epsg": plan.crs.to_epsg(),
+        "resolution_m": plan.grid.resolution_m,
+        "width": plan.grid.width,
+        "height": plan.grid.height,
+        "pixels": pixels,
+        "union_pixels": union_pixels,
+        "covered_area_m2": pixels * plan.grid.pixel_area_m2,
+        "coverage_of_union": pixels / union_pixels,
+        "warped": tuple(s.submodel_id for s in plan.sources if s.warp),
+    }
+
+
+@dataclass(frozen=True)
+class OrthoMergeReport(RasterMergeReport):
+    """What an orthophoto merge produced (figures for the manifest and report)."""
+
     seams: tuple[SeamQuality, ...]
     seam_mean_abs_diff_before: float
     seam_mean_abs_diff_after: float
@@ -651,10 +783,6 @@ class OrthoMergeReport:
     workers: int
     block_size: int
     phase_seconds: dict[str, float] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready dict."""
-        return asdict(self)
 
 
 def _seam_band_m(feather_m: float, resolution_m: float) -> float:
@@ -805,60 +933,43 @@ def merge_orthophotos(
         merged = int((rgba[3] > 0).sum())
         return rgba, merged, union, seam_sums
 
-    totals = {"pixels": 0, "union": 0}
     seam_totals: dict[tuple[str, str], NDArray[np.float64]] = {}
-    blocks = list(iter_blocks(plan.grid, block_size))
-    tmp_blocks = temporary_sibling(out, "blocks")
-    profile: dict[str, Any] = {
-        "driver": "GTiff",
-        "width": plan.grid.width,
-        "height": plan.grid.height,
-        "count": 4,
-        "dtype": "uint8",
-        "crs": plan.crs,
-        "transform": Affine(*plan.grid.transform),
-        "tiled": True,
-        "blockxsize": 256,
-        "blockysize": 256,
-        "BIGTIFF": "IF_SAFER",
-        "SPARSE_OK": "TRUE",
-        "photometric": "RGB",
-        "ALPHA": "YES",
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with rasterio.open(tmp_blocks, "w", **profile) as dst:
 
-            def consume(block: Block, result: Any) -> None:
-                rgba, merged, union, sums = result
-                totals["pixels"] += merged
-                totals["union"] += union
-                for key, val in sums.items():
-                    seam_totals[key] = seam_totals.get(key, np.zeros(3)) + val
-                if union:
-                    dst.write(
-                        rgba, window=Window(block.col_off, block.row_off, block.width, block.height)
-                    )
+    def write(dst: Any, block: Block, result: Any) -> tuple[int, int]:
+        rgba, merged, union, sums = result
+        for key, val in sums.items():
+            seam_totals[key] = seam_totals.get(key, np.zeros(3)) + val
+        if union:
+            dst.write(rgba, window=Window(block.col_off, block.row_off, block.width, block.height))
+        return merged, union
 
-            try:
-                run_blocks(blocks, work, consume, workers=workers, progress=progress)
-            finally:
-                readers.close()
-            phases["blocks"] = time.perf_counter() - started - sum(phases.values())
-            check_coverage(out, totals["pixels"], totals["union"])
-            build_overviews(dst)
-        write_cog(
-            tmp_blocks,
-            out,
-            workers=workers,
-            compress=compress,
-            predictor=compress != "JPEG",
-            compress_level=compress_level,
-        )
-        phases["cog"] = time.perf_counter() - started - sum(phases.values())
-    finally:
-        if tmp_blocks.exists():
-            tmp_blocks.unlink()
+    def blocks_done() -> None:
+        phases["blocks"] = time.perf_counter() - started - sum(phases.values())
+
+    pixels, union_pixels = write_merged_raster(
+        out,
+        plan,
+        {
+            "count": 4,
+            "dtype": "uint8",
+            "SPARSE_OK": "TRUE",
+            "photometric": "RGB",
+            "ALPHA": "YES",
+        },
+        work,
+        write,
+        readers,
+        block_size=block_size,
+        workers=workers,
+        progress=progress,
+        cog_options={
+            "compress": compress,
+            "predictor": compress != "JPEG",
+            "compress_level": compress_level,
+        },
+        blocks_done=blocks_done,
+    )
+    phases["cog"] = time.perf_counter() - started - sum(phases.values())
 
     seams = []
     for (id_a, id_b), (cnt, before, after) in sorted(seam_totals.items()):
@@ -871,22 +982,11 @@ def merge_orthophotos(
         float(sum(s.mean_abs_diff_after * s.pixels for s in seams) / n_seam) if n_seam else 0.0
     )
     report = OrthoMergeReport(
-        path=str(out),
-        submodel_ids=ids,
-        crs_wkt=plan.crs.to_wkt(),
-        crs_epsg=plan.crs.to_epsg(),
-        resolution_m=plan.grid.resolution_m,
-        width=plan.grid.width,
-        height=plan.grid.height,
-        pixels=totals["pixels"],
-        union_pixels=totals["union"],
-        covered_area_m2=totals["pixels"] * plan.grid.pixel_area_m2,
-        coverage_of_union=totals["pixels"] / totals["union"],
+        **raster_report_fields(out, plan, pixels, union_pixels),
         seams=tuple(seams),
         seam_mean_abs_diff_before=overall_before,
         seam_mean_abs_diff_after=overall_after,
         colour_correction=corrections,
-        warped=tuple(s.submodel_id for s in plan.sources if s.warp),
         ownership_from_footprints=derived,
         elapsed_seconds=time.perf_counter() - started,
         workers=workers,
