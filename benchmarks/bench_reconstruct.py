@@ -42,9 +42,19 @@ def main() -> None:
         env = dict(os.environ, PREFECT_ODM_HOME=f"{tmp}/home")
         env.pop("PREFECT_API_URL", None)
         cmd = [
-            sys.executable, "-m", "prefect_odm.cli", "reconstruct", str(DATA / args.survey / "images"),
-            "--output", f"{tmp}/out", "--split", args.split, "--split-overlap-m", args.split_overlap_m,
-            "--pipeline", args.pipeline,
+            sys.executable,
+            "-m",
+            "prefect_odm.cli",
+            "reconstruct",
+            str(DATA / args.survey / "images"),
+            "--output",
+            f"{tmp}/out",
+            "--split",
+            args.split,
+            "--split-overlap-m",
+            args.split_overlap_m,
+            "--pipeline",
+            args.pipeline,
         ]
         first, out1 = run(cmd, env)
         second, out2 = run(cmd, env)

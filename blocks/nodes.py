@@ -13,15 +13,25 @@ class NodeODM(Block):
     _block_type_slug = "nodeodm-node"
     _description = "A NodeODM-API processing node: URL, token, memory and parallel task slots."
 
-    url: str = Field(description="Base URL of the node, e.g. http://10.0.0.5:3000 (no token in it).")
-    token: SecretStr | None = Field(default=None, description="The node's token, sent only to this node.")
+    url: str = Field(
+        description="Base URL of the node, e.g. http://10.0.0.5:3000 (no token in it)."
+    )
+    token: SecretStr | None = Field(
+        default=None, description="The node's token, sent only to this node."
+    )
     memory_gib: float | None = Field(
-        default=None, gt=0, description="Memory this library may use on the node, GiB; default: 90% of /info totalMemory."
+        default=None,
+        gt=0,
+        description="Memory this library may use on the node, GiB; default: 90% of /info totalMemory.",
     )
     max_parallel_tasks: int | None = Field(
-        default=None, ge=1, description="Tasks run at once on the node; default: /info maxParallelTasks."
+        default=None,
+        ge=1,
+        description="Tasks run at once on the node; default: /info maxParallelTasks.",
     )
-    labels: list[str] = Field(default_factory=list, description="Free labels, e.g. 'gpu' or 'large'.")
+    labels: list[str] = Field(
+        default_factory=list, description="Free labels, e.g. 'gpu' or 'large'."
+    )
 
 
 class NodeODMPool(Block):

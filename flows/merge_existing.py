@@ -32,7 +32,9 @@ def _shot_names(location: str) -> set[str]:
         shots = json.loads(storage.read_bytes(url))
     except (FileNotFoundError, OSError, ValueError):
         return set()
-    return {str(f.get("properties", {}).get("filename", "")) for f in shots.get("features", [])} - {""}
+    return {str(f.get("properties", {}).get("filename", "")) for f in shots.get("features", [])} - {
+        ""
+    }
 
 
 @task(name="find_existing_outputs", cache_policy=NO_CACHE)
@@ -98,11 +100,20 @@ def merge_existing(inputs: list[str], output: str, plan: str | None = None) -> M
             crs_epsg = split_plan.crs_epsg
             plan_fp = split_plan.fingerprint
         identity = fingerprint(
-            {"kind": "merge-existing", "inputs": sorted(found), "locations": sorted(loc for loc, _ in found.values()), "plan": plan_fp}
+            {
+                "kind": "merge-existing",
+                "inputs": sorted(found),
+                "locations": sorted(loc for loc, _ in found.values()),
+                "plan": plan_fp,
+            }
         )
         layout = OutputLayout(output, identity)
         stored, reports = merge_all(
-            products, layout.merged_product, ownership=ownership, crs_epsg=crs_epsg, planned_footprint=None
+            products,
+            layout.merged_product,
+            ownership=ownership,
+            crs_epsg=crs_epsg,
+            planned_footprint=None,
         )
     with_crs = reports["orthophoto"].get("crs_epsg") or crs_epsg or 0
     manifest = Manifest(
@@ -118,7 +129,9 @@ def merge_existing(inputs: list[str], output: str, plan: str | None = None) -> M
             SubmodelResult(submodel_id=sid, fingerprint="", status="reused", products=prods)
             for sid, prods in sorted(products.items())
         ],
-        coverage={k: float(v) for k, v in reports["coverage"].items() if isinstance(v, int | float)},
+        coverage={
+            k: float(v) for k, v in reports["coverage"].items() if isinstance(v, int | float)
+        },
     )
     storage.write_json_atomic(join(layout.report_dir, "merge.json"), reports)
     storage.write_json_atomic(layout.manifest, manifest.model_dump(mode="json"))

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 
 from prefect import flow, get_run_logger
+from prefect_odm.tasks.admission import DEFAULT_LIMIT_NAME, ensure_memory_limit, memory_slots
 
 from prefect_odm import storage
 from prefect_odm.cluster import Cluster, connect_nodes, embedded_engine
@@ -19,7 +20,6 @@ from prefect_odm.errors import SubmodelFailedError
 from prefect_odm.layout import OutputLayout
 from prefect_odm.models import SplitPlan, SubmodelResult, Survey
 from prefect_odm.submodels import SubmodelRunner
-from prefect_odm.tasks.admission import DEFAULT_LIMIT_NAME, ensure_memory_limit, memory_slots
 
 _active: dict[tuple[str, ...], Cluster] = {}
 _active_lock = threading.Lock()
@@ -43,7 +43,9 @@ def sharing_cluster(cluster: Cluster) -> Iterator[None]:
 
 
 @contextmanager
-def _cluster_for(nodes: list[str] | None, pipeline: str, node_pool: str | None = None) -> Iterator[Cluster]:
+def _cluster_for(
+    nodes: list[str] | None, pipeline: str, node_pool: str | None = None
+) -> Iterator[Cluster]:
     from prefect_odm.cluster import load_pool_block, split_token
 
     settings = None
@@ -100,10 +102,18 @@ def process_submodel(
         ensure_memory_limit(memory_limit_name, max(1, int(sum(cluster.node_memory_gib))))
 
         def admit(sid: str, memory_gib: float) -> AbstractContextManager[object]:
-            return memory_slots(memory_limit_name, memory_gib, what=f"{plan.survey_fingerprint[:12]}/{sid}")
+            return memory_slots(
+                memory_limit_name, memory_gib, what=f"{plan.survey_fingerprint[:12]}/{sid}"
+            )
 
         runner = SubmodelRunner(
-            plan, survey, layout, cluster.pool, cluster.clients, admit=admit, log=logger.info,
+            plan,
+            survey,
+            layout,
+            cluster.pool,
+            cluster.clients,
+            admit=admit,
+            log=logger.info,
             cancelled=cluster.cancelled,
         )
         result = runner.run(submodel_id, force=force)

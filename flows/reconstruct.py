@@ -9,6 +9,17 @@ from typing import Any, Literal
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import ThreadPoolTaskRunner
+from prefect_odm.flows.deployment import (
+    configured_submodel_deployment,
+    result_of,
+    start_submodel_run,
+    wait_for_runs,
+    work_queue_for,
+)
+from prefect_odm.flows.process_submodel import process_submodel, sharing_cluster
+from prefect_odm.tasks.merge import merge_all
+from prefect_odm.tasks.report import publish_plan, publish_report
+from prefect_odm.tasks.survey import plan_submodels, scan_survey
 from pydantic import Field
 
 from prefect_odm import __version__, progress, storage
@@ -26,25 +37,15 @@ from prefect_odm.layout import OutputLayout
 from prefect_odm.models import Manifest, ProcessingOptions, SplitPlan, SubmodelResult, Survey
 from prefect_odm.ownership import Ownership
 from prefect_odm.submodels import load_stored_result
-from prefect_odm.tasks.merge import merge_all
-from prefect_odm.tasks.report import publish_plan, publish_report
-from prefect_odm.tasks.survey import plan_submodels, scan_survey
-
-from prefect_odm.flows.deployment import (
-    configured_submodel_deployment,
-    result_of,
-    start_submodel_run,
-    wait_for_runs,
-    work_queue_for,
-)
-from prefect_odm.flows.process_submodel import process_submodel, sharing_cluster
 
 MERGE_VERSION = "1"
 """Bumped when the merge changes its output for the same inputs (part of the merge fingerprint)."""
 
 
 @task(name="run_submodel", cache_policy=NO_CACHE, task_run_name="run-{submodel_id}")
-def run_submodel(plan_url: str, submodel_id: str, output: str, nodes: list[str], force: bool) -> SubmodelResult:
+def run_submodel(
+    plan_url: str, submodel_id: str, output: str, nodes: list[str], force: bool
+) -> SubmodelResult:
     """Run the ``process_submodel`` subflow; a failed submodel comes back as a failed result."""
     try:
         return process_submodel(plan_url, submodel_id, output, nodes=nodes, force=force)
@@ -151,7 +152,12 @@ def reconstruct(
     progress.emit("stage", name="scan")
     survey: Survey = scan_survey(images)
     timings["scan"] = time.monotonic() - t0
-    logger.info("scanned %d images (%d rejected) in EPSG:%d", len(survey.images), len(survey.rejected), survey.crs_epsg)
+    logger.info(
+        "scanned %d images (%d rejected) in EPSG:%d",
+        len(survey.images),
+        len(survey.rejected),
+        survey.crs_epsg,
+    )
 
     settings = None
     if node_pool:
@@ -182,13 +188,17 @@ def reconstruct(
             pending.append(sm.id)
     if pending:
         progress.emit("stage", name="process")
-        results.update(_process(pending, plan, layout, nodes, cluster, force, submodel_deployment, priority))
+        results.update(
+            _process(pending, plan, layout, nodes, cluster, force, submodel_deployment, priority)
+        )
     timings["process"] = time.monotonic() - t
 
     failed = {sid: _failure_text(r) for sid, r in results.items() if r.status == "failed"}
     if failed and not allow_partial:
         raise IncompleteRunError(failed)
-    merged = sorted((r for r in results.values() if r.status != "failed"), key=lambda r: r.submodel_id)
+    merged = sorted(
+        (r for r in results.values() if r.status != "failed"), key=lambda r: r.submodel_id
+    )
     if not merged:
         raise MergeError("no submodel finished: nothing to merge")
 
@@ -198,7 +208,9 @@ def reconstruct(
     if stored_manifest is not None:
         logger.info("merge reused (fingerprint %s)", merge_fp[:12])
         progress.emit("stage", name="merge reused")
-        manifest = stored_manifest.model_copy(update={"submodels": [results[s.id] for s in plan.submodels]})
+        manifest = stored_manifest.model_copy(
+            update={"submodels": [results[s.id] for s in plan.submodels]}
+        )
         storage.write_json_atomic(layout.manifest, manifest.model_dump(mode="json"))
         return manifest
     progress.emit("stage", name="merge")
@@ -218,7 +230,11 @@ def reconstruct(
         submodels=[results[s.id] for s in plan.submodels],
         failed_submodels=failed,
         rejected_images=survey.rejected,
-        coverage={k: float(v) for k, v in merge_reports.get("coverage", {}).items() if isinstance(v, int | float)},
+        coverage={
+            k: float(v)
+            for k, v in merge_reports.get("coverage", {}).items()
+            if isinstance(v, int | float)
+        },
         timings_seconds={k: round(v, 3) for k, v in timings.items()},
     )
     publish_report(manifest, plan, survey, layout, merge_reports)
@@ -247,7 +263,9 @@ def _process(
 
     def run_all(active: Cluster, urls: list[str]) -> dict[str, SubmodelResult]:
         with sharing_cluster(active):
-            futures = [run_submodel.submit(plan_url, sid, layout.root, urls, force) for sid in pending]
+            futures = [
+                run_submodel.submit(plan_url, sid, layout.root, urls, force) for sid in pending
+            ]
             try:
                 return {sid: f.result() for sid, f in zip(pending, futures, strict=True)}
             except BaseException:
@@ -282,7 +300,9 @@ def _process_as_deployments(
     queue = work_queue_for(priority)
     node_urls = list(nodes) if nodes else None
     futures = [
-        start_submodel_run.submit(deployment, layout.plan_json, sid, layout.root, node_urls, force, queue)
+        start_submodel_run.submit(
+            deployment, layout.plan_json, sid, layout.root, node_urls, force, queue
+        )
         for sid in pending
     ]
     run_ids = {sid: f.result() for sid, f in zip(pending, futures, strict=True)}
@@ -307,7 +327,9 @@ def _merge(
 ) -> tuple[dict[str, str], dict[str, Any]]:
     """Merge every product the finished submodels have; store them under ``layout.merged_dir``."""
     ids = [r.submodel_id for r in merged]
-    ownership = Ownership.from_cameras(((c.x_m, c.y_m, c.submodel_id) for c in plan.cameras), only=ids)
+    ownership = Ownership.from_cameras(
+        ((c.x_m, c.y_m, c.submodel_id) for c in plan.cameras), only=ids
+    )
     return merge_all(
         {r.submodel_id: r.products for r in merged},
         layout.merged_product,

@@ -27,25 +27,49 @@ def _split_value(text: str) -> int | str:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--split must be a whole number or 'auto', not {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"--split must be a whole number or 'auto', not {text!r}"
+        ) from None
     if value < 1:
         raise argparse.ArgumentTypeError("--split must be at least 1")
     return value
 
 
 def _add_split_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--split", type=_split_value, default=100, help="target images per submodel, or 'auto' (default 100)")
-    p.add_argument("--split-overlap-m", type=float, default=50.0, help="overlap between submodels in metres (default 50)")
+    p.add_argument(
+        "--split",
+        type=_split_value,
+        default=100,
+        help="target images per submodel, or 'auto' (default 100)",
+    )
+    p.add_argument(
+        "--split-overlap-m",
+        type=float,
+        default=50.0,
+        help="overlap between submodels in metres (default 50)",
+    )
 
 
 def _add_option_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--orthophoto-resolution", type=float, default=5.0, help="orthophoto resolution, cm/pixel (default 5)")
+    p.add_argument(
+        "--orthophoto-resolution",
+        type=float,
+        default=5.0,
+        help="orthophoto resolution, cm/pixel (default 5)",
+    )
     p.add_argument("--dtm", action="store_true", help="also build a digital terrain model")
     p.add_argument(
-        "--pipeline", choices=["sfm", "direct"], default="sfm", help="built-in engine method (default sfm)"
+        "--pipeline",
+        choices=["sfm", "direct"],
+        default="sfm",
+        help="built-in engine method (default sfm)",
     )
     p.add_argument(
-        "--option", action="append", default=[], metavar="NAME=VALUE", help="any other ODM option, repeatable"
+        "--option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="any other ODM option, repeatable",
     )
 
 
@@ -62,38 +86,63 @@ def _options(args: argparse.Namespace) -> Any:
         except json.JSONDecodeError:
             extra[name] = value
     return ProcessingOptions(
-        orthophoto_resolution_cm=args.orthophoto_resolution, dtm=args.dtm, pipeline=args.pipeline, extra=extra
+        orthophoto_resolution_cm=args.orthophoto_resolution,
+        dtm=args.dtm,
+        pipeline=args.pipeline,
+        extra=extra,
     )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="prefect-odm", description=__doc__.splitlines()[0])
-    parser.add_argument("--verbose", "-v", action="store_true", help="show Prefect's run logs on the console")
+    parser.add_argument(
+        "--verbose", "-v", action="store_true", help="show Prefect's run logs on the console"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     rec = sub.add_parser("reconstruct", help="split, process and merge a survey")
     rec.add_argument("images", help="folder or fsspec URL of geotagged images")
     rec.add_argument("--output", "-o", required=True, help="output folder or fsspec URL")
-    rec.add_argument("--nodes", nargs="+", metavar="URL", help="NodeODM node URLs (default: the built-in engine)")
+    rec.add_argument(
+        "--nodes", nargs="+", metavar="URL", help="NodeODM node URLs (default: the built-in engine)"
+    )
     _add_split_args(rec)
     _add_option_args(rec)
-    rec.add_argument("--allow-partial", action="store_true", help="merge what finished and list failed submodels")
+    rec.add_argument(
+        "--allow-partial", action="store_true", help="merge what finished and list failed submodels"
+    )
     rec.add_argument("--force", action="store_true", help="process every submodel again")
 
     plan = sub.add_parser("plan", help="scan and plan a survey without processing it")
     plan.add_argument("images", help="folder or fsspec URL of geotagged images")
-    plan.add_argument("--output", "-o", default="plan", help="folder for plan.json, plan.geojson, plan.png (default ./plan)")
+    plan.add_argument(
+        "--output",
+        "-o",
+        default="plan",
+        help="folder for plan.json, plan.geojson, plan.png (default ./plan)",
+    )
     _add_split_args(plan)
     _add_option_args(plan)
 
     mrg = sub.add_parser("merge", help="merge OpenDroneMap outputs made elsewhere")
-    mrg.add_argument("inputs", nargs="+", help="ODM project folders, all.zip files or folders of them (paths or URLs)")
+    mrg.add_argument(
+        "inputs",
+        nargs="+",
+        help="ODM project folders, all.zip files or folders of them (paths or URLs)",
+    )
     mrg.add_argument("--output", "-o", required=True, help="output folder or fsspec URL")
-    mrg.add_argument("--plan", help="plan.json of the prefect-odm run that made the inputs (same seams as its merge)")
+    mrg.add_argument(
+        "--plan",
+        help="plan.json of the prefect-odm run that made the inputs (same seams as its merge)",
+    )
 
-    slots = sub.add_parser("slots", help="inspect or reset the memory slots (global concurrency limit)")
+    slots = sub.add_parser(
+        "slots", help="inspect or reset the memory slots (global concurrency limit)"
+    )
     slots.add_argument("--name", default="prefect-odm-memory-gib", help="limit name")
-    slots.add_argument("--reset", action="store_true", help="set active slots to 0 (nothing may be running)")
+    slots.add_argument(
+        "--reset", action="store_true", help="set active slots to 0 (nothing may be running)"
+    )
 
     from prefect_odm.cli_ops import add_parsers as _add_ops_parsers
 
@@ -211,7 +260,14 @@ def _slots(args: argparse.Namespace) -> int:
 def _quiet_prefect_console(verbose: bool) -> None:
     if verbose:
         return
-    for name in ("prefect", "prefect.flow_runs", "prefect.task_runs", "prefect.server", "uvicorn", "prefect_odm"):
+    for name in (
+        "prefect",
+        "prefect.flow_runs",
+        "prefect.task_runs",
+        "prefect.server",
+        "uvicorn",
+        "prefect_odm",
+    ):
         for handler in logging.getLogger(name).handlers:
             if not handler.__class__.__name__.startswith("APILogHandler"):
                 handler.setLevel(logging.CRITICAL + 1)
@@ -260,8 +316,13 @@ def _reconstruct(args: argparse.Namespace) -> int:
     bars: dict[str, Any] = {}
     lock = threading.Lock()
     with Progress(
-        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[state]}"), TimeElapsedColumn(),
-        console=console, transient=False, disable=not console.is_terminal,
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[state]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+        disable=not console.is_terminal,
     ) as bar:
         stage = bar.add_task("stage", total=None, state="starting Prefect")
 
@@ -273,9 +334,15 @@ def _reconstruct(args: argparse.Namespace) -> int:
                     for sid in event["submodels"]:
                         bars[sid] = bar.add_task(sid, total=1.0, state="waiting")
                 elif event["kind"] == "submodel" and event["id"] in bars:
-                    bar.update(bars[event["id"]], completed=event.get("fraction", 0.0), state=event["state"])
+                    bar.update(
+                        bars[event["id"]],
+                        completed=event.get("fraction", 0.0),
+                        state=event["state"],
+                    )
                 elif event["kind"] == "merge":
-                    bar.update(stage, state=f"merge {event['product']} {event['done']}/{event['total']}")
+                    bar.update(
+                        stage, state=f"merge {event['product']} {event['done']}/{event['total']}"
+                    )
 
         unsubscribe = events.subscribe(listen)
         if early_server is not None:
@@ -303,7 +370,9 @@ def _reconstruct(args: argparse.Namespace) -> int:
     for name, url in sorted(manifest.products.items()):
         out.print(f"{name}: {url}")
     if manifest.failed_submodels:
-        out.print(f"gaps: {len(manifest.failed_submodels)} submodel(s) failed, listed in the manifest")
+        out.print(
+            f"gaps: {len(manifest.failed_submodels)} submodel(s) failed, listed in the manifest"
+        )
     out.print(f"manifest: {OutputLayout(args.output, manifest.survey_fingerprint).manifest}")
     return 0
 

@@ -51,7 +51,9 @@ def token_for(url: str) -> str | None:
         try:
             mapping = json.loads(tokens)
         except json.JSONDecodeError as exc:
-            raise InputError("PREFECT_ODM_NODE_TOKENS is not a JSON object of URL -> token") from exc
+            raise InputError(
+                "PREFECT_ODM_NODE_TOKENS is not a JSON object of URL -> token"
+            ) from exc
         if public_url(url) in mapping:
             return str(mapping[public_url(url)])
     return os.environ.get("PREFECT_ODM_NODE_TOKEN") or None
@@ -113,11 +115,14 @@ def connect_nodes(
             PoolNode(
                 key=url,
                 memory_gib=given.memory_gib or round(total * 0.9, 2),
-                max_parallel_tasks=given.max_parallel_tasks or int(info.get("maxParallelTasks") or 1),
+                max_parallel_tasks=given.max_parallel_tasks
+                or int(info.get("maxParallelTasks") or 1),
             )
         )
         engines.add(f"{info.get('engine', 'odm')} {info.get('engineVersion', '?')}")
-    return Cluster(clients, NodePool(nodes), " | ".join(sorted(engines)), [n.memory_gib for n in nodes])
+    return Cluster(
+        clients, NodePool(nodes), " | ".join(sorted(engines)), [n.memory_gib for n in nodes]
+    )
 
 
 def embedded_memory_gib() -> float:
@@ -176,6 +181,10 @@ def embedded_engine(method: str | None = None) -> Iterator[Cluster]:
         engine = stack.enter_context(start_engine(data_dir, **kwargs))
         client = NodeClient(engine.url)
         node = PoolNode(
-            key=client.url, memory_gib=embedded_memory_gib(), max_parallel_tasks=EMBEDDED_MAX_PARALLEL_TASKS
+            key=client.url,
+            memory_gib=embedded_memory_gib(),
+            max_parallel_tasks=EMBEDDED_MAX_PARALLEL_TASKS,
         )
-        yield Cluster({client.url: client}, NodePool([node]), EMBEDDED_ENGINE_IDENTITY, [node.memory_gib])
+        yield Cluster(
+            {client.url: client}, NodePool([node]), EMBEDDED_ENGINE_IDENTITY, [node.memory_gib]
+        )

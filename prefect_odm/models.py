@@ -39,7 +39,9 @@ class ImageRecord(BaseModel):
 
     name: str = Field(description="Path relative to the survey root, with forward slashes.")
     url: str = Field(description="Full local path or fsspec URL of the file.")
-    identity: str = Field(description="Content identity, e.g. 'sha256:<hex>' or 'etag:<etag>:<size>'.")
+    identity: str = Field(
+        description="Content identity, e.g. 'sha256:<hex>' or 'etag:<etag>:<size>'."
+    )
     size_bytes: int
     width: int
     height: int
@@ -81,7 +83,9 @@ class Survey(BaseModel):
     rejected: list[RejectedImage] = Field(default_factory=list)
     crs_epsg: int = Field(description="EPSG code of the survey's UTM zone (WGS 84 / UTM).")
     fingerprint: str = Field(description="Hash of the sorted image identities.")
-    cameras: dict[str, int] = Field(default_factory=dict, description="Camera label -> image count.")
+    cameras: dict[str, int] = Field(
+        default_factory=dict, description="Camera label -> image count."
+    )
 
 
 class ProcessingOptions(BaseModel):
@@ -190,11 +194,16 @@ class SubmodelResult(BaseModel):
     attempts: int = 0
     duration_seconds: float = 0.0
     method: str | None = Field(None, description="Engine method that made the outputs.")
-    options: dict[str, OptionValue] = Field(default_factory=dict, description="NodeODM options used.")
-    early_fingerprint: str | None = Field(
-        None, description="Fingerprint without late-stage options: equal means rerun-from can reuse the task."
+    options: dict[str, OptionValue] = Field(
+        default_factory=dict, description="NodeODM options used."
     )
-    rerun_from: str | None = Field(None, description="Stage an existing task was restarted from, if any.")
+    early_fingerprint: str | None = Field(
+        None,
+        description="Fingerprint without late-stage options: equal means rerun-from can reuse the task.",
+    )
+    rerun_from: str | None = Field(
+        None, description="Stage an existing task was restarted from, if any."
+    )
     error: str | None = None
     last_output: list[str] = Field(default_factory=list)
 

@@ -117,12 +117,16 @@ class NodeClient:
         timeout_seconds: per-request timeout.
     """
 
-    def __init__(self, url: str, token: str | None = None, *, timeout_seconds: float = 30.0) -> None:
+    def __init__(
+        self, url: str, token: str | None = None, *, timeout_seconds: float = 30.0
+    ) -> None:
         parsed = urlparse(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise ValueError(f"not a node URL: {public_url(url)!r} (expected http://host:port)")
         self.url = public_url(url)
-        query_token = dict(p.split("=", 1) for p in parsed.query.split("&") if "=" in p).get("token")
+        query_token = dict(p.split("=", 1) for p in parsed.query.split("&") if "=" in p).get(
+            "token"
+        )
         self._token = token or query_token or ""
         port = parsed.port or (443 if parsed.scheme == "https" else 80)
         self._node = _SafeNode(parsed.hostname, port, self._token, timeout=timeout_seconds)
@@ -273,7 +277,9 @@ class NodeClient:
         def init() -> Any:
             enc = MultipartEncoder(fields=fields)
             return self._node.post(
-                "/task/new/init", data=enc, headers={"Content-Type": enc.content_type, "set-uuid": uuid}
+                "/task/new/init",
+                data=enc,
+                headers={"Content-Type": enc.content_type, "set-uuid": uuid},
             )
 
         result = self._call("POST /task/new/init", init, uuid)
@@ -342,7 +348,9 @@ class NodeClient:
                     f.cancel()
                 raise errors[0]  # type: ignore[misc]
 
-        result = self._call("POST /task/new/commit", lambda: self._node.post(f"/task/new/commit/{uuid}"), uuid)
+        result = self._call(
+            "POST /task/new/commit", lambda: self._node.post(f"/task/new/commit/{uuid}"), uuid
+        )
         if not isinstance(result, dict) or result.get("uuid") != uuid:
             raise NodeError(f"task commit answered {result!r}", node_url=self.url, task_uuid=uuid)
         return uuid
@@ -377,7 +385,9 @@ class NodeClient:
                 time.sleep(min(10.0, poll_interval_seconds * errors))
                 continue
             if state is None:
-                raise TransientNodeError("the node no longer knows the task", node_url=self.url, task_uuid=uuid)
+                raise TransientNodeError(
+                    "the node no longer knows the task", node_url=self.url, task_uuid=uuid
+                )
             if on_progress is not None:
                 on_progress(state)
             if state.status == COMPLETED:
@@ -386,7 +396,9 @@ class NodeClient:
                 raise self.classify_failure(state)
             if time.monotonic() > deadline:
                 raise TransientNodeError(
-                    f"task still running after {max_wait_seconds:.0f} s", node_url=self.url, task_uuid=uuid
+                    f"task still running after {max_wait_seconds:.0f} s",
+                    node_url=self.url,
+                    task_uuid=uuid,
                 )
             time.sleep(poll_interval_seconds)
 
@@ -398,11 +410,17 @@ class NodeClient:
             last = []
         text = " ".join([state.error_message, *last[-5:]]).lower()
         if state.status == CANCELED:
-            return ProcessingFailedError("task was cancelled", node_url=self.url, task_uuid=state.uuid, last_output=last)
+            return ProcessingFailedError(
+                "task was cancelled", node_url=self.url, task_uuid=state.uuid, last_output=last
+            )
         message = state.error_message or "task failed (the node gave no error message)"
         if any(marker in text for marker in OOM_MARKERS):
-            return OutOfMemoryError(message, node_url=self.url, task_uuid=state.uuid, last_output=last)
-        return ProcessingFailedError(message, node_url=self.url, task_uuid=state.uuid, last_output=last)
+            return OutOfMemoryError(
+                message, node_url=self.url, task_uuid=state.uuid, last_output=last
+            )
+        return ProcessingFailedError(
+            message, node_url=self.url, task_uuid=state.uuid, last_output=last
+        )
 
     def download(self, uuid: str, dest: Path, *, max_retries: int = 3) -> Path:
         """Download all.zip, verify it, and extract it into ``dest`` (no path may leave ``dest``).
@@ -420,13 +438,17 @@ class NodeClient:
         for attempt in range(max_retries + 1):
             try:
                 with requests.get(
-                    self._node.url(f"/task/{uuid}/download/all.zip"), stream=True, timeout=self.timeout_seconds
+                    self._node.url(f"/task/{uuid}/download/all.zip"),
+                    stream=True,
+                    timeout=self.timeout_seconds,
                 ) as res:
                     if res.status_code != 200:
                         raise NodeServerError(f"HTTP {res.status_code}")
                     if "application/json" in res.headers.get("Content-Type", ""):
                         raise NodeError(
-                            f"download refused: {self._scrub(str(res.json()))}", node_url=self.url, task_uuid=uuid
+                            f"download refused: {self._scrub(str(res.json()))}",
+                            node_url=self.url,
+                            task_uuid=uuid,
                         )
                     expected = res.headers.get("Content-Length")
                     size = 0
@@ -447,7 +469,9 @@ class NodeClient:
                 last_error = self._scrub(str(exc)) or type(exc).__name__
                 time.sleep(min(10.0, 2.0**attempt))
         zip_path.unlink(missing_ok=True)
-        raise TransientNodeError(f"download failed: {last_error}", node_url=self.url, task_uuid=uuid)
+        raise TransientNodeError(
+            f"download failed: {last_error}", node_url=self.url, task_uuid=uuid
+        )
 
 
 def _json_or_none(res: requests.Response) -> Any:

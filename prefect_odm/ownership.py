@@ -73,9 +73,7 @@ class Ownership:
         """Owner submodel id of each point."""
         return np.asarray(self.submodel_ids)[self.label_of_points(x, y)]
 
-    def label_grid(
-        self, transform: Sequence[float], height: int, width: int
-    ) -> NDArray[np.int32]:
+    def label_grid(self, transform: Sequence[float], height: int, width: int) -> NDArray[np.int32]:
         """Owner label of each pixel centre of a north-up grid.
 
         Args:

@@ -263,11 +263,19 @@ def survey_gaps(plan: SplitPlan, survey: Survey) -> dict[str, Any]:
     names = [im.name for im in images]
     for g in find_sequence_gaps(times, x, y):
         out["sequence_gaps"].append(
-            {"before": names[g.before], "after": names[g.after], "missing": g.missing,
-             "x_m": g.x_m, "y_m": g.y_m, "length_m": g.length_m}
+            {
+                "before": names[g.before],
+                "after": names[g.after],
+                "missing": g.missing,
+                "x_m": g.x_m,
+                "y_m": g.y_m,
+                "length_m": g.length_m,
+            }
         )
     for c in find_coverage_gaps(x, y):
-        out["coverage_gaps"].append({"x_m": c.x_m, "y_m": c.y_m, "radius_m": c.radius_m, "area_m2": c.area_m2})
+        out["coverage_gaps"].append(
+            {"x_m": c.x_m, "y_m": c.y_m, "radius_m": c.radius_m, "area_m2": c.area_m2}
+        )
     tails = flight_tail_mask(times, x, y)
     out["flight_tail_images"] = [n for n, t in zip(names, tails, strict=True) if t]
     return out

@@ -82,7 +82,12 @@ class NodePool:
 
     @contextmanager
     def lease(
-        self, memory_gib: float, *, what: str, exclude: Sequence[str] = (), timeout_seconds: float | None = None
+        self,
+        memory_gib: float,
+        *,
+        what: str,
+        exclude: Sequence[str] = (),
+        timeout_seconds: float | None = None,
     ) -> Iterator[PoolNode]:
         """Hold a task slot and ``memory_gib`` on the best-fitting node while the block runs.
 
@@ -99,11 +104,14 @@ class NodePool:
             try:
                 while True:
                     if not any(not n.down and n.key not in exclude for n in self.nodes):
-                        raise TransientNodeError(f"no node available for {what}: all are down or excluded")
+                        raise TransientNodeError(
+                            f"no node available for {what}: all are down or excluded"
+                        )
                     node = self._best(memory_gib, exclude)
                     earlier = [w for w in self._waiting if w.ticket < me.ticket]
                     may_pass = all(
-                        w.passes < MAX_PASSES and self._best(w.memory_gib, w.exclude) is None for w in earlier
+                        w.passes < MAX_PASSES and self._best(w.memory_gib, w.exclude) is None
+                        for w in earlier
                     )
                     if node is not None and may_pass:
                         for w in earlier:
@@ -113,7 +121,9 @@ class NodePool:
                         break
                     remaining = None if deadline is None else deadline - time.monotonic()
                     if remaining is not None and remaining <= 0:
-                        raise TransientNodeError(f"no node had room for {what} within {timeout_seconds} s")
+                        raise TransientNodeError(
+                            f"no node had room for {what} within {timeout_seconds} s"
+                        )
                     self._cond.wait(timeout=5.0 if remaining is None else min(5.0, remaining))
             finally:
                 self._waiting.remove(me)

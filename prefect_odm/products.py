@@ -58,7 +58,9 @@ def verify_point_cloud(path: Path) -> dict[str, object]:
         raise OutputValidationError(f"{path}: does not open as LAS/LAZ ({exc})") from exc
 
 
-def find_odm_products(project_dir: Path, *, require: tuple[str, ...] = ("orthophoto", "point_cloud")) -> dict[str, Path]:
+def find_odm_products(
+    project_dir: Path, *, require: tuple[str, ...] = ("orthophoto", "point_cloud")
+) -> dict[str, Path]:
     """Products found in an OpenDroneMap project folder, each verified.
 
     Args:

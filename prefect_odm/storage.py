@@ -73,7 +73,9 @@ def write_bytes_atomic(url: str, data: bytes) -> None:
 
 
 def write_json_atomic(url: str, value: Any) -> None:
-    write_bytes_atomic(url, (json.dumps(value, indent=2, sort_keys=True, default=str) + "\n").encode())
+    write_bytes_atomic(
+        url, (json.dumps(value, indent=2, sort_keys=True, default=str) + "\n").encode()
+    )
 
 
 def put_file(local: Path, url: str) -> None:

@@ -143,9 +143,12 @@ class SubmodelRunner:
             holder = self._locate(uuid, excluded)
             pinned = [k for k in self.clients if k != holder] if holder else []
             try:
-                with self.admit(submodel_id, memory_gib), self.pool.lease(
-                    memory_gib, what=submodel_id, exclude=sorted(set(excluded) | set(pinned))
-                ) as node:
+                with (
+                    self.admit(submodel_id, memory_gib),
+                    self.pool.lease(
+                        memory_gib, what=submodel_id, exclude=sorted(set(excluded) | set(pinned))
+                    ) as node,
+                ):
                     node_key = node.key
                     client = self.clients[node.key]
                     try:
@@ -160,16 +163,24 @@ class SubmodelRunner:
             except OutOfMemoryError as exc:
                 last = exc
                 memory_gib *= self.oom_memory_factor
-                self.log(f"{submodel_id}: out of memory on {exc.node_url}; retrying with {memory_gib:.1f} GiB")
+                self.log(
+                    f"{submodel_id}: out of memory on {exc.node_url}; retrying with {memory_gib:.1f} GiB"
+                )
             except TransientNodeError as exc:
                 last = exc
                 if node_key is not None and not self._node_alive(node_key):
                     self.pool.mark_down(node_key)
                     excluded.append(node_key)
-                self.log(f"{submodel_id}: transient failure ({exc}); attempt {attempt + 2} of {self.max_attempts}")
+                self.log(
+                    f"{submodel_id}: transient failure ({exc}); attempt {attempt + 2} of {self.max_attempts}"
+                )
                 time.sleep(min(10.0, 0.5 * 2**attempt))
             except (ProcessingFailedError, NodeError, OutputValidationError) as exc:
-                last = exc if isinstance(exc, NodeError) else NodeError(str(exc), node_url=node_key, task_uuid=uuid)
+                last = (
+                    exc
+                    if isinstance(exc, NodeError)
+                    else NodeError(str(exc), node_url=node_key, task_uuid=uuid)
+                )
                 break
         assert last is not None
         progress.emit("submodel", id=submodel_id, state="failed", fraction=1.0)
@@ -191,7 +202,9 @@ class SubmodelRunner:
     def _early_fingerprint(self, submodel: Submodel, options: Mapping[str, object]) -> str:
         identity = {img.name: img.identity for img in self.survey.images}
         return submodel_fingerprint(
-            [identity[n] for n in submodel.image_names], early_options(options), self.plan.engine_identity
+            [identity[n] for n in submodel.image_names],
+            early_options(options),
+            self.plan.engine_identity,
         )
 
     def _try_rerun_from(
@@ -217,19 +230,36 @@ class SubmodelRunner:
             stage = rerun_from_stage(previous.options, options, stages)
             if stage is None or stage == stages[0]:
                 return None
-            with self.admit(sid, submodel.estimated_memory_gib), self.pool.lease(
-                submodel.estimated_memory_gib, what=sid, exclude=[k for k in self.clients if k != previous.node_url]
+            with (
+                self.admit(sid, submodel.estimated_memory_gib),
+                self.pool.lease(
+                    submodel.estimated_memory_gib,
+                    what=sid,
+                    exclude=[k for k in self.clients if k != previous.node_url],
+                ),
             ):
-                self.log(f"{sid}: restarting task {previous.task_uuid} on {client.url} from {stage}")
+                self.log(
+                    f"{sid}: restarting task {previous.task_uuid} on {client.url} from {stage}"
+                )
                 progress.emit("submodel", id=sid, state=f"rerun from {stage}", fraction=0.1)
                 if not client.restart(previous.task_uuid, {**options, "rerun-from": stage}):
                     return None
                 products = self._collect(client, submodel, previous.task_uuid)
         except NodeError as exc:
-            self.log(f"{sid}: rerun-from on {client.url} failed ({str(exc).splitlines()[0]}); processing from scratch")
+            self.log(
+                f"{sid}: rerun-from on {client.url} failed ({str(exc).splitlines()[0]}); processing from scratch"
+            )
             return None
         return self._store(
-            submodel, products, previous.node_url, previous.task_uuid, 1, start, options, early_fp, stage
+            submodel,
+            products,
+            previous.node_url,
+            previous.task_uuid,
+            1,
+            start,
+            options,
+            early_fp,
+            stage,
         )
 
     def _store(
@@ -260,7 +290,8 @@ class SubmodelRunner:
         )
         # result.json last: its presence means every product is stored.
         storage.write_json_atomic(
-            self.layout.submodel_result(submodel.id, submodel.fingerprint), result.model_dump(mode="json")
+            self.layout.submodel_result(submodel.id, submodel.fingerprint),
+            result.model_dump(mode="json"),
         )
         progress.emit("submodel", id=submodel.id, state="completed", fraction=1.0)
         return result
@@ -320,7 +351,9 @@ class SubmodelRunner:
         elif state.finished:
             # Failed or cancelled in an earlier run (this run's attempts use fresh UUIDs): the
             # operator asked again, so restart it; the node keeps the images, nothing is uploaded.
-            self.log(f"{sid}: task {uuid} ended {state.status} in an earlier run; restarting it on {client.url}")
+            self.log(
+                f"{sid}: task {uuid} ended {state.status} in an earlier run; restarting it on {client.url}"
+            )
             if not client.restart(uuid):
                 raise client.classify_failure(state)
         else:
@@ -333,7 +366,9 @@ class SubmodelRunner:
         def on_progress(s: TaskState) -> None:
             if self.cancelled.is_set():
                 raise RunCancelledError(f"{sid}: run cancelled")
-            progress.emit("submodel", id=sid, state="processing", fraction=0.1 + 0.85 * s.progress / 100.0)
+            progress.emit(
+                "submodel", id=sid, state="processing", fraction=0.1 + 0.85 * s.progress / 100.0
+            )
 
         client.wait(uuid, poll_interval_seconds=self.poll_interval_seconds, on_progress=on_progress)
         progress.emit("submodel", id=sid, state="downloading", fraction=0.95)
@@ -348,7 +383,10 @@ class SubmodelRunner:
             report = extracted / "odm_report"
             for extra in sorted(report.glob("*")) if report.is_dir() else []:
                 if extra.is_file():
-                    storage.put_file(extra, f"{self.layout.submodel_dir(sid, submodel.fingerprint)}/report/{extra.name}")
+                    storage.put_file(
+                        extra,
+                        f"{self.layout.submodel_dir(sid, submodel.fingerprint)}/report/{extra.name}",
+                    )
         return stored
 
 

@@ -28,7 +28,10 @@ from typing import Any
 
 import psutil
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, GlobalConcurrencyLimitUpdate
+from prefect.client.schemas.actions import (
+    GlobalConcurrencyLimitCreate,
+    GlobalConcurrencyLimitUpdate,
+)
 from prefect.concurrency.sync import concurrency
 from prefect.exceptions import ObjectNotFound
 
@@ -92,7 +95,14 @@ def ledger(name: str) -> list[LedgerEntry]:
         try:
             data: dict[str, Any] = json.loads(path.read_text())
             out.append(
-                LedgerEntry(path, name, int(data["slots"]), int(data["pid"]), float(data["pid_started"]), str(data["what"]))
+                LedgerEntry(
+                    path,
+                    name,
+                    int(data["slots"]),
+                    int(data["pid"]),
+                    float(data["pid_started"]),
+                    str(data["what"]),
+                )
             )
         except (OSError, ValueError, KeyError):
             continue
@@ -111,7 +121,13 @@ def reclaim_dead_holders(name: str) -> int:
             client.release_concurrency_slots([name], entry.slots, occupancy_seconds=1.0)
             entry.path.unlink(missing_ok=True)
             released += entry.slots
-            logger.info("released %d slots of %s left by dead process %d (%s)", entry.slots, name, entry.pid, entry.what)
+            logger.info(
+                "released %d slots of %s left by dead process %d (%s)",
+                entry.slots,
+                name,
+                entry.pid,
+                entry.what,
+            )
     return released
 
 
@@ -143,7 +159,11 @@ def memory_slots(
         me = psutil.Process()
         path = directory / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"slots": slots, "pid": me.pid, "pid_started": me.create_time(), "what": what}))
+        tmp.write_text(
+            json.dumps(
+                {"slots": slots, "pid": me.pid, "pid_started": me.create_time(), "what": what}
+            )
+        )
         os.replace(tmp, path)
         try:
             yield slots
@@ -156,7 +176,11 @@ def slots_status(name: str) -> dict[str, Any]:
     with get_client(sync_client=True) as client:
         try:
             limit = client.read_global_concurrency_limit_by_name(name)
-            server = {"limit": limit.limit, "active_slots": limit.active_slots, "active": limit.active}
+            server = {
+                "limit": limit.limit,
+                "active_slots": limit.active_slots,
+                "active": limit.active,
+            }
         except ObjectNotFound:
             server = {"limit": None, "active_slots": None, "active": False}
     holders = [

@@ -44,14 +44,24 @@ def _on_progress(product: str):  # type: ignore[no-untyped-def]
 
 @task(name="merge_orthophotos", cache_policy=NO_CACHE)
 def merge_orthophotos(
-    inputs: Mapping[str, str], out: Path, work: Path, ownership: Ownership | None, crs_epsg: int | None, workers: int = 2
+    inputs: Mapping[str, str],
+    out: Path,
+    work: Path,
+    ownership: Ownership | None,
+    crs_epsg: int | None,
+    workers: int = 2,
 ) -> dict[str, Any]:
     """Merge submodel orthophotos into one RGBA COG at ``out`` (local path); returns the report."""
     from prefect_odm.merge import merge_orthophotos as _merge
 
     local = _local_inputs(inputs, work, "orthophoto")
     report = _merge(
-        local, out, ownership=ownership, crs_epsg=crs_epsg, workers=workers, progress=_on_progress("orthophoto")
+        local,
+        out,
+        ownership=ownership,
+        crs_epsg=crs_epsg,
+        workers=workers,
+        progress=_on_progress("orthophoto"),
     )
     return _as_dict(report)
 
@@ -70,25 +80,41 @@ def merge_dems(
     from prefect_odm.merge import merge_dems as _merge
 
     local = _local_inputs(inputs, work, product)
-    report = _merge(local, out, ownership=ownership, crs_epsg=crs_epsg, workers=workers, progress=_on_progress(product))
+    report = _merge(
+        local,
+        out,
+        ownership=ownership,
+        crs_epsg=crs_epsg,
+        workers=workers,
+        progress=_on_progress(product),
+    )
     return _as_dict(report)
 
 
 @task(name="merge_point_clouds", cache_policy=NO_CACHE)
 def merge_point_clouds(
-    inputs: Mapping[str, str], out: Path, work: Path, ownership: Ownership | None, crs_epsg: int | None
+    inputs: Mapping[str, str],
+    out: Path,
+    work: Path,
+    ownership: Ownership | None,
+    crs_epsg: int | None,
 ) -> dict[str, Any]:
     """Merge submodel LAZ files, each cropped to its own area, into one LAZ at ``out``."""
     from prefect_odm.merge import merge_point_clouds as _merge
 
     local = _local_inputs(inputs, work, "point_cloud")
-    report = _merge(local, out, ownership=ownership, crs_epsg=crs_epsg, progress=_on_progress("point_cloud"))
+    report = _merge(
+        local, out, ownership=ownership, crs_epsg=crs_epsg, progress=_on_progress("point_cloud")
+    )
     return _as_dict(report)
 
 
 @task(name="check_coverage", cache_policy=NO_CACHE)
 def check_coverage(
-    merged_orthophoto: Path, inputs: Mapping[str, str], work: Path, planned_footprint: dict[str, Any] | None
+    merged_orthophoto: Path,
+    inputs: Mapping[str, str],
+    work: Path,
+    planned_footprint: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """Coverage of the merged orthophoto against the inputs and the planned footprint."""
     from prefect_odm.merge import coverage_report
@@ -127,18 +153,28 @@ def merge_all(
         if ownership is None:
             from prefect_odm.merge import ownership_from_rasters
 
-            ownership = ownership_from_rasters(_local_inputs(ortho_in, work, "orthophoto"), crs_epsg=crs_epsg)
+            ownership = ownership_from_rasters(
+                _local_inputs(ortho_in, work, "orthophoto"), crs_epsg=crs_epsg
+            )
         staged["orthophoto"] = work / PRODUCT_FILES["orthophoto"]
-        reports["orthophoto"] = merge_orthophotos(ortho_in, staged["orthophoto"], work, ownership, crs_epsg)
+        reports["orthophoto"] = merge_orthophotos(
+            ortho_in, staged["orthophoto"], work, ownership, crs_epsg
+        )
         for dem in ("dsm", "dtm"):
             dem_in = {sid: p[dem] for sid, p in sorted(products.items()) if dem in p}
             if dem_in:
                 staged[dem] = work / PRODUCT_FILES[dem]
-                reports[dem] = merge_dems(dem_in, staged[dem], work, ownership, crs_epsg, product=dem)
+                reports[dem] = merge_dems(
+                    dem_in, staged[dem], work, ownership, crs_epsg, product=dem
+                )
         pc_in = {sid: p["point_cloud"] for sid, p in sorted(products.items())}
         staged["point_cloud"] = work / PRODUCT_FILES["point_cloud"]
-        reports["point_cloud"] = merge_point_clouds(pc_in, staged["point_cloud"], work, ownership, crs_epsg)
-        reports["coverage"] = check_coverage(staged["orthophoto"], ortho_in, work, planned_footprint)
+        reports["point_cloud"] = merge_point_clouds(
+            pc_in, staged["point_cloud"], work, ownership, crs_epsg
+        )
+        reports["coverage"] = check_coverage(
+            staged["orthophoto"], ortho_in, work, planned_footprint
+        )
         for product, path in staged.items():
             url = layout_merged(product)
             storage.put_file(path, url)

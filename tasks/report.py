@@ -25,9 +25,13 @@ def publish_plan(plan: SplitPlan, survey: Survey, layout: OutputLayout) -> None:
     from prefect_odm.planviz import plan_markdown, plan_rows
 
     _write_plan_files(plan, survey, layout, picture=not _plan_stored(plan, layout))
-    create_table_artifact(key=_key("plan", survey.fingerprint), table=plan_rows(plan), description="Split plan")
+    create_table_artifact(
+        key=_key("plan", survey.fingerprint), table=plan_rows(plan), description="Split plan"
+    )
     create_markdown_artifact(
-        key=_key("plan-report", survey.fingerprint), markdown=plan_markdown(plan, survey), description="Split plan"
+        key=_key("plan-report", survey.fingerprint),
+        markdown=plan_markdown(plan, survey),
+        description="Split plan",
     )
 
 
@@ -37,11 +41,19 @@ def _plan_stored(plan: SplitPlan, layout: OutputLayout) -> bool:
         stored = storage.read_json(layout.plan_json)
     except (FileNotFoundError, OSError, ValueError):
         return False
-    same_names = [c.get("name") for c in stored.get("cameras", [])] == [c.name for c in plan.cameras]
-    return bool(stored.get("fingerprint") == plan.fingerprint and same_names and storage.exists(layout.plan_png))
+    same_names = [c.get("name") for c in stored.get("cameras", [])] == [
+        c.name for c in plan.cameras
+    ]
+    return bool(
+        stored.get("fingerprint") == plan.fingerprint
+        and same_names
+        and storage.exists(layout.plan_png)
+    )
 
 
-def _write_plan_files(plan: SplitPlan, survey: Survey, layout: OutputLayout, *, picture: bool) -> None:
+def _write_plan_files(
+    plan: SplitPlan, survey: Survey, layout: OutputLayout, *, picture: bool
+) -> None:
     """survey.json and plan.json always (image locations may have moved, the plan identity
     does not see names); the GeoJSON and PNG only when the plan changed."""
     from prefect_odm.planviz import plan_geojson, plan_png
@@ -69,7 +81,13 @@ def report_markdown(manifest: Manifest, plan: SplitPlan, merge_reports: dict[str
         "",
     ]
     lines += [f"- {name}: `{url}`" for name, url in sorted(manifest.products.items())]
-    lines += ["", "## Submodels", "", "| submodel | images | state | node | attempts | seconds | est. GiB |", "|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Submodels",
+        "",
+        "| submodel | images | state | node | attempts | seconds | est. GiB |",
+        "|---|---|---|---|---|---|---|",
+    ]
     by_id = {s.id: s for s in plan.submodels}
     for r in manifest.submodels:
         sm = by_id[r.submodel_id]
@@ -85,7 +103,10 @@ def report_markdown(manifest: Manifest, plan: SplitPlan, merge_reports: dict[str
         lines += [f"- {k}: {v:.4g}" for k, v in sorted(manifest.coverage.items())]
     seams = merge_reports.get("orthophoto", {})
     if isinstance(seams, dict) and "seam_mean_abs_diff" in seams:
-        lines += ["", f"Mean absolute colour difference across seams: {seams['seam_mean_abs_diff']}"]
+        lines += [
+            "",
+            f"Mean absolute colour difference across seams: {seams['seam_mean_abs_diff']}",
+        ]
     if manifest.rejected_images:
         lines += ["", "## Rejected images", ""]
         lines += [f"- `{r.name}`: {r.reason} {r.detail}".rstrip() for r in manifest.rejected_images]
@@ -96,12 +117,20 @@ def report_markdown(manifest: Manifest, plan: SplitPlan, merge_reports: dict[str
 
 
 @task(name="publish_report", cache_policy=NO_CACHE)
-def publish_report(manifest: Manifest, plan: SplitPlan, survey: Survey, layout: OutputLayout, merge_reports: dict[str, Any]) -> None:
+def publish_report(
+    manifest: Manifest,
+    plan: SplitPlan,
+    survey: Survey,
+    layout: OutputLayout,
+    merge_reports: dict[str, Any],
+) -> None:
     """Write report/report.md and merge.json beside the products; publish them as artifacts."""
     markdown = report_markdown(manifest, plan, merge_reports)
     storage.write_bytes_atomic(join(layout.report_dir, "report.md"), markdown.encode())
     storage.write_json_atomic(join(layout.report_dir, "merge.json"), merge_reports)
-    create_markdown_artifact(key=_key("report", survey.fingerprint), markdown=markdown, description="Run report")
+    create_markdown_artifact(
+        key=_key("report", survey.fingerprint), markdown=markdown, description="Run report"
+    )
     create_table_artifact(
         key=_key("submodels", survey.fingerprint),
         table=[

@@ -24,7 +24,9 @@ def test_fingerprints_ignore_order_and_see_options():
     assert survey_fingerprint(ids) == survey_fingerprint(list(reversed(ids)))
     a = submodel_fingerprint(ids, ProcessingOptions().to_nodeodm(), "engine 1")
     b = submodel_fingerprint(ids[::-1], ProcessingOptions().to_nodeodm(), "engine 1")
-    c = submodel_fingerprint(ids, ProcessingOptions(orthophoto_resolution_cm=3).to_nodeodm(), "engine 1")
+    c = submodel_fingerprint(
+        ids, ProcessingOptions(orthophoto_resolution_cm=3).to_nodeodm(), "engine 1"
+    )
     d = submodel_fingerprint(ids, ProcessingOptions().to_nodeodm(), "engine 2")
     assert a == b
     assert len({a, c, d}) == 3
@@ -45,7 +47,9 @@ def test_layout_paths_are_under_the_survey_folder():
     layout = OutputLayout("s3://bucket/out/", "ab" * 32)
     assert layout.manifest == "s3://bucket/out/" + "ab" * 8 + "/manifest.json"
     assert layout.merged_product("orthophoto").endswith("/merged/odm_orthophoto.tif")
-    assert layout.submodel_dir("submodel-001", "cd" * 32).endswith("/submodels/submodel-001-" + "cd" * 6)
+    assert layout.submodel_dir("submodel-001", "cd" * 32).endswith(
+        "/submodels/submodel-001-" + "cd" * 6
+    )
 
 
 def test_errors_share_one_root_and_builtin_meaning():

@@ -19,14 +19,20 @@ from prefect_odm.nodeodm import NodeClient
 pytestmark = pytest.mark.integration
 
 
-def test_merge_existing_equals_the_flows_own_merge(prefect_api, brighton_images, tmp_path, odm_home):
+def test_merge_existing_equals_the_flows_own_merge(
+    prefect_api, brighton_images, tmp_path, odm_home
+):
     from prefect_odm.flows import reconstruct
     from prefect_odm.flows.merge_existing import merge_existing
 
     with start_engine(tmp_path / "node", method="direct", max_parallel_tasks=2) as engine:
         manifest = reconstruct(
-            images=str(brighton_images), output=str(tmp_path / "out"), nodes=[engine.url],
-            split=10, split_overlap_m=20, options=ProcessingOptions(pipeline="direct"),
+            images=str(brighton_images),
+            output=str(tmp_path / "out"),
+            nodes=[engine.url],
+            split=10,
+            split_overlap_m=20,
+            options=ProcessingOptions(pipeline="direct"),
         )
         client = NodeClient(engine.url)
         folders = []
@@ -36,14 +42,28 @@ def test_merge_existing_equals_the_flows_own_merge(prefect_api, brighton_images,
             folders.append(str(folder))
     plan_json = str(Path(manifest.products["orthophoto"]).parents[1] / "plan" / "plan.json")
     again = merge_existing(inputs=folders, output=str(tmp_path / "merged"), plan=plan_json)
-    with rasterio.open(manifest.products["orthophoto"]) as a, rasterio.open(again.products["orthophoto"]) as b:
+    with (
+        rasterio.open(manifest.products["orthophoto"]) as a,
+        rasterio.open(again.products["orthophoto"]) as b,
+    ):
         assert a.transform == b.transform and a.crs == b.crs
         assert np.array_equal(a.read(), b.read())
     # Without a plan: ownership from the orthophotos' footprints; still a valid, complete COG.
     env = dict(os.environ)
     proc = subprocess.run(
-        [sys.executable, "-m", "prefect_odm.cli", "merge", *folders, "--output", str(tmp_path / "noplan")],
-        capture_output=True, text=True, env=env, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "prefect_odm.cli",
+            "merge",
+            *folders,
+            "--output",
+            str(tmp_path / "noplan"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr
     ortho = next((tmp_path / "noplan").glob("*/merged/odm_orthophoto.tif"))
@@ -54,8 +74,18 @@ def test_merge_existing_equals_the_flows_own_merge(prefect_api, brighton_images,
 
 def test_merge_existing_missing_folder_is_a_clear_error(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "prefect_odm.cli", "merge", str(tmp_path / "nope"), "--output", str(tmp_path / "o")],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "prefect_odm.cli",
+            "merge",
+            str(tmp_path / "nope"),
+            "--output",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 2
     assert "nope" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

@@ -499,7 +499,13 @@ def test_plan_report_lists_a_gap_left_by_removed_images(tmp_path):
     from prefect_odm.planviz import plan_markdown, survey_gaps
     from prefect_odm.scan import scan_survey as scan
 
-    src = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "brighton_beach_1600" / "images"
+    src = (
+        Path(__file__).resolve().parents[1].parent
+        / "shared"
+        / "data"
+        / "brighton_beach_1600"
+        / "images"
+    )
     full = scan(str(src))
     names = [im.name for im in sorted(full.images, key=lambda im: im.capture_time)]
     removed = set(names[2:4])

@@ -56,16 +56,28 @@ def requests_of(engine: EngineProcess) -> list[dict]:
 
 
 def count(engine: EngineProcess, method: str, prefix: str) -> int:
-    return sum(1 for r in requests_of(engine) if r["method"] == method and r["path"].startswith(prefix))
+    return sum(
+        1 for r in requests_of(engine) if r["method"] == method and r["path"].startswith(prefix)
+    )
 
 
 def run_flow(images: Path, out: Path, nodes: list[str], **kwargs):
     from prefect_odm.flows import reconstruct
 
-    return reconstruct(images=str(images), output=str(out), nodes=nodes, split=5, split_overlap_m=15, options=DIRECT, **kwargs)
+    return reconstruct(
+        images=str(images),
+        output=str(out),
+        nodes=nodes,
+        split=5,
+        split_overlap_m=15,
+        options=DIRECT,
+        **kwargs,
+    )
 
 
-def test_memory_admission_never_overcommits_a_node_and_uses_both(prefect_api, brighton_images, tmp_path, odm_home):
+def test_memory_admission_never_overcommits_a_node_and_uses_both(
+    prefect_api, brighton_images, tmp_path, odm_home
+):
     """6 submodels, 2 nodes with memory for one large or two small submodels each."""
     from prefect_odm.layout import OutputLayout
     from prefect_odm.planning import plan_submodels
@@ -74,7 +86,9 @@ def test_memory_admission_never_overcommits_a_node_and_uses_both(prefect_api, br
     from prefect_odm.submodels import SubmodelRunner
 
     survey = scan_survey(str(brighton_images))
-    plan = plan_submodels(survey, split=3, split_overlap_m=10, min_submodel_images=2, options=DIRECT)
+    plan = plan_submodels(
+        survey, split=3, split_overlap_m=10, min_submodel_images=2, options=DIRECT
+    )
     assert len(plan.submodels) >= 6
     plan = plan.model_copy(
         update={
@@ -121,18 +135,42 @@ def test_memory_admission_never_overcommits_a_node_and_uses_both(prefect_api, br
     assert sum(per_node.values()) == len(plan.submodels)
 
 
-def test_killed_flow_process_reattaches_without_duplicates(prefect_api, brighton_images, tmp_path, odm_home):
+def test_killed_flow_process_reattaches_without_duplicates(
+    prefect_api, brighton_images, tmp_path, odm_home
+):
     images_per_submodel_upload = None
     with engines(tmp_path, [{"faults": {"slow_seconds": 6}}] * 2) as nodes:
         urls = [e.url for e in nodes]
         env = dict(os.environ, PREFECT_API_URL=prefect_api)
-        cmd = [sys.executable, "-m", "prefect_odm.cli", "reconstruct", str(brighton_images), "--output",
-               str(tmp_path / "out"), "--nodes", *urls, "--split", "5", "--split-overlap-m", "15", "--pipeline", "direct"]
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        cmd = [
+            sys.executable,
+            "-m",
+            "prefect_odm.cli",
+            "reconstruct",
+            str(brighton_images),
+            "--output",
+            str(tmp_path / "out"),
+            "--nodes",
+            *urls,
+            "--split",
+            "5",
+            "--split-overlap-m",
+            "15",
+            "--pipeline",
+            "direct",
+        ]
+        proc = subprocess.Popen(
+            cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         clients = [NodeClient(u) for u in urls]
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            running = [s for c in clients for u in c.task_list() if (s := c.task_state(u)) and s.status == RUNNING]
+            running = [
+                s
+                for c in clients
+                for u in c.task_list()
+                if (s := c.task_state(u)) and s.status == RUNNING
+            ]
             if len(running) >= 2:
                 break
             assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
@@ -146,26 +184,47 @@ def test_killed_flow_process_reattaches_without_duplicates(prefect_api, brighton
         tasks = [u for c in clients for u in c.task_list()]
         inits = sum(count(e, "POST", "/task/new/init") for e in nodes)
         uploads_after = sum(count(e, "POST", "/task/new/upload") for e in nodes)
-        images_per_submodel_upload = sum(len(json.loads(Path(manifest.products["orthophoto"]).parents[1].joinpath("plan", "plan.json").read_text())["submodels"][i]["image_names"]) for i in range(len(manifest.submodels)))
+        images_per_submodel_upload = sum(
+            len(
+                json.loads(
+                    Path(manifest.products["orthophoto"])
+                    .parents[1]
+                    .joinpath("plan", "plan.json")
+                    .read_text()
+                )["submodels"][i]["image_names"]
+            )
+            for i in range(len(manifest.submodels))
+        )
     assert len(tasks) == len(manifest.submodels) == inits  # one task per submodel, no duplicate
     assert uploads_after == images_per_submodel_upload  # nothing uploaded twice
     assert uploads_before <= uploads_after
     # Identical to an uninterrupted run on fresh nodes.
     with engines(tmp_path / "fresh", [{}, {}]) as fresh:
         clean = run_flow(brighton_images, tmp_path / "clean", [e.url for e in fresh])
-    with rasterio.open(manifest.products["orthophoto"]) as a, rasterio.open(clean.products["orthophoto"]) as b:
+    with (
+        rasterio.open(manifest.products["orthophoto"]) as a,
+        rasterio.open(clean.products["orthophoto"]) as b,
+    ):
         assert a.transform == b.transform and np.array_equal(a.read(), b.read())
 
 
-def test_node_killed_mid_task_its_submodel_finishes_elsewhere(prefect_api, brighton_images, tmp_path, odm_home):
-    with engines(tmp_path, [{"faults": {"slow_seconds": 8}, "parallel": 1}, {"parallel": 1}]) as (doomed, healthy):
+def test_node_killed_mid_task_its_submodel_finishes_elsewhere(
+    prefect_api, brighton_images, tmp_path, odm_home
+):
+    with engines(tmp_path, [{"faults": {"slow_seconds": 8}, "parallel": 1}, {"parallel": 1}]) as (
+        doomed,
+        healthy,
+    ):
         client = NodeClient(doomed.url)
 
         def kill_when_running() -> None:
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 try:
-                    if any((s := client.task_state(u)) and s.status == RUNNING for u in client.task_list()):
+                    if any(
+                        (s := client.task_state(u)) and s.status == RUNNING
+                        for u in client.task_list()
+                    ):
                         doomed.kill()
                         return
                 except Exception:
@@ -184,7 +243,9 @@ def test_node_killed_mid_task_its_submodel_finishes_elsewhere(prefect_api, brigh
     assert any(r.attempts > 1 for r in manifest.submodels)
 
 
-def test_half_the_uploads_fail_with_http_500_and_the_run_succeeds(prefect_api, brighton_images, tmp_path, odm_home):
+def test_half_the_uploads_fail_with_http_500_and_the_run_succeeds(
+    prefect_api, brighton_images, tmp_path, odm_home
+):
     with engines(tmp_path, [{"faults": {"upload_error_every": 2}}]) as (node,):
         manifest = run_flow(brighton_images, tmp_path / "out", [node.url])
         failed_uploads = count(node, "POST", "/task/new/upload")
@@ -193,7 +254,9 @@ def test_half_the_uploads_fail_with_http_500_and_the_run_succeeds(prefect_api, b
     assert failed_uploads >= total_images  # retried uploads happened
 
 
-def test_engine_dying_mid_upload_gives_a_clear_error_not_a_hang(prefect_api, brighton_images, tmp_path, odm_home):
+def test_engine_dying_mid_upload_gives_a_clear_error_not_a_hang(
+    prefect_api, brighton_images, tmp_path, odm_home
+):
     start = time.monotonic()
     with engines(tmp_path, [{"faults": {"die_after_uploads": 3}}]) as (node,):
         with pytest.raises(IncompleteRunError) as info:
@@ -203,15 +266,22 @@ def test_engine_dying_mid_upload_gives_a_clear_error_not_a_hang(prefect_api, bri
     assert not list((tmp_path / "out").glob("*/merged"))
 
 
-def test_out_of_memory_is_retried_with_a_larger_reservation(prefect_api, brighton_images, tmp_path, odm_home):
+def test_out_of_memory_is_retried_with_a_larger_reservation(
+    prefect_api, brighton_images, tmp_path, odm_home
+):
     with engines(tmp_path, [{"faults": {"oom_first_n_tasks": 1}, "parallel": 1}]) as (node,):
         manifest = run_flow(brighton_images, tmp_path / "out", [node.url])
     assert all(r.status == "completed" for r in manifest.submodels)
     assert sorted(r.attempts for r in manifest.submodels)[-1] == 2
 
 
-def test_permanent_failure_fails_the_run_or_leaves_a_listed_gap(prefect_api, brighton_images, tmp_path, odm_home):
-    faults = {"fail_task_name": "^submodel-001-", "fail_message": "Reconstruction failed: 2 images registered"}
+def test_permanent_failure_fails_the_run_or_leaves_a_listed_gap(
+    prefect_api, brighton_images, tmp_path, odm_home
+):
+    faults = {
+        "fail_task_name": "^submodel-001-",
+        "fail_message": "Reconstruction failed: 2 images registered",
+    }
     with engines(tmp_path, [{"faults": faults}]) as (node,):
         with pytest.raises(IncompleteRunError) as info:
             run_flow(brighton_images, tmp_path / "out", [node.url])
@@ -226,7 +296,9 @@ def test_permanent_failure_fails_the_run_or_leaves_a_listed_gap(prefect_api, bri
     assert "submodel-001" in report.read_text()
 
 
-def test_token_goes_only_to_its_node_and_is_never_written(prefect_api, brighton_images, tmp_path, odm_home, monkeypatch, caplog):
+def test_token_goes_only_to_its_node_and_is_never_written(
+    prefect_api, brighton_images, tmp_path, odm_home, monkeypatch, caplog
+):
     secret = "s3cr3t-t0ken-value"
     with engines(tmp_path, [{"token": secret}, {}]) as (locked, open_node):
         monkeypatch.setenv("PREFECT_ODM_NODE_TOKENS", json.dumps({locked.url: secret}))
@@ -261,7 +333,9 @@ def test_killed_holder_memory_slots_come_back(prefect_api, tmp_path, odm_home):
         "    time.sleep(600)\n"
     )
     env = dict(os.environ, PREFECT_API_URL=prefect_api)
-    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
     assert slots_status(name)["active_slots"] == 6
     proc.kill()
@@ -271,14 +345,20 @@ def test_killed_holder_memory_slots_come_back(prefect_api, tmp_path, odm_home):
     assert status["active_slots"] == 0 and status["holders"] == []
 
 
-def test_changing_only_orthophoto_resolution_restarts_tasks_from_that_stage(prefect_api, brighton_images, tmp_path, odm_home):
+def test_changing_only_orthophoto_resolution_restarts_tasks_from_that_stage(
+    prefect_api, brighton_images, tmp_path, odm_home
+):
     with engines(tmp_path, [{}]) as (node,):
         first = run_flow(brighton_images, tmp_path / "out", [node.url])
         from prefect_odm.flows import reconstruct
 
         finer = reconstruct(
-            images=str(brighton_images), output=str(tmp_path / "out"), nodes=[node.url], split=5,
-            split_overlap_m=15, options=ProcessingOptions(pipeline="direct", orthophoto_resolution_cm=10),
+            images=str(brighton_images),
+            output=str(tmp_path / "out"),
+            nodes=[node.url],
+            split=5,
+            split_overlap_m=15,
+            options=ProcessingOptions(pipeline="direct", orthophoto_resolution_cm=10),
         )
         client = NodeClient(node.url)
         tasks = client.task_list()
@@ -291,18 +371,40 @@ def test_changing_only_orthophoto_resolution_restarts_tasks_from_that_stage(pref
         assert ds.res[0] == pytest.approx(0.10, rel=0.01)
 
 
-def test_interrupting_the_run_cancels_remote_tasks_and_frees_slots(prefect_api, brighton_images, tmp_path, odm_home):
-    from prefect_odm.nodeodm import CANCELED
+def test_interrupting_the_run_cancels_remote_tasks_and_frees_slots(
+    prefect_api, brighton_images, tmp_path, odm_home
+):
     from prefect_odm.tasks.admission import DEFAULT_LIMIT_NAME, ledger
+
+    from prefect_odm.nodeodm import CANCELED
 
     with engines(tmp_path, [{"faults": {"slow_seconds": 30}}]) as (node,):
         env = dict(os.environ, PREFECT_API_URL=prefect_api)
-        cmd = [sys.executable, "-m", "prefect_odm.cli", "reconstruct", str(brighton_images), "--output",
-               str(tmp_path / "out"), "--nodes", node.url, "--split", "5", "--split-overlap-m", "15", "--pipeline", "direct"]
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "prefect_odm.cli",
+            "reconstruct",
+            str(brighton_images),
+            "--output",
+            str(tmp_path / "out"),
+            "--nodes",
+            node.url,
+            "--split",
+            "5",
+            "--split-overlap-m",
+            "15",
+            "--pipeline",
+            "direct",
+        ]
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
         client = NodeClient(node.url)
         deadline = time.monotonic() + 120
-        while not any((s := client.task_state(u)) and s.status == RUNNING for u in client.task_list()):
+        while not any(
+            (s := client.task_state(u)) and s.status == RUNNING for u in client.task_list()
+        ):
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
@@ -314,22 +416,32 @@ def test_interrupting_the_run_cancels_remote_tasks_and_frees_slots(prefect_api, 
     assert ledger(DEFAULT_LIMIT_NAME) == []
 
 
-def test_pool_block_supplies_nodes_tokens_and_memory(prefect_api, brighton_images, tmp_path, odm_home):
-    from pydantic import SecretStr
-
+def test_pool_block_supplies_nodes_tokens_and_memory(
+    prefect_api, brighton_images, tmp_path, odm_home
+):
     from prefect_odm.blocks import NodeODM, NodeODMPool
     from prefect_odm.flows import reconstruct
+    from pydantic import SecretStr
 
     with engines(tmp_path, [{"token": "block-token"}, {}]) as (locked, open_node):
         NodeODMPool(
             nodes=[
-                NodeODM(url=locked.url, token=SecretStr("block-token"), memory_gib=3, max_parallel_tasks=1),
+                NodeODM(
+                    url=locked.url,
+                    token=SecretStr("block-token"),
+                    memory_gib=3,
+                    max_parallel_tasks=1,
+                ),
                 NodeODM(url=open_node.url, memory_gib=3, max_parallel_tasks=1),
             ]
         ).save("test-pool", overwrite=True)
         manifest = reconstruct(
-            images=str(brighton_images), output=str(tmp_path / "out"), node_pool="test-pool",
-            split=5, split_overlap_m=15, options=DIRECT,
+            images=str(brighton_images),
+            output=str(tmp_path / "out"),
+            node_pool="test-pool",
+            split=5,
+            split_overlap_m=15,
+            options=DIRECT,
         )
         used = {r.node_url for r in manifest.submodels}
         assert all("token" in r["query"] for r in requests_of(locked))

@@ -13,7 +13,7 @@ import laspy
 import numpy as np
 import pytest
 import rasterio
-from shapely.geometry import MultiPoint, box
+from shapely.geometry import MultiPoint
 
 from prefect_odm.models import ProcessingOptions
 
@@ -60,7 +60,9 @@ def brighton_run(prefect_api, brighton_images, tmp_path_factory):
     from prefect_odm.flows import reconstruct
 
     out = tmp_path_factory.mktemp("brighton-out")
-    manifest = reconstruct(images=str(brighton_images), output=str(out), split=10, split_overlap_m=20)
+    manifest = reconstruct(
+        images=str(brighton_images), output=str(out), split=10, split_overlap_m=20
+    )
     return out, manifest
 
 
@@ -77,8 +79,15 @@ def test_brighton_products_open_with_crs_and_cover_the_survey(brighton_run, data
         assert reader.header.point_count > 1000
     survey_dir = Path(manifest.products["orthophoto"]).parents[1]
     plan = json.loads((survey_dir / "plan" / "plan.json").read_text())
-    assert _covered_fraction_of_camera_hull(Path(manifest.products["orthophoto"]), manifest.model_dump(), plan) >= 0.95
-    assert (survey_dir / "manifest.json").exists() and (survey_dir / "report" / "report.md").exists()
+    assert (
+        _covered_fraction_of_camera_hull(
+            Path(manifest.products["orthophoto"]), manifest.model_dump(), plan
+        )
+        >= 0.95
+    )
+    assert (survey_dir / "manifest.json").exists() and (
+        survey_dir / "report" / "report.md"
+    ).exists()
 
 
 def test_brighton_dsm_agrees_with_opendronemap(brighton_run, data_dir):
@@ -100,23 +109,32 @@ def test_second_identical_run_reuses_every_submodel(brighton_run, brighton_image
     assert second.products == first.products
 
 
-def test_changed_option_processes_again_and_renamed_inputs_change_nothing(prefect_api, brighton_images, tmp_path, odm_home):
+def test_changed_option_processes_again_and_renamed_inputs_change_nothing(
+    prefect_api, brighton_images, tmp_path, odm_home
+):
     from prefect_odm.flows import reconstruct
 
     out = tmp_path / "out"
     fast = ProcessingOptions(pipeline="direct")
-    a = reconstruct(images=str(brighton_images), output=str(out), split=10, split_overlap_m=20, options=fast)
+    a = reconstruct(
+        images=str(brighton_images), output=str(out), split=10, split_overlap_m=20, options=fast
+    )
     assert {r.status for r in a.submodels} == {"completed"}
     # Renamed copies (links), listed in another order: same survey, same plan, everything reused.
     renamed = tmp_path / "renamed"
     renamed.mkdir()
     for i, src in enumerate(sorted(brighton_images.glob("*.JPG"), reverse=True)):
         (renamed / f"IMG_{i:04d}.jpg").symlink_to(src)
-    b = reconstruct(images=str(renamed), output=str(out), split=10, split_overlap_m=20, options=fast)
+    b = reconstruct(
+        images=str(renamed), output=str(out), split=10, split_overlap_m=20, options=fast
+    )
     assert b.survey_fingerprint == a.survey_fingerprint and b.plan_fingerprint == a.plan_fingerprint
     assert {r.status for r in b.submodels} == {"reused"}
     c = reconstruct(
-        images=str(brighton_images), output=str(out), split=10, split_overlap_m=20,
+        images=str(brighton_images),
+        output=str(out),
+        split=10,
+        split_overlap_m=20,
         options=ProcessingOptions(pipeline="direct", orthophoto_resolution_cm=10),
     )
     assert {r.status for r in c.submodels} == {"completed"}
@@ -127,12 +145,18 @@ def test_changed_option_processes_again_and_renamed_inputs_change_nothing(prefec
 def _cli(args: list[str], api_url: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PREFECT_API_URL=api_url, PREFECT_ODM_HOME=str(tmp_path / "home"))
     return subprocess.run(
-        [sys.executable, "-m", "prefect_odm.cli", *args], capture_output=True, text=True, env=env, timeout=300
+        [sys.executable, "-m", "prefect_odm.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
 
 
 @pytest.mark.parametrize("kind", ["missing", "empty", "no_gps"])
-def test_cli_bad_input_one_line_nonzero_nothing_written(kind, prefect_api, brighton_images, tmp_path):
+def test_cli_bad_input_one_line_nonzero_nothing_written(
+    kind, prefect_api, brighton_images, tmp_path
+):
     from PIL import Image
 
     images = tmp_path / "images"

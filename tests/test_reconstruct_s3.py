@@ -12,7 +12,6 @@ pytestmark = pytest.mark.integration
 
 def test_reconstruct_reads_and_writes_s3(prefect_api, s3_endpoint, brighton_images, odm_home):
     import s3fs
-
     from prefect_odm.flows import reconstruct
 
     fs = s3fs.S3FileSystem()

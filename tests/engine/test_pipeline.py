@@ -281,7 +281,9 @@ def test_direct_ground_plane_is_take_off_elevation(
     assert np.allclose(dsm[dsm != -9999], expected, atol=0.01)
 
 
-def test_direct_brighton_dsm_is_the_take_off_plane(direct_task: tuple[Path, float, list[str]]) -> None:
+def test_direct_brighton_dsm_is_the_take_off_plane(
+    direct_task: tuple[Path, float, list[str]],
+) -> None:
     """The direct method's surface is a plane at the take-off height (altitude minus DJI relative
     altitude). Brighton's take-off point is ~3.6 m below ODM's median surface (trees up to
     169 m), so the plane is within 4 m of it, not within the 1 m that SfM reaches."""
