@@ -27,10 +27,13 @@ from prefect_odm.ownership import Ownership
 
 def _shot_names(location: str) -> set[str]:
     """Image names in ``odm_report/shots.geojson`` of an ODM output folder (empty if absent)."""
-    url = join(location, "odm_report", "shots.geojson")
-    try:
-        shots = json.loads(storage.read_bytes(url))
-    except (FileNotFoundError, OSError, ValueError):
+    for folder in ("odm_report", "report"):  # ODM's layout; a prefect-odm submodel folder
+        try:
+            shots = json.loads(storage.read_bytes(join(location, folder, "shots.geojson")))
+            break
+        except (FileNotFoundError, OSError, ValueError):
+            continue
+    else:
         return set()
     return {str(f.get("properties", {}).get("filename", "")) for f in shots.get("features", [])} - {
         ""
@@ -50,8 +53,9 @@ def _match_plan(found: dict[str, tuple[str, dict[str, str]]], plan: SplitPlan) -
     ids = {sm.id for sm in plan.submodels}
     out: dict[str, str] = {}
     for oid, (location, _) in sorted(found.items()):
-        if oid in ids:
-            out[oid] = oid
+        named = [sid for sid in ids if oid == sid or oid.startswith(f"{sid}-")]
+        if len(named) == 1:  # e.g. a prefect-odm folder "submodel-003-<fingerprint>"
+            out[oid] = named[0]
             continue
         names = _shot_names(location)
         best = max(plan.submodels, key=lambda sm: (len(names & set(sm.image_names)), sm.id))

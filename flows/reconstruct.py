@@ -31,12 +31,15 @@ from prefect_odm.cluster import (
     embedded_memory_gib,
     load_pool_block,
 )
-from prefect_odm.errors import IncompleteRunError, MergeError, SubmodelFailedError
+from prefect_odm.errors import IncompleteRunError, InputError, MergeError, SubmodelFailedError
 from prefect_odm.fingerprints import fingerprint
-from prefect_odm.layout import OutputLayout
+from prefect_odm.layout import OutputLayout, join
 from prefect_odm.models import Manifest, ProcessingOptions, SplitPlan, SubmodelResult, Survey
 from prefect_odm.ownership import Ownership
 from prefect_odm.submodels import load_stored_result
+
+MIN_SURVEY_IMAGES = 3
+"""Fewer usable images than this cannot be reconstructed (structure from motion needs overlap)."""
 
 MERGE_VERSION = "1"
 """Bumped when the merge changes its output for the same inputs (part of the merge fingerprint)."""
@@ -70,6 +73,15 @@ def _merge_fingerprint(results: list[SubmodelResult], plan: SplitPlan) -> str:
             "plan": plan.fingerprint,
         }
     )
+
+
+def _stored_merge_reports(layout: OutputLayout) -> dict[str, Any]:
+    """The merge reports a previous run stored beside the products (empty when missing)."""
+    try:
+        reports = storage.read_json(join(layout.report_dir, "merge.json"))
+    except (FileNotFoundError, OSError, ValueError):
+        return {}
+    return reports if isinstance(reports, dict) else {}
 
 
 def _stored_manifest(layout: OutputLayout, merge_fp: str) -> Manifest | None:
@@ -152,6 +164,11 @@ def reconstruct(
     progress.emit("stage", name="scan")
     survey: Survey = scan_survey(images)
     timings["scan"] = time.monotonic() - t0
+    if len(survey.images) < MIN_SURVEY_IMAGES:
+        raise InputError(
+            f"{images}: {len(survey.images)} usable image(s); a reconstruction needs at least "
+            f"{MIN_SURVEY_IMAGES} overlapping geotagged images"
+        )
     logger.info(
         "scanned %d images (%d rejected) in EPSG:%d",
         len(survey.images),
@@ -206,15 +223,14 @@ def reconstruct(
     merge_fp = _merge_fingerprint(merged, plan)
     stored_manifest = None if force else _stored_manifest(layout, merge_fp)
     if stored_manifest is not None:
+        # Same inputs to the merge: its products stand; the manifest and report describe this run.
         logger.info("merge reused (fingerprint %s)", merge_fp[:12])
         progress.emit("stage", name="merge reused")
-        manifest = stored_manifest.model_copy(
-            update={"submodels": [results[s.id] for s in plan.submodels]}
-        )
-        storage.write_json_atomic(layout.manifest, manifest.model_dump(mode="json"))
-        return manifest
-    progress.emit("stage", name="merge")
-    products, merge_reports = _merge(plan, merged, layout)
+        products = stored_manifest.products
+        merge_reports = _stored_merge_reports(layout)
+    else:
+        progress.emit("stage", name="merge")
+        products, merge_reports = _merge(plan, merged, layout)
     timings["merge"] = time.monotonic() - t
     timings["total"] = time.monotonic() - t0
 

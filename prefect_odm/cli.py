@@ -35,6 +35,18 @@ def _split_value(text: str) -> int | str:
     return value
 
 
+def _overlap_value(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--split-overlap-m must be a number of metres, not {text!r}"
+        ) from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError("--split-overlap-m must be 0 or more metres")
+    return value
+
+
 def _add_split_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--split",
@@ -44,7 +56,7 @@ def _add_split_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--split-overlap-m",
-        type=float,
+        type=_overlap_value,
         default=50.0,
         help="overlap between submodels in metres (default 50)",
     )
@@ -85,12 +97,40 @@ def _options(args: argparse.Namespace) -> Any:
             extra[name] = json.loads(value)
         except json.JSONDecodeError:
             extra[name] = value
-    return ProcessingOptions(
-        orthophoto_resolution_cm=args.orthophoto_resolution,
-        dtm=args.dtm,
-        pipeline=args.pipeline,
-        extra=extra,
-    )
+    from pydantic import ValidationError
+
+    try:
+        return ProcessingOptions(
+            orthophoto_resolution_cm=args.orthophoto_resolution,
+            dtm=args.dtm,
+            pipeline=args.pipeline,
+            extra=extra,
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = str(first["loc"][0]) if first["loc"] else "options"
+        flag = {"orthophoto_resolution_cm": "--orthophoto-resolution"}.get(
+            where, f"--option {where}"
+        )
+        raise InputError(f"{flag}: {first['msg']}") from None
+
+
+def _check_output_writable(output: str) -> None:
+    """Fail early, before any scanning, when a local output location cannot be written.
+
+    Creates nothing: the nearest existing folder on the path must be a writable folder.
+    """
+    from prefect_odm.storage import is_local, local_path
+
+    if not is_local(output):
+        return
+    probe = local_path(output).absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise InputError(f"{output}: cannot write the output here ({probe} is not a folder)")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise InputError(f"{output}: cannot write the output here ({probe} is not writable)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -297,14 +337,20 @@ def _reconstruct(args: argparse.Namespace) -> int:
     if is_local(args.images) and not local_path(args.images).exists():
         raise InputError(f"{args.images}: does not exist")
     options = _options(args)
+    _check_output_writable(args.output)
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     # The embedded server would try to send telemetry; this machine may have no route out.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     embedded_api = not os.environ.get("PREFECT_API_URL")
 
+    # Prefect fully imported in this thread (and its console quiet) before the API starts in
+    # the background: two threads importing prefect at once break its plugin start-up.
+    import prefect  # noqa: F401
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    _quiet_prefect_console(args.verbose)
     early_server = _start_embedded_api_early() if embedded_api else None
 
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -373,7 +419,11 @@ def _reconstruct(args: argparse.Namespace) -> int:
         out.print(
             f"gaps: {len(manifest.failed_submodels)} submodel(s) failed, listed in the manifest"
         )
-    out.print(f"manifest: {OutputLayout(args.output, manifest.survey_fingerprint).manifest}")
+    layout = OutputLayout(args.output, manifest.survey_fingerprint)
+    if manifest.rejected_images:
+        out.print(f"rejected images: {len(manifest.rejected_images)} (reasons in the report)")
+    out.print(f"report: {layout.report_dir}/report.md")
+    out.print(f"manifest: {layout.manifest}")
     return 0
 
 

@@ -58,18 +58,27 @@ def read_json(url: str) -> Any:
 
 
 def write_bytes_atomic(url: str, data: bytes) -> None:
-    """Write ``data`` to ``url`` through a temporary name, then promote it."""
-    if is_local(url):
-        path = local_path(url)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-        return
-    fs, path_in = filesystem(url)
-    # Object stores write whole objects: a PUT is already atomic.
-    with fs.open(path_in, "wb") as fh:
-        fh.write(data)
+    """Write ``data`` to ``url`` through a temporary name, then promote it.
+
+    Raises:
+        StorageError: the location cannot be written (names ``url`` and the reason).
+    """
+    try:
+        if is_local(url):
+            path = local_path(url)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+            return
+        fs, path_in = filesystem(url)
+        # Object stores write whole objects: a PUT is already atomic.
+        with fs.open(path_in, "wb") as fh:
+            fh.write(data)
+    except StorageError:
+        raise
+    except OSError as exc:
+        raise StorageError(f"{url}: cannot write ({exc.strerror or exc})") from exc
 
 
 def write_json_atomic(url: str, value: Any) -> None:
@@ -79,13 +88,20 @@ def write_json_atomic(url: str, value: Any) -> None:
 
 
 def put_file(local: Path, url: str) -> None:
-    """Copy a local file to ``url`` (temporary name, then promoted)."""
+    """Copy a local file to ``url`` (temporary name, then promoted).
+
+    Raises:
+        StorageError: the location cannot be written.
+    """
     if is_local(url):
         dest = local_path(url)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp")
-        shutil.copyfile(local, tmp)
-        os.replace(tmp, dest)
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp")
+            shutil.copyfile(local, tmp)
+            os.replace(tmp, dest)
+        except OSError as exc:
+            raise StorageError(f"{url}: cannot write ({exc.strerror or exc})") from exc
         return
     fs, path = filesystem(url)
     try:

@@ -127,7 +127,7 @@ class SubmodelRunner:
         early_fp = self._early_fingerprint(submodel, options)
         if not force:
             for previous in previous_results(self.layout, submodel_id):
-                if previous.early_fingerprint == early_fp and previous.node_url in self.clients:
+                if previous.early_fingerprint == early_fp:
                     result = self._try_rerun_from(submodel, previous, options, early_fp, start)
                     if result is not None:
                         return result
@@ -217,10 +217,16 @@ class SubmodelRunner:
     ) -> SubmodelResult | None:
         """Restart the finished task of an earlier fingerprint from the first changed stage.
 
-        Returns ``None`` (process from scratch) when the node no longer has that task finished.
+        The task is looked for on every node of the pool, not only under the URL recorded: the
+        built-in engine comes back on another port each run, with the same tasks.
+
+        Returns ``None`` (process from scratch) when no node has that task finished.
         """
-        assert previous.node_url is not None and previous.task_uuid is not None
-        client = self.clients[previous.node_url]
+        assert previous.task_uuid is not None
+        holder = self._locate(previous.task_uuid, ())
+        if holder is None:
+            return None
+        client = self.clients[holder]
         sid = submodel.id
         try:
             state = client.task_state(previous.task_uuid)
@@ -235,7 +241,7 @@ class SubmodelRunner:
                 self.pool.lease(
                     submodel.estimated_memory_gib,
                     what=sid,
-                    exclude=[k for k in self.clients if k != previous.node_url],
+                    exclude=[k for k in self.clients if k != holder],
                 ),
             ):
                 self.log(
@@ -253,7 +259,7 @@ class SubmodelRunner:
         return self._store(
             submodel,
             products,
-            previous.node_url,
+            holder,
             previous.task_uuid,
             1,
             start,

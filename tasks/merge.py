@@ -16,6 +16,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from prefect_odm import progress, storage
+from prefect_odm.errors import MergeError
 from prefect_odm.layout import PRODUCT_FILES
 from prefect_odm.ownership import Ownership
 
@@ -116,11 +117,31 @@ def check_coverage(
     work: Path,
     planned_footprint: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    """Coverage of the merged orthophoto against the inputs and the planned footprint."""
+    """Coverage of the merged orthophoto against the inputs and the planned footprint.
+
+    Fails (:class:`MergeError`) when the merged orthophoto is empty, covers less than 99.5% of
+    what the submodels cover, or less than half the planned footprint (an estimate from camera
+    positions and heights, so only a gross shortfall is an error; the figure is reported).
+    """
     from prefect_odm.merge import coverage_report
 
     local = _local_inputs(inputs, work, "orthophoto")
-    return _as_dict(coverage_report(merged_orthophoto, local, planned_footprint))
+    try:
+        report = coverage_report(
+            merged_orthophoto,
+            local,
+            planned_footprint,
+            min_coverage_of_planned=MIN_COVERAGE_OF_PLANNED,
+        )
+    except MergeError as exc:
+        raise MergeError(
+            str(exc).replace(str(merged_orthophoto), "the merged orthophoto")
+        ) from None
+    return _as_dict(report)
+
+
+MIN_COVERAGE_OF_PLANNED = 0.5
+"""Fraction of the planned footprint the merged orthophoto must cover."""
 
 
 def merge_all(

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from odm_server import BIN, POOL, PrefectServer, free_port, stop_group, wait_healthy  # noqa: F401
 
 # Tests talk to 127.0.0.1 only: no telemetry from the Prefect servers they start.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -32,22 +36,65 @@ def seneca_images(data_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def prefect_api():
-    """A real Prefect API (SQLite) for the whole session, started once (~12 s).
-
-    Yields the API URL so subprocesses (the command line) can use the same server.
-    """
+def prefect_server(tmp_path_factory) -> Iterator[PrefectServer]:
+    """``prefect server start`` on a free loopback port; in-process clients point at it too."""
     from prefect.settings import (
         PREFECT_API_URL,
         PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
         temporary_settings,
     )
-    from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
-        # The heartbeat costs ~1 s per flow run and nothing watches it here.
-        with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
-            yield PREFECT_API_URL.value()
+    home = tmp_path_factory.mktemp("prefect-home")
+    port = free_port()
+    api_url = f"http://127.0.0.1:{port}/api"
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("PREFECT_") or k.startswith("PREFECT_ODM_")
+    }
+    env.pop("PREFECT_ODM_ENGINE_FAULTS", None)
+    env.update(
+        {
+            "PREFECT_HOME": str(home),
+            "PREFECT_API_URL": api_url,
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_UI_ENABLED": "false",
+            "PREFECT_LOGGING_LEVEL": "INFO",
+            "PREFECT_ODM_HOME": str(home / "odm"),
+            # proactive triggers (the crash automation) evaluated every few seconds
+            "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "true",
+        }
+    )
+    log = home / "server.log"
+    t0 = time.monotonic()
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            env={k: v for k, v in env.items() if k != "PREFECT_API_URL"},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    server = PrefectServer(api_url=api_url, home=home, env=env, proc=proc)
+    try:
+        wait_healthy(api_url, proc, log)
+        server.timings_seconds["server_start"] = time.monotonic() - t0
+        server.cli("work-pool", "create", POOL, "--type", "process")
+        with temporary_settings(
+            {PREFECT_API_URL: api_url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
+        ):
+            yield server
+    finally:
+        for worker in server.workers:
+            stop_group(worker)
+        stop_group(proc)
+
+
+@pytest.fixture(scope="session")
+def prefect_api(prefect_server):
+    """The API URL of the session's one Prefect server (every test talks to the same server:
+    Prefect's background threads keep the API URL they started with)."""
+    return prefect_server.api_url
 
 
 @pytest.fixture()

@@ -27,7 +27,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the NodeODM-compatible HTTP server")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=3000, help="TCP port (default 3000)")
-    serve.add_argument("--data-dir", type=Path, required=True, help="task table and task folders")
+    serve.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="task table and task folders (default: $PREFECT_ODM_HOME/engine-serve, "
+        "i.e. ~/.cache/prefect-odm/engine-serve)",
+    )
     serve.add_argument("--token", default=None, help="require ?token=TOKEN on every request")
     serve.add_argument("--max-parallel-tasks", type=int, default=1, help="tasks run at once")
     serve.add_argument(
@@ -73,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from prefect_odm.engine.server import EngineConfig, serve
 
     config = EngineConfig(
-        data_dir=args.data_dir,
+        data_dir=args.data_dir or _default_data_dir(),
         host=args.host,
         port=args.port,
         token=args.token or None,
@@ -92,3 +98,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _default_data_dir() -> Path:
+    from prefect_odm.cluster import prefect_odm_home
+
+    return prefect_odm_home() / "engine-serve"

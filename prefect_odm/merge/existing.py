@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prefect_odm.errors import InputError
-from prefect_odm.layout import ODM_PRODUCT_PATHS, join
+from prefect_odm.layout import ODM_PRODUCT_PATHS, PRODUCT_FILES, join
 from prefect_odm.storage import filesystem, is_local
 
 log = logging.getLogger(__name__)
@@ -48,12 +48,14 @@ class ExistingOutput:
 
 
 def _products_in_folder(url: str) -> dict[str, str]:
+    """Products in ODM's layout, or (a prefect-odm submodel folder) flat under ODM's file names."""
     fs, root = filesystem(url)
     found = {}
-    for product, rel in ODM_PRODUCT_PATHS.items():
-        path = posixpath.join(root.rstrip("/"), rel)
-        if fs.exists(path):
-            found[product] = join(url, rel)
+    for layout in (ODM_PRODUCT_PATHS, PRODUCT_FILES):
+        for product, rel in layout.items():
+            path = posixpath.join(root.rstrip("/"), rel)
+            if product not in found and fs.exists(path):
+                found[product] = join(url, rel)
     return found
 
 
