@@ -313,6 +313,99 @@ def _quiet_prefect_console(verbose: bool) -> None:
                 handler.setLevel(logging.CRITICAL + 1)
 
 
+LAST_RUN = ".prefect-odm-last-run.json"
+"""Record, in the output root, of the last command-line run: what was asked and what it made."""
+
+
+def _run_request(args: argparse.Namespace, options: Any) -> dict[str, Any]:
+    """What this command asks for, with a listing signature of the inputs (names, sizes and
+    modification times or ETags; no content is read)."""
+    import hashlib
+
+    from prefect_odm.storage import filesystem
+
+    fs, root = filesystem(args.images)
+    try:
+        found = fs.find(root, detail=True) if fs.isdir(root) else {}
+    except OSError:
+        found = {}
+    rows = sorted(
+        (
+            name,
+            info.get("size"),
+            str(info.get("mtime") or info.get("ETag") or info.get("LastModified") or ""),
+        )
+        for name, info in found.items()
+    )
+    return {
+        "images": args.images,
+        "listing": hashlib.sha256(json.dumps(rows, default=str).encode()).hexdigest(),
+        "nodes": sorted(args.nodes or []),
+        "split": args.split,
+        "split_overlap_m": args.split_overlap_m,
+        "options": options.model_dump(mode="json"),
+        "allow_partial": args.allow_partial,
+        "version": __import__("prefect_odm").__version__,
+    }
+
+
+def _unchanged_since_last_run(output: str, request: dict[str, Any]) -> Any:
+    """The manifest of the last run into ``output`` when it was asked exactly this, the inputs'
+    listing is unchanged and every product is still there; else ``None``."""
+    from prefect_odm import storage
+    from prefect_odm.layout import join
+    from prefect_odm.models import Manifest
+
+    try:
+        record = storage.read_json(join(output, LAST_RUN))
+        if record.get("request") != request:
+            return None
+        manifest = Manifest.model_validate(storage.read_json(record["manifest"]))
+    except (FileNotFoundError, OSError, ValueError, KeyError, TypeError):
+        return None
+    if manifest.failed_submodels or not all(storage.exists(u) for u in manifest.products.values()):
+        return None
+    return manifest.model_copy(
+        update={
+            "submodels": [r.model_copy(update={"status": "reused"}) for r in manifest.submodels]
+        }
+    )
+
+
+def _record_last_run(output: str, request: dict[str, Any], manifest: Any) -> None:
+    from prefect_odm import storage
+    from prefect_odm.layout import OutputLayout, join
+
+    manifest_url = OutputLayout(output, manifest.survey_fingerprint).manifest
+    storage.write_json_atomic(
+        join(output, LAST_RUN), {"request": request, "manifest": manifest_url}
+    )
+
+
+def _print_summary(output: str, manifest: Any, note: str = "") -> None:
+    from rich.console import Console
+
+    from prefect_odm.layout import OutputLayout
+
+    out = Console()
+    for r in manifest.submodels:
+        detail = f" ({r.error})" if r.error else ""
+        out.print(f"{r.submodel_id}: {r.status}{detail}")
+    for name, url in sorted(manifest.products.items()):
+        out.print(f"{name}: {url}")
+    if manifest.failed_submodels:
+        out.print(
+            f"gaps: {len(manifest.failed_submodels)} submodel(s) failed, listed in the manifest"
+        )
+    if manifest.rejected_images:
+        out.print(f"rejected images: {len(manifest.rejected_images)} (reasons in the report)")
+    layout = OutputLayout(output, manifest.survey_fingerprint)
+    out.print(f"report: {layout.report_dir}/report.md")
+    out.print(f"manifest: {layout.manifest}")
+    if note:
+        out.print(note)
+
+
 def _start_embedded_api_early() -> threading.Thread:
     """Start Prefect's temporary API server in the background while the rest is imported.
 
@@ -331,7 +424,6 @@ def _start_embedded_api_early() -> threading.Thread:
 
 
 def _reconstruct(args: argparse.Namespace) -> int:
-    from prefect_odm.layout import OutputLayout
     from prefect_odm.storage import is_local, local_path
 
     if is_local(args.images) and not local_path(args.images).exists():
@@ -342,6 +434,18 @@ def _reconstruct(args: argparse.Namespace) -> int:
     # The embedded server would try to send telemetry; this machine may have no route out.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     embedded_api = not os.environ.get("PREFECT_API_URL")
+
+    request = _run_request(args, options)
+    unchanged = (
+        None if args.force or not embedded_api else _unchanged_since_last_run(args.output, request)
+    )
+    if unchanged is not None:
+        _print_summary(
+            args.output,
+            unchanged,
+            note="nothing changed since the last run into this output: nothing was run (--force runs again)",
+        )
+        return 0
 
     # Prefect fully imported in this thread (and its console quiet) before the API starts in
     # the background: two threads importing prefect at once break its plugin start-up.
@@ -409,21 +513,8 @@ def _reconstruct(args: argparse.Namespace) -> int:
                 )
         finally:
             unsubscribe()
-    out = Console()
-    for r in manifest.submodels:
-        note = f" ({r.error})" if r.error else ""
-        out.print(f"{r.submodel_id}: {r.status}{note}")
-    for name, url in sorted(manifest.products.items()):
-        out.print(f"{name}: {url}")
-    if manifest.failed_submodels:
-        out.print(
-            f"gaps: {len(manifest.failed_submodels)} submodel(s) failed, listed in the manifest"
-        )
-    layout = OutputLayout(args.output, manifest.survey_fingerprint)
-    if manifest.rejected_images:
-        out.print(f"rejected images: {len(manifest.rejected_images)} (reasons in the report)")
-    out.print(f"report: {layout.report_dir}/report.md")
-    out.print(f"manifest: {layout.manifest}")
+    _record_last_run(args.output, request, manifest)
+    _print_summary(args.output, manifest)
     return 0
 
 

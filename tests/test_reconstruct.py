@@ -174,3 +174,46 @@ def test_cli_bad_input_one_line_nonzero_nothing_written(
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("prefect-odm: error:") and str(images) in lines[0]
     assert not out.exists()
+
+
+def test_cli_repeat_with_nothing_changed_runs_nothing(brighton_images, tmp_path):
+    """On the embedded API, an identical repeat of the command is answered from the last run's
+    record without starting Prefect; the same images under another path run the flow, which
+    reuses everything by fingerprint."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(PREFECT_ODM_HOME=str(tmp_path / "home"), PREFECT_HOME=str(tmp_path / "prefect-home"))
+    out = tmp_path / "out"
+    cmd = [
+        sys.executable,
+        "-m",
+        "prefect_odm.cli",
+        "reconstruct",
+        str(brighton_images),
+        "--output",
+        str(out),
+        "--split",
+        "10",
+        "--split-overlap-m",
+        "20",
+        "--pipeline",
+        "direct",
+    ]
+    first = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert first.returncode == 0, first.stderr
+    manifest = next(out.glob("*/manifest.json"))
+    written = manifest.stat().st_mtime_ns
+    second = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert second.returncode == 0, second.stderr
+    assert "nothing changed since the last run" in second.stdout
+    assert second.stdout.count(": reused") == first.stdout.count(": completed") >= 2
+    assert manifest.stat().st_mtime_ns == written
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for src in sorted(brighton_images.glob("*.JPG")):
+        (moved / src.name).symlink_to(src)
+    third = subprocess.run(
+        [*cmd[:4], str(moved), *cmd[5:]], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert third.returncode == 0, third.stderr
+    assert "nothing changed" not in third.stdout
+    assert third.stdout.count(": reused") >= 2 and ": completed" not in third.stdout
