@@ -8,6 +8,7 @@ stored plan and the submodel id, never the image list.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 
@@ -64,6 +65,37 @@ def _cluster_for(
         yield cluster
 
 
+@contextmanager
+def _progress_artifact(submodel_id: str) -> Iterator[None]:
+    """A progress artifact for this submodel run, fed by the runner's progress events (at most
+    one update every 2 s, and every change of state)."""
+    from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+    from prefect_odm import progress
+
+    artifact_id = create_progress_artifact(progress=0.0, description=f"{submodel_id}: starting")
+    last = {"t": 0.0, "state": ""}
+
+    def listen(event: dict[str, object]) -> None:
+        if event.get("kind") != "submodel" or event.get("id") != submodel_id:
+            return
+        now = time.monotonic()
+        state = str(event.get("state", ""))
+        if state == last["state"] and now - float(last["t"]) < 2.0:
+            return
+        last.update(t=now, state=state)
+        fraction = float(event.get("fraction", 0.0))  # type: ignore[arg-type]
+        update_progress_artifact(
+            artifact_id, progress=round(100.0 * fraction, 1), description=f"{submodel_id}: {state}"
+        )
+
+    unsubscribe = progress.subscribe(listen)
+    try:
+        yield
+    finally:
+        unsubscribe()
+
+
 @flow(name="process_submodel", flow_run_name="{submodel_id}", validate_parameters=True)
 def process_submodel(
     plan_url: str,
@@ -116,7 +148,8 @@ def process_submodel(
             log=logger.info,
             cancelled=cluster.cancelled,
         )
-        result = runner.run(submodel_id, force=force)
+        with _progress_artifact(submodel_id):
+            result = runner.run(submodel_id, force=force)
     if result.status == "failed":
         # Fail the flow run, so the UI shows it failed and offers Retry on it.
         raise SubmodelFailedError(result)

@@ -7,7 +7,9 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect_odm.flows.deployment import (
     configured_submodel_deployment,
@@ -282,8 +284,20 @@ def _process(
             futures = [
                 run_submodel.submit(plan_url, sid, layout.root, urls, force) for sid in pending
             ]
+            artifact_id = create_progress_artifact(
+                progress=0.0,
+                key=f"submodels-done-{plan.survey_fingerprint[:12]}",
+                description=f"Submodels finished of {len(pending)} to process",
+            )
+            by_future = dict(zip(futures, pending, strict=True))
             try:
-                return {sid: f.result() for sid, f in zip(pending, futures, strict=True)}
+                results: dict[str, SubmodelResult] = {}
+                for future in as_completed(futures):
+                    results[by_future[future]] = future.result()
+                    update_progress_artifact(
+                        artifact_id, progress=100.0 * len(results) / len(pending)
+                    )
+                return results
             except BaseException:
                 # Cancelled or interrupted: every runner cancels its remote task and returns
                 # its slots before the run ends.

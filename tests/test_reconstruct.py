@@ -120,6 +120,14 @@ def test_changed_option_processes_again_and_renamed_inputs_change_nothing(
         images=str(brighton_images), output=str(out), split=10, split_overlap_m=20, options=fast
     )
     assert {r.status for r in a.submodels} == {"completed"}
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(limit=200)
+    progress = [x for x in artifacts if x.type == "progress"]
+    assert any((x.key or "").startswith("submodels-done-") and x.data == 100.0 for x in progress)
+    assert any(str(x.description).startswith("submodel-000:") for x in progress)
+    assert any(x.type == "table" and (x.key or "").startswith("submodels-") for x in artifacts)
     # Renamed copies (links), listed in another order: same survey, same plan, everything reused.
     renamed = tmp_path / "renamed"
     renamed.mkdir()
