@@ -33,7 +33,7 @@ from prefect.client.schemas.actions import (
     GlobalConcurrencyLimitUpdate,
 )
 from prefect.concurrency.sync import concurrency
-from prefect.exceptions import ObjectNotFound
+from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
 from prefect_odm.cluster import prefect_odm_home
 
@@ -54,11 +54,14 @@ def ensure_memory_limit(name: str, limit_gib: int) -> None:
         try:
             current = client.read_global_concurrency_limit_by_name(name)
         except ObjectNotFound:
-            client.create_global_concurrency_limit(
-                GlobalConcurrencyLimitCreate(name=name, limit=limit_gib, active=True)
-            )
-            logger.info("created concurrency limit %s with %d GiB slots", name, limit_gib)
-            return
+            try:
+                client.create_global_concurrency_limit(
+                    GlobalConcurrencyLimitCreate(name=name, limit=limit_gib, active=True)
+                )
+                logger.info("created concurrency limit %s with %d GiB slots", name, limit_gib)
+                return
+            except ObjectAlreadyExists:  # another run created it a moment ago
+                current = client.read_global_concurrency_limit_by_name(name)
         if current.limit != limit_gib or not current.active:
             client.update_global_concurrency_limit(
                 name, GlobalConcurrencyLimitUpdate(limit=limit_gib, active=True)
