@@ -324,7 +324,6 @@ def _process_as_deployments(
 ) -> dict[str, SubmodelResult]:
     """One deployment run per pending submodel (created from tasks, so each is linked to this
     run and can be retried from the UI), then wait for all of them (see flows/deployment.py)."""
-    from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
     logger = get_run_logger()
     queue = work_queue_for(priority)

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from prefect_odm import __version__
 from prefect_odm.errors import InputError, NodeError, PlanningError, PrefectODMError
 
 
@@ -345,7 +346,7 @@ def _run_request(args: argparse.Namespace, options: Any) -> dict[str, Any]:
         "split_overlap_m": args.split_overlap_m,
         "options": options.model_dump(mode="json"),
         "allow_partial": args.allow_partial,
-        "version": __import__("prefect_odm").__version__,
+        "version": __version__,
     }
 
 
