@@ -14,9 +14,9 @@ extrapolated on the last segment's slope:
   "Peak RAM fit: ~0.042*images + 16 GiB (from testing)", with points 40 -> 18, 200 -> 25, 500 -> 37,
   1000 -> 58, 1500 -> 79, 2500 -> 121, 3500 -> 163, 5000 -> 227, 12000 -> 800 GiB. Its ~16 GiB
   baseline is the SIFT/OpenSfM working set of full-resolution (12-20 MP) DJI images.
-* ``"builtin"`` -- the built-in engine's own measured peaks, :data:`BUILTIN_ENGINE_MEASURED_PEAKS`,
-  filled in from measurements (see benchmarks); until it holds at least two points, a
-  conservative stand-in (:data:`BUILTIN_ENGINE_FALLBACK`) is used and says so in the log.
+* ``"builtin"`` -- the built-in engine's own measured peaks, :data:`BUILTIN_ENGINE_MEASURED_PEAKS`
+  (``benchmarks/bench_engine.py``, with a safety factor of 2); while it holds fewer than two
+  points, a conservative stand-in (:data:`BUILTIN_ENGINE_FALLBACK`) is used and says so in the log.
 
 Both published tables are for full-size drone photos; we scale the per-image part by
 ``megapixels / REFERENCE_MEGAPIXELS`` (12 MP, a DJI Phantom 4 / Mavic frame). That scaling and the
@@ -61,9 +61,16 @@ SCALEODM_MEASURED_PEAKS_GIB: tuple[tuple[int, float], ...] = (
     (12000, 800.0),
 )
 
-#: Measured peak resident memory of the built-in engine (images, GiB), at
-#: :data:`BUILTIN_ENGINE_MEASURED_MEGAPIXELS`. TO BE FILLED from the engine benchmarks.
-BUILTIN_ENGINE_MEASURED_PEAKS: tuple[tuple[int, float], ...] = ()
+#: Measured peak resident memory of the built-in engine's structure-from-motion method (images,
+#: GiB) at :data:`BUILTIN_ENGINE_MEASURED_MEGAPIXELS`, from ``python benchmarks/bench_engine.py``
+#: on 2 cores: brighton, 18 images at 1.44 MP, 440 MiB; a seneca set of 50 images at 1.08 MP,
+#: 563 MiB, i.e. 0.67 GiB at 1.44 MP by the pixel scaling below. Times
+#: :data:`BUILTIN_ENGINE_SAFETY_FACTOR`: two small measurements, extrapolated linearly.
+BUILTIN_ENGINE_SAFETY_FACTOR = 2.0
+BUILTIN_ENGINE_MEASURED_PEAKS: tuple[tuple[int, float], ...] = (
+    (18, round(0.43 * BUILTIN_ENGINE_SAFETY_FACTOR, 2)),
+    (50, round(0.67 * BUILTIN_ENGINE_SAFETY_FACTOR, 2)),
+)
 #: Megapixels of the images the built-in engine peaks were measured on.
 BUILTIN_ENGINE_MEASURED_MEGAPIXELS: float = 1.44
 #: Stand-in for the built-in engine until it is measured: 1 GiB base + 0.05 GiB per image at
