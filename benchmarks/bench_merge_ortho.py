@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import resource
 import shutil
 import tempfile
 import time
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _measure import peak_mib
 
 EPSG = 32615
 LEFT, TOP, RES = 500_000.0, 5_000_000.0, 0.05
@@ -93,21 +93,6 @@ def cameras(size: int, overlap: float) -> list[tuple[float, float, str]]:
     return cams
 
 
-def _peak_mib() -> float:
-    """This process's peak resident memory, MiB.
-
-    ``VmHWM`` of /proc/self/status belongs to the process image, whereas ``ru_maxrss`` survives
-    ``exec`` and would report the parent's peak in a freshly spawned child.
-    """
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
 def _run_baseline(inputs: dict[str, Path], out: Path, queue: Any) -> None:
     from rasterio.merge import merge
 
@@ -124,7 +109,7 @@ def _run_baseline(inputs: dict[str, Path], out: Path, queue: Any) -> None:
             "BIGTIFF": "IF_SAFER",
         },
     )
-    queue.put((time.perf_counter() - t, _peak_mib()))
+    queue.put((time.perf_counter() - t, peak_mib()))
 
 
 def _run_ours(inputs: dict[str, Path], out: Path, workers: int, cams: list, queue: Any) -> None:
@@ -136,7 +121,7 @@ def _run_ours(inputs: dict[str, Path], out: Path, workers: int, cams: list, queu
     queue.put(
         (
             time.perf_counter() - t,
-            _peak_mib(),
+            peak_mib(),
             report.seam_mean_abs_diff_before,
             report.seam_mean_abs_diff_after,
             report.width,

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import resource
 import shutil
 import tempfile
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _measure import peak_mib
 
 EPSG = 32615
 LEFT, BOTTOM, TILE_M = 500_000.0, 5_000_000.0, 500.0
@@ -72,21 +72,6 @@ def make_inputs(folder: Path, points: int, overlap: float, chunk: int) -> dict[s
     return out
 
 
-def _peak_mib() -> float:
-    """This process's peak resident memory, MiB.
-
-    ``VmHWM`` of /proc/self/status belongs to the process image, whereas ``ru_maxrss`` survives
-    ``exec`` and would report the parent's peak in a freshly spawned child.
-    """
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
 def _run_baseline(inputs: dict[str, Path], out: Path, chunk: int, queue: Any) -> None:
     import laspy
 
@@ -101,7 +86,7 @@ def _run_baseline(inputs: dict[str, Path], out: Path, chunk: int, queue: Any) ->
                 for pts in reader.chunk_iterator(chunk):
                     writer.write_points(pts)
                     total += len(pts)
-    queue.put((time.perf_counter() - t, _peak_mib(), total, total))
+    queue.put((time.perf_counter() - t, peak_mib(), total, total))
 
 
 def _run_ours(inputs: dict[str, Path], out: Path, chunk: int, overlap: float, queue: Any) -> None:
@@ -113,7 +98,7 @@ def _run_ours(inputs: dict[str, Path], out: Path, chunk: int, overlap: float, qu
     report = merge_point_clouds(
         inputs, out, ownership=Ownership.from_cameras(cams), chunk_points=chunk
     )
-    queue.put((time.perf_counter() - t, _peak_mib(), report.points_in, report.points_kept))
+    queue.put((time.perf_counter() - t, peak_mib(), report.points_in, report.points_kept))
 
 
 def _child(target: Any, *args: Any) -> tuple[Any, ...]:
