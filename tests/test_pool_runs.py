@@ -75,6 +75,53 @@ def run_flow(images: Path, out: Path, nodes: list[str], **kwargs):
     )
 
 
+def start_cli_run(images: Path, out: Path, urls: list[str], api_url: str) -> subprocess.Popen:
+    """``prefect-odm reconstruct`` as a user runs it, in its own session (stderr piped)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "prefect_odm.cli",
+        "reconstruct",
+        str(images),
+        "--output",
+        str(out),
+        "--nodes",
+        *urls,
+        "--split",
+        "5",
+        "--split-overlap-m",
+        "15",
+        "--pipeline",
+        "direct",
+    ]
+    env = dict(os.environ, PREFECT_API_URL=api_url)
+    return subprocess.Popen(
+        cmd,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_running(clients: list[NodeClient], proc: subprocess.Popen, at_least: int = 1) -> None:
+    """Wait until the nodes report ``at_least`` RUNNING tasks (the run must still be alive)."""
+    deadline = time.monotonic() + 120
+    while True:
+        running = [
+            s
+            for c in clients
+            for u in c.task_list()
+            if (s := c.task_state(u)) and s.status == RUNNING
+        ]
+        if len(running) >= at_least:
+            return
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        assert time.monotonic() < deadline, "no task started on the nodes"
+        time.sleep(0.2)
+
+
 def test_memory_admission_never_overcommits_a_node_and_uses_both(
     prefect_api, brighton_images, tmp_path, odm_home
 ):
@@ -138,45 +185,11 @@ def test_memory_admission_never_overcommits_a_node_and_uses_both(
 def test_killed_flow_process_reattaches_without_duplicates(
     prefect_api, brighton_images, tmp_path, odm_home
 ):
-    images_per_submodel_upload = None
     with engines(tmp_path, [{"faults": {"slow_seconds": 6}}] * 2) as nodes:
         urls = [e.url for e in nodes]
-        env = dict(os.environ, PREFECT_API_URL=prefect_api)
-        cmd = [
-            sys.executable,
-            "-m",
-            "prefect_odm.cli",
-            "reconstruct",
-            str(brighton_images),
-            "--output",
-            str(tmp_path / "out"),
-            "--nodes",
-            *urls,
-            "--split",
-            "5",
-            "--split-overlap-m",
-            "15",
-            "--pipeline",
-            "direct",
-        ]
-        proc = subprocess.Popen(
-            cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
+        proc = start_cli_run(brighton_images, tmp_path / "out", urls, prefect_api)
         clients = [NodeClient(u) for u in urls]
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            running = [
-                s
-                for c in clients
-                for u in c.task_list()
-                if (s := c.task_state(u)) and s.status == RUNNING
-            ]
-            if len(running) >= 2:
-                break
-            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-            time.sleep(0.2)
-        else:
-            pytest.fail("no task started on the nodes")
+        wait_running(clients, proc, at_least=2)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         uploads_before = sum(count(e, "POST", "/task/new/upload") for e in nodes)
@@ -379,34 +392,9 @@ def test_interrupting_the_run_cancels_remote_tasks_and_frees_slots(
     from prefect_odm.nodeodm import CANCELED
 
     with engines(tmp_path, [{"faults": {"slow_seconds": 30}}]) as (node,):
-        env = dict(os.environ, PREFECT_API_URL=prefect_api)
-        cmd = [
-            sys.executable,
-            "-m",
-            "prefect_odm.cli",
-            "reconstruct",
-            str(brighton_images),
-            "--output",
-            str(tmp_path / "out"),
-            "--nodes",
-            node.url,
-            "--split",
-            "5",
-            "--split-overlap-m",
-            "15",
-            "--pipeline",
-            "direct",
-        ]
-        proc = subprocess.Popen(
-            cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-        )
+        proc = start_cli_run(brighton_images, tmp_path / "out", [node.url], prefect_api)
         client = NodeClient(node.url)
-        deadline = time.monotonic() + 120
-        while not any(
-            (s := client.task_state(u)) and s.status == RUNNING for u in client.task_list()
-        ):
-            assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.2)
+        wait_running([client], proc)
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=120)
         assert proc.returncode != 0
