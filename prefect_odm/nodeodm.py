@@ -19,6 +19,7 @@ timeouts, HTTP 5xx: retry, maybe elsewhere), :class:`~prefect_odm.errors.OutOfMe
 
 from __future__ import annotations
 
+import json
 import logging
 import mimetypes
 import random
@@ -270,8 +271,6 @@ class NodeClient:
         deadline = time.monotonic() + deadline_seconds
         fields = {"name": name, "options": options_to_json(dict(options))}
         if outputs:
-            import json
-
             fields["outputs"] = json.dumps(list(outputs))
 
         def init() -> Any:
