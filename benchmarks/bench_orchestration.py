@@ -22,7 +22,6 @@ from pathlib import Path
 
 import requests
 
-from prefect_odm.engine.faults import FAULTS_ENV
 from prefect_odm.engine.launch import start_engine
 from prefect_odm.layout import OutputLayout
 from prefect_odm.models import ProcessingOptions
@@ -30,6 +29,7 @@ from prefect_odm.nodeodm import NodeClient
 from prefect_odm.planning import plan_submodels
 from prefect_odm.pool import NodePool, PoolNode
 from prefect_odm.scan import scan_survey
+from prefect_odm.settings import FAULTS_ENV
 from prefect_odm.submodels import SubmodelRunner
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"

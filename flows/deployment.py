@@ -20,7 +20,6 @@ and events stay small at 10,000 images. Results travel through the output storag
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 from uuid import UUID
@@ -35,19 +34,12 @@ from prefect.states import AwaitingRetry
 from prefect_odm.errors import PrefectODMError
 from prefect_odm.layout import OutputLayout
 from prefect_odm.models import SplitPlan, SubmodelResult
+from prefect_odm.settings import get_settings
 from prefect_odm.submodels import load_stored_result
 
 SUBMODEL_DEPLOYMENT = "process_submodel/process-submodel"
 """The deployment ``prefect.yaml`` defines for submodels (``flow name/deployment name``)."""
 
-SUBMODEL_DEPLOYMENT_ENV = "PREFECT_ODM_SUBMODEL_DEPLOYMENT"
-"""Environment variable that switches ``reconstruct`` to deployment mode when set."""
-
-URGENT_WORK_QUEUE = "urgent"
-"""Work queue of urgent runs' submodels (created with priority 1 by ``prefect-odm setup``)."""
-
-URGENT_WORK_QUEUE_ENV = "PREFECT_ODM_URGENT_WORK_QUEUE"
-"""Environment variable overriding :data:`URGENT_WORK_QUEUE`."""
 
 POLL_INTERVAL_SECONDS = 2.0
 """How often a parent polls its children's states (``run_deployment``'s own default is 5 s)."""
@@ -64,7 +56,7 @@ def configured_submodel_deployment(explicit: str | None) -> str | None:
 
     ``"inline"`` (either place) forces inline mode.
     """
-    name = explicit or os.environ.get(SUBMODEL_DEPLOYMENT_ENV) or None
+    name = explicit or get_settings().submodel_deployment
     if name is None or name.strip().lower() == "inline":
         return None
     return name
@@ -74,7 +66,7 @@ def work_queue_for(priority: str) -> str | None:
     """The work queue of a run's submodels: the urgent queue for ``"urgent"``, else the
     deployment's default queue (``None``)."""
     if priority == "urgent":
-        return os.environ.get(URGENT_WORK_QUEUE_ENV) or URGENT_WORK_QUEUE
+        return get_settings().urgent_work_queue
     return None
 
 

@@ -25,6 +25,7 @@ from prefect_odm import storage
 from prefect_odm.errors import PrefectODMError
 from prefect_odm.layout import OutputLayout, join
 from prefect_odm.models import ProcessingOptions
+from prefect_odm.settings import DEFAULT_SPLIT, DEFAULT_SPLIT_OVERLAP_M
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +41,12 @@ _ACTIVE_STATES = ["SCHEDULED", "PENDING", "RUNNING", "PAUSED", "CANCELLING"]
 class ReconstructSettings(BaseModel):
     """Parameters given to every reconstruction the inbox starts (see the ``reconstruct`` flow)."""
 
-    split: int | Literal["auto"] = Field(100, description="Target images per submodel, or 'auto'.")
-    split_overlap_m: float = Field(50.0, ge=0, description="Overlap between submodels, metres.")
+    split: int | Literal["auto"] = Field(
+        DEFAULT_SPLIT, description="Target images per submodel, or 'auto'."
+    )
+    split_overlap_m: float = Field(
+        DEFAULT_SPLIT_OVERLAP_M, ge=0, description="Overlap between submodels, metres."
+    )
     options: ProcessingOptions = Field(
         default_factory=ProcessingOptions, description="Processing options for every node."
     )

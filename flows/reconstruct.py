@@ -38,6 +38,7 @@ from prefect_odm.fingerprints import fingerprint
 from prefect_odm.layout import OutputLayout, join
 from prefect_odm.models import Manifest, ProcessingOptions, SplitPlan, SubmodelResult, Survey
 from prefect_odm.ownership import Ownership
+from prefect_odm.settings import DEFAULT_SPLIT, DEFAULT_SPLIT_OVERLAP_M
 from prefect_odm.submodels import load_stored_result
 
 MIN_SURVEY_IMAGES = 3
@@ -109,8 +110,8 @@ def reconstruct(
     images: str,
     output: str,
     nodes: list[str] | None = None,
-    split: int | Literal["auto"] = 100,
-    split_overlap_m: float = Field(50.0, ge=0),
+    split: int | Literal["auto"] = DEFAULT_SPLIT,
+    split_overlap_m: float = Field(DEFAULT_SPLIT_OVERLAP_M, ge=0),
     options: ProcessingOptions | None = None,
     allow_partial: bool = False,
     force: bool = False,

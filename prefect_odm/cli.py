@@ -20,6 +20,7 @@ from typing import Any
 
 from prefect_odm import __version__
 from prefect_odm.errors import InputError, NodeError, PlanningError, PrefectODMError
+from prefect_odm.settings import DEFAULT_SPLIT, DEFAULT_SPLIT_OVERLAP_M
 
 
 def _split_value(text: str) -> int | str:
@@ -52,14 +53,14 @@ def _add_split_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--split",
         type=_split_value,
-        default=100,
-        help="target images per submodel, or 'auto' (default 100)",
+        default=DEFAULT_SPLIT,
+        help=f"target images per submodel, or 'auto' (default {DEFAULT_SPLIT})",
     )
     p.add_argument(
         "--split-overlap-m",
         type=_overlap_value,
-        default=50.0,
-        help="overlap between submodels in metres (default 50)",
+        default=DEFAULT_SPLIT_OVERLAP_M,
+        help=f"overlap between submodels in metres (default {DEFAULT_SPLIT_OVERLAP_M:g})",
     )
 
 

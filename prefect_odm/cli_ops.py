@@ -20,6 +20,8 @@ import logging
 from datetime import timedelta
 from typing import Any
 
+from prefect_odm.settings import get_settings
+
 logger = logging.getLogger(__name__)
 
 CRASH_AUTOMATION_NAME = "prefect-odm: crash runs without heartbeats"
@@ -93,18 +95,17 @@ def create_work_queues(pool: str, urgent: str | None = None) -> dict[str, int]:
 
     Args:
         pool: work pool name (must exist: ``prefect work-pool create POOL --type process``).
-        urgent: urgent queue name (default :data:`prefect_odm.flows.deployment.URGENT_WORK_QUEUE`
+        urgent: urgent queue name (default :data:`prefect_odm.settings.URGENT_WORK_QUEUE`
             or ``PREFECT_ODM_URGENT_WORK_QUEUE``).
 
     Returns:
         queue name -> priority.
     """
-    import os
 
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectAlreadyExists
 
-    urgent = urgent or os.environ.get("PREFECT_ODM_URGENT_WORK_QUEUE") or "urgent"
+    urgent = urgent or get_settings().urgent_work_queue
     wanted = {"default": 10, urgent: 1}  # default first: the pool created it with priority 1
     with get_client(sync_client=True) as client:
         for queue, priority in wanted.items():

@@ -16,7 +16,6 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
@@ -26,16 +25,12 @@ from prefect_odm import __version__
 from prefect_odm.errors import InputError, NodeError
 from prefect_odm.nodeodm import NodeClient, public_url
 from prefect_odm.pool import NodePool, PoolNode
+from prefect_odm.settings import get_settings, prefect_odm_home
 
 logger = logging.getLogger(__name__)
 
 EMBEDDED_ENGINE_IDENTITY = f"prefect-odm-engine {__version__}"
 EMBEDDED_MAX_PARALLEL_TASKS = 2
-
-
-def prefect_odm_home() -> Path:
-    """``$PREFECT_ODM_HOME`` or ``~/.cache/prefect-odm``: the embedded engine's data lives here."""
-    return Path(os.environ.get("PREFECT_ODM_HOME", Path.home() / ".cache" / "prefect-odm"))
 
 
 def split_token(url: str) -> tuple[str, str | None]:
@@ -46,7 +41,8 @@ def split_token(url: str) -> tuple[str, str | None]:
 
 def token_for(url: str) -> str | None:
     """The token for the node at ``url`` from the environment, if any."""
-    tokens = os.environ.get("PREFECT_ODM_NODE_TOKENS")
+    settings = get_settings()
+    tokens = settings.node_tokens
     if tokens:
         try:
             mapping = json.loads(tokens)
@@ -56,7 +52,7 @@ def token_for(url: str) -> str | None:
             ) from exc
         if public_url(url) in mapping:
             return str(mapping[public_url(url)])
-    return os.environ.get("PREFECT_ODM_NODE_TOKEN") or None
+    return settings.node_token.get_secret_value() if settings.node_token else None
 
 
 @dataclass

@@ -15,21 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-PRODUCT_FILES: dict[str, str] = {
-    "orthophoto": "odm_orthophoto.tif",
-    "dsm": "dsm.tif",
-    "dtm": "dtm.tif",
-    "point_cloud": "odm_georeferenced_model.laz",
-}
-"""Product name -> file name, as OpenDroneMap names them."""
+from prefect_odm.registry import PRODUCTS
 
-ODM_PRODUCT_PATHS: dict[str, str] = {
-    "orthophoto": "odm_orthophoto/odm_orthophoto.tif",
-    "dsm": "odm_dem/dsm.tif",
-    "dtm": "odm_dem/dtm.tif",
-    "point_cloud": "odm_georeferencing/odm_georeferenced_model.laz",
-}
-"""Product name -> path inside an OpenDroneMap project folder or all.zip."""
+PRODUCT_FILES: dict[str, str] = {name: p.file_name for name, p in PRODUCTS.items()}
+"""Product name -> file name, as OpenDroneMap names them (from :mod:`prefect_odm.registry`)."""
+
+ODM_PRODUCT_PATHS: dict[str, str] = {name: p.odm_path for name, p in PRODUCTS.items()}
+"""Product name -> path inside an OpenDroneMap project folder or all.zip (from the registry)."""
 
 
 def join(root: str, *parts: str) -> str:

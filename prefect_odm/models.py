@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from prefect_odm.registry import ProductName as ProductName  # re-exported
+
 OptionValue = str | int | float | bool
 
 RejectReason = Literal[
@@ -175,9 +177,6 @@ class SplitPlan(BaseModel):
             if sm.id == submodel_id:
                 return sm
         raise KeyError(f"no submodel {submodel_id!r} in plan {self.fingerprint[:12]}")
-
-
-ProductName = Literal["orthophoto", "dsm", "dtm", "point_cloud"]
 
 
 class SubmodelResult(BaseModel):

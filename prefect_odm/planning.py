@@ -46,6 +46,7 @@ from prefect_odm.fingerprints import fingerprint, submodel_fingerprint
 from prefect_odm.geo import half_footprint_m, project_lonlat
 from prefect_odm.memory import MemoryModel, estimate_peak_memory_gib, max_images_within
 from prefect_odm.models import CameraPosition, ProcessingOptions, SplitPlan, Submodel, Survey
+from prefect_odm.settings import DEFAULT_SPLIT, DEFAULT_SPLIT_OVERLAP_M
 
 logger = logging.getLogger(__name__)
 
@@ -354,8 +355,8 @@ def plan_from_positions(
     x_m: ArrayLike,
     y_m: ArrayLike,
     *,
-    split: int = 100,
-    split_overlap_m: float = 50.0,
+    split: int = DEFAULT_SPLIT,
+    split_overlap_m: float = DEFAULT_SPLIT_OVERLAP_M,
     min_submodel_images: int | None = None,
     tie_rank: ArrayLike | None = None,
     clip_buffer_m: float = 100.0,
@@ -461,8 +462,8 @@ def _auto_split(
 def plan_submodels(
     survey: Survey,
     *,
-    split: int | Literal["auto"] = 100,
-    split_overlap_m: float = 50.0,
+    split: int | Literal["auto"] = DEFAULT_SPLIT,
+    split_overlap_m: float = DEFAULT_SPLIT_OVERLAP_M,
     min_submodel_images: int | None = None,
     options: ProcessingOptions | None = None,
     engine_identity: str = "unknown",

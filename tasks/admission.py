@@ -35,7 +35,7 @@ from prefect.client.schemas.actions import (
 from prefect.concurrency.sync import concurrency
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
-from prefect_odm.cluster import prefect_odm_home
+from prefect_odm.settings import prefect_odm_home
 
 logger = logging.getLogger(__name__)
 

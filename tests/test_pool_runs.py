@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 import rasterio
 
-from prefect_odm.engine.faults import FAULTS_ENV
 from prefect_odm.engine.launch import EngineProcess, start_engine
 from prefect_odm.errors import IncompleteRunError
 from prefect_odm.models import ProcessingOptions
 from prefect_odm.nodeodm import RUNNING, NodeClient
+from prefect_odm.settings import FAULTS_ENV
 
 pytestmark = pytest.mark.integration
 

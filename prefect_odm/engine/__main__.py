@@ -101,6 +101,6 @@ if __name__ == "__main__":
 
 
 def _default_data_dir() -> Path:
-    from prefect_odm.cluster import prefect_odm_home
+    from prefect_odm.settings import prefect_odm_home
 
     return prefect_odm_home() / "engine-serve"

@@ -47,9 +47,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from prefect_odm.errors import InputError
-
-FAULTS_ENV = "PREFECT_ODM_ENGINE_FAULTS"
-"""Environment variable holding the fault configuration as JSON."""
+from prefect_odm.settings import get_settings
 
 DIE_EXIT_CODE = 70
 """Exit code of an engine process that dies on purpose."""
@@ -112,8 +110,8 @@ class Faults:
 
     @classmethod
     def from_env(cls) -> Faults:
-        """Read :data:`FAULTS_ENV` (no variable: no faults)."""
-        return cls.from_json(os.environ.get(FAULTS_ENV))
+        """Read ``PREFECT_ODM_ENGINE_FAULTS`` (no variable: no faults)."""
+        return cls.from_json(get_settings().engine_faults)
 
     def to_dict(self) -> dict[str, Any]:
         """The configuration as a JSON-ready mapping (only keys that differ from the default)."""

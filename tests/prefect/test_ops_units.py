@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from prefect_odm.flows.deployment import (
-    SUBMODEL_DEPLOYMENT_ENV,
-    URGENT_WORK_QUEUE_ENV,
-    configured_submodel_deployment,
-    work_queue_for,
-)
+from prefect_odm.flows.deployment import configured_submodel_deployment, work_queue_for
 from prefect_odm.flows.process_inbox import InboxEntry, InboxReport, survey_folders
 
 from prefect_odm.errors import InputError
+
+SUBMODEL_DEPLOYMENT_ENV = "PREFECT_ODM_SUBMODEL_DEPLOYMENT"
+URGENT_WORK_QUEUE_ENV = "PREFECT_ODM_URGENT_WORK_QUEUE"
 
 
 def test_submodel_deployment_comes_from_the_parameter_then_the_environment(monkeypatch):

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from odm_prefect_helpers import engine_tasks, runs_of, wait_run
 
-from prefect_odm.engine.faults import FAULTS_ENV
 from prefect_odm.engine.launch import start_engine
+from prefect_odm.settings import FAULTS_ENV
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -1,0 +1,75 @@
+"""Every environment variable prefect-odm reads, and the defaults written once.
+
+All variables carry the ``PREFECT_ODM_`` prefix and are read through :func:`get_settings`, which
+reads the environment at each call (tests and the command line change it at run time). Nothing
+else in the package reads ``os.environ`` for its own settings; Prefect's own variables
+(``PREFECT_API_URL`` and the like) stay Prefect's.
+
+| variable | field | meaning |
+|---|---|---|
+| ``PREFECT_ODM_HOME`` | ``home`` | machine-local state: the embedded engine's data, the slot ledger |
+| ``PREFECT_ODM_NODE_TOKEN`` | ``node_token`` | token sent to every node given by URL |
+| ``PREFECT_ODM_NODE_TOKENS`` | ``node_tokens`` | JSON object of node URL -> token |
+| ``PREFECT_ODM_SUBMODEL_DEPLOYMENT`` | ``submodel_deployment`` | run submodels as runs of this deployment |
+| ``PREFECT_ODM_URGENT_WORK_QUEUE`` | ``urgent_work_queue`` | work queue of ``priority="urgent"`` submodels |
+| ``PREFECT_ODM_ENGINE_FAULTS`` | ``engine_faults`` | fault injection for the built-in engine (tests) |
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_SPLIT = 100
+"""Target images per submodel when none is given (ODM's ``split`` has no default; 100 keeps a
+submodel within about 8 GiB on the built-in engine and 20 GiB on ODM)."""
+
+DEFAULT_SPLIT_OVERLAP_M = 50.0
+"""Overlap between neighbouring submodels in metres when none is given (ODM's
+``split-overlap`` default is 150 m; 50 m keeps two image rows at common flight heights)."""
+
+URGENT_WORK_QUEUE = "urgent"
+"""Work queue of urgent submodel runs when ``PREFECT_ODM_URGENT_WORK_QUEUE`` is not set."""
+
+FAULTS_ENV = "PREFECT_ODM_ENGINE_FAULTS"
+"""The variable the built-in engine's fault injection is read from (tests set it on a child)."""
+
+
+class Settings(BaseSettings):
+    """prefect-odm's settings from ``PREFECT_ODM_*`` environment variables."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="PREFECT_ODM_", env_ignore_empty=True, extra="ignore"
+    )
+
+    home: Path = Field(
+        default_factory=lambda: Path.home() / ".cache" / "prefect-odm",
+        description="Machine-local state: the embedded engine's data folder and the slot ledger.",
+    )
+    node_token: SecretStr | None = Field(
+        None, description="Token sent to every node given by URL that has no token of its own."
+    )
+    node_tokens: str | None = Field(
+        None, description="JSON object mapping node URL to token (see cluster.token_for)."
+    )
+    submodel_deployment: str | None = Field(
+        None, description="Deployment (flow/deployment) whose runs process the submodels."
+    )
+    urgent_work_queue: str = Field(
+        URGENT_WORK_QUEUE, description="Work queue of the submodels of urgent runs."
+    )
+    engine_faults: str | None = Field(
+        None, description="JSON fault list for the built-in engine; tests only."
+    )
+
+
+def get_settings() -> Settings:
+    """The settings as the environment holds them now (read at each call, never cached)."""
+    return Settings()
+
+
+def prefect_odm_home() -> Path:
+    """``$PREFECT_ODM_HOME`` or ``~/.cache/prefect-odm``: machine-local state lives here."""
+    return get_settings().home
