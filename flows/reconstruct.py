@@ -34,18 +34,22 @@ from prefect_odm.cluster import (
     load_pool_block,
 )
 from prefect_odm.errors import IncompleteRunError, InputError, MergeError, SubmodelFailedError
-from prefect_odm.fingerprints import fingerprint
+from prefect_odm.fingerprints import merge_fingerprint
 from prefect_odm.layout import OutputLayout, join
-from prefect_odm.models import Manifest, ProcessingOptions, SplitPlan, SubmodelResult, Survey
+from prefect_odm.models import (
+    Manifest,
+    MergeOptions,
+    ProcessingOptions,
+    SplitPlan,
+    SubmodelResult,
+    Survey,
+)
 from prefect_odm.ownership import Ownership
 from prefect_odm.settings import DEFAULT_SPLIT, DEFAULT_SPLIT_OVERLAP_M
 from prefect_odm.submodels import load_stored_result
 
 MIN_SURVEY_IMAGES = 3
 """Fewer usable images than this cannot be reconstructed (structure from motion needs overlap)."""
-
-MERGE_VERSION = "1"
-"""Bumped when the merge changes its output for the same inputs (part of the merge fingerprint)."""
 
 
 @task(name="run_submodel", cache_policy=NO_CACHE, task_run_name="run-{submodel_id}")
@@ -65,17 +69,6 @@ def _failure_text(result: SubmodelResult) -> str:
     if result.last_output:
         text += "\n    " + "\n    ".join(result.last_output[-5:])
     return text
-
-
-def _merge_fingerprint(results: list[SubmodelResult], plan: SplitPlan) -> str:
-    return fingerprint(
-        {
-            "kind": "merge",
-            "version": MERGE_VERSION,
-            "submodels": sorted((r.submodel_id, r.fingerprint) for r in results),
-            "plan": plan.fingerprint,
-        }
-    )
 
 
 def _stored_merge_reports(layout: OutputLayout) -> dict[str, Any]:
@@ -223,7 +216,9 @@ def reconstruct(
         raise MergeError("no submodel finished: nothing to merge")
 
     t = time.monotonic()
-    merge_fp = _merge_fingerprint(merged, plan)
+    merge_fp = merge_fingerprint(
+        [(r.submodel_id, r.fingerprint) for r in merged], plan.fingerprint, MergeOptions()
+    )
     stored_manifest = None if force else _stored_manifest(layout, merge_fp)
     if stored_manifest is not None:
         # Same inputs to the merge: its products stand; the manifest and report describe this run.

@@ -11,6 +11,11 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from prefect_odm.models import MergeOptions
+
+MERGE_VERSION = "1"
+"""Bumped when the merge changes its output for the same inputs (part of the merge fingerprint)."""
+
 
 def canonical_json(value: Any) -> str:
     """Serialise ``value`` to JSON with sorted keys and no whitespace."""
@@ -39,3 +44,24 @@ def submodel_fingerprint(
             "engine": engine_identity,
         }
     )
+
+
+def merge_fingerprint(
+    submodels: Iterable[tuple[str, str]], plan_fingerprint: str, options: MergeOptions
+) -> str:
+    """Fingerprint of a merge: the merged submodels ``(id, fingerprint)``, the plan, the merge
+    options and :data:`MERGE_VERSION`.
+
+    Options at their defaults hash as before they existed (only fields that differ from the
+    defaults enter the hash), so outputs of earlier runs are still recognised.
+    """
+    value: dict[str, Any] = {
+        "kind": "merge",
+        "version": MERGE_VERSION,
+        "submodels": sorted(submodels),
+        "plan": plan_fingerprint,
+    }
+    changed = options.model_dump(exclude_defaults=True)
+    if changed:
+        value["options"] = changed
+    return fingerprint(value)

@@ -223,3 +223,31 @@ class Manifest(BaseModel):
     rejected_images: list[RejectedImage] = Field(default_factory=list)
     coverage: dict[str, float] = Field(default_factory=dict)
     timings_seconds: dict[str, float] = Field(default_factory=dict)
+
+
+class MergeOptions(BaseModel):
+    """How submodels are merged; part of the merge fingerprint (a change merges again).
+
+    The defaults are the merge of prefect-odm 0.1.0. Each merge function takes the fields it
+    uses; :func:`prefect_odm.fingerprints.merge_fingerprint` hashes them all.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    seam_method: Literal["ownership"] = Field(
+        "ownership",
+        description="Where seams run: 'ownership' = the boundary between the submodels' own "
+        "areas (nearest core camera).",
+    )
+    orthophoto_feather_m: float = Field(
+        2.0, ge=0, description="Width of the orthophoto's feathered band around a seam, metres."
+    )
+    colour_balance: bool = Field(
+        True, description="Gain and offset per band and submodel, solved jointly over overlaps."
+    )
+    dem_feather_m: float = Field(
+        10.0, ge=0, description="Distance over which DEMs blend towards a data edge, metres."
+    )
+    remove_vertical_offsets: bool = Field(
+        True, description="Remove constant height offsets between DEMs, solved jointly."
+    )
