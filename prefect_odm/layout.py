@@ -15,13 +15,33 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prefect_odm.registry import PRODUCTS
+from prefect_odm.registry import PRODUCTS, REPORT_FILES
 
 PRODUCT_FILES: dict[str, str] = {name: p.file_name for name, p in PRODUCTS.items()}
 """Product name -> file name, as OpenDroneMap names them (from :mod:`prefect_odm.registry`)."""
 
 ODM_PRODUCT_PATHS: dict[str, str] = {name: p.odm_path for name, p in PRODUCTS.items()}
 """Product name -> path inside an OpenDroneMap project folder or all.zip (from the registry)."""
+
+
+PLAN_FILES: dict[str, str] = {
+    "plan": "plan.json",
+    "survey": "survey.json",
+    "geojson": "plan.geojson",
+    "png": "plan.png",
+}
+"""The files of a plan folder (``plan/`` of a run, or ``prefect-odm plan --output DIR``)."""
+
+RESULT_FILE = "result.json"
+"""A submodel folder's record; its presence means the submodel is done."""
+
+LAST_RUN_FILE = ".prefect-odm-last-run.json"
+"""The command line's record of its last run in an output root (the no-change repeat)."""
+
+
+def plan_file(folder: str, name: str) -> str:
+    """The plan folder file ``name`` (a key of :data:`PLAN_FILES`) under ``folder``."""
+    return join(folder, PLAN_FILES[name])
 
 
 def join(root: str, *parts: str) -> str:
@@ -49,25 +69,41 @@ class OutputLayout:
 
     @property
     def plan_json(self) -> str:
-        return join(self.plan_dir, "plan.json")
+        return plan_file(self.plan_dir, "plan")
 
     @property
     def survey_json(self) -> str:
-        return join(self.plan_dir, "survey.json")
+        return plan_file(self.plan_dir, "survey")
 
     @property
     def plan_geojson(self) -> str:
-        return join(self.plan_dir, "plan.geojson")
+        return plan_file(self.plan_dir, "geojson")
 
     @property
     def plan_png(self) -> str:
-        return join(self.plan_dir, "plan.png")
+        return plan_file(self.plan_dir, "png")
+
+    @property
+    def submodels_dir(self) -> str:
+        return join(self.survey_dir, "submodels")
 
     def submodel_dir(self, submodel_id: str, fingerprint: str) -> str:
-        return join(self.survey_dir, "submodels", f"{submodel_id}-{fingerprint[:12]}")
+        return join(self.submodels_dir, f"{submodel_id}-{fingerprint[:12]}")
+
+    def submodel_results_glob(self, submodel_id: str) -> str:
+        """A glob matching the ``result.json`` of every fingerprint of one submodel."""
+        return join(self.submodels_dir, f"{submodel_id}-*", RESULT_FILE)
 
     def submodel_result(self, submodel_id: str, fingerprint: str) -> str:
-        return join(self.submodel_dir(submodel_id, fingerprint), "result.json")
+        return join(self.submodel_dir(submodel_id, fingerprint), RESULT_FILE)
+
+    def submodel_report_file(self, submodel_id: str, fingerprint: str, file_name: str) -> str:
+        """A report file a node returned (``odm_report/<file_name>``), stored under ``report/``."""
+        return join(self.submodel_dir(submodel_id, fingerprint), "report", file_name)
+
+    def submodel_shots(self, submodel_id: str, fingerprint: str) -> str:
+        """The submodel's reconstructed cameras (ODM's ``shots.geojson``)."""
+        return self.submodel_report_file(submodel_id, fingerprint, REPORT_FILES["shots"])
 
     def submodel_product(self, submodel_id: str, fingerprint: str, product: str) -> str:
         return join(self.submodel_dir(submodel_id, fingerprint), PRODUCT_FILES[product])
@@ -82,6 +118,19 @@ class OutputLayout:
     @property
     def report_dir(self) -> str:
         return join(self.survey_dir, "report")
+
+    @property
+    def report_md(self) -> str:
+        return join(self.report_dir, "report.md")
+
+    @property
+    def merge_report(self) -> str:
+        """The merge reports (``report/merge.json``)."""
+        return join(self.report_dir, "merge.json")
+
+    def report_file(self, file_name: str) -> str:
+        """Another file of the report (pictures)."""
+        return join(self.report_dir, file_name)
 
     @property
     def manifest(self) -> str:
