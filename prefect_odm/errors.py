@@ -7,6 +7,11 @@ still works for callers who do not know this package.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prefect_odm.models import HeaderProblem
+
 
 class PrefectODMError(Exception):
     """Root of every error this package raises on purpose."""
@@ -18,6 +23,21 @@ class InputError(PrefectODMError, ValueError):
 
 class NoImagesError(InputError):
     """The input location holds no usable image."""
+
+
+class ImageHeaderError(InputError):
+    """A file whose header cannot give image metadata.
+
+    Attributes:
+        reason: one of ``"unreadable"``, ``"truncated"``, ``"empty_file"``, ``"not_an_image"``
+            (the matching :data:`prefect_odm.models.RejectReason`).
+        detail: what is wrong, in words.
+    """
+
+    def __init__(self, reason: HeaderProblem, detail: str) -> None:
+        self.reason: HeaderProblem = reason
+        self.detail = detail
+        super().__init__(f"{reason}: {detail}")
 
 
 class PlanningError(PrefectODMError, ValueError):

@@ -29,26 +29,30 @@ RejectReason = Literal[
 ]
 
 
-class ImageRecord(BaseModel):
-    """One accepted image of a survey.
+HeaderProblem = Literal["unreadable", "truncated", "empty_file", "not_an_image"]
+"""Why a file's header gives no image metadata (the header subset of :data:`RejectReason`)."""
 
-    Attributes are in the units their names give; latitude/longitude are WGS 84 degrees
-    (EPSG:4326), altitudes are metres as recorded by the camera (absolute GPS altitude; DJI
-    relative altitude is above the take-off point).
+ImageFormat = Literal["JPEG", "TIFF", "PNG", "OTHER"]
+"""An image's file format, from its magic bytes (``OTHER``: a format Pillow may know)."""
+
+
+class CaptureMetadata(BaseModel):
+    """What an image's header says about the shot: size, position, attitude, camera, time.
+
+    The one declaration of these fields: the header reader's :class:`ImageMetadata`, the survey's
+    :class:`ImageRecord` and the built-in engine's ``ImageMeta`` all derive from it.
+    Latitude/longitude are WGS 84 degrees (EPSG:4326, south and west negative), ``None`` when the
+    file has no GPS IFD; ``altitude_m`` is the EXIF GPS altitude (metres above sea level as the
+    camera records it); ``relative_altitude_m`` is DJI's height above the take-off point. Angles
+    are degrees as DJI writes them (gimbal pitch -90 = nadir, yaw clockwise from north).
     """
 
     model_config = ConfigDict(frozen=True)
 
-    name: str = Field(description="Path relative to the survey root, with forward slashes.")
-    url: str = Field(description="Full local path or fsspec URL of the file.")
-    identity: str = Field(
-        description="Content identity, e.g. 'sha256:<hex>' or 'etag:<etag>:<size>'."
-    )
-    size_bytes: int
     width: int
     height: int
-    latitude: float
-    longitude: float
+    latitude: float | None = None
+    longitude: float | None = None
     altitude_m: float | None = None
     relative_altitude_m: float | None = None
     gimbal_pitch_deg: float | None = None
@@ -59,6 +63,59 @@ class ImageRecord(BaseModel):
     focal_length_mm: float | None = None
     focal_length_35mm: float | None = None
     capture_time: datetime | None = None
+
+    @property
+    def megapixels(self) -> float:
+        """Image size in millions of pixels."""
+        return self.width * self.height / 1e6
+
+    @property
+    def has_gps(self) -> bool:
+        """Whether the header gave a GPS latitude and longitude."""
+        return self.latitude is not None and self.longitude is not None
+
+    def capture_fields(self) -> dict[str, Any]:
+        """The :class:`CaptureMetadata` fields of this object, by name (to build another model)."""
+        return {name: getattr(self, name) for name in CaptureMetadata.model_fields}
+
+
+class ImageMetadata(CaptureMetadata):
+    """Metadata of one image as read from its header (:mod:`prefect_odm.exif`).
+
+    ``focal_plane_x_resolution_px_per_mm`` is EXIF ``FocalPlaneXResolution`` converted to pixels
+    per millimetre with ``FocalPlaneResolutionUnit`` (default inch); ``None`` when absent, zero or
+    without an absolute unit.
+    """
+
+    format: ImageFormat
+    focal_plane_x_resolution_px_per_mm: float | None = None
+
+
+class ImageFile(BaseModel):
+    """Where an image is and what its content is (the file part of :class:`ImageRecord`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str = Field(description="Path relative to the survey root, with forward slashes.")
+    url: str = Field(description="Full local path or fsspec URL of the file.")
+    identity: str = Field(
+        description="Content identity, e.g. 'sha256:<hex>' or 'etag:<etag>:<size>'."
+    )
+    size_bytes: int
+
+
+# Base order: pydantic lists the fields of the last base first, so the file fields lead.
+class ImageRecord(CaptureMetadata, ImageFile):
+    """One accepted image of a survey: its file and its :class:`CaptureMetadata`.
+
+    Attributes are in the units their names give; latitude/longitude are WGS 84 degrees
+    (EPSG:4326) and always present (images without GPS are rejected), altitudes are metres as
+    recorded by the camera (absolute GPS altitude; DJI relative altitude is above the take-off
+    point).
+    """
+
+    latitude: float
+    longitude: float
 
     @property
     def camera(self) -> str:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from prefect_odm.errors import ImageHeaderError
 from prefect_odm.exif import (
     HEADER_READ_BYTES,
-    ImageHeaderError,
     jpeg_header_end,
     parse_dji_xmp,
     read_header,

@@ -15,10 +15,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +24,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from prefect_odm.errors import InputError, NoImagesError
-from prefect_odm.exif import read_metadata
+from prefect_odm.exif import read_local_metadata
+from prefect_odm.models import ImageMetadata
 
 logger = logging.getLogger(__name__)
 
@@ -43,41 +42,36 @@ DISTORTION_VALID_RADIUS = 1.3
 """Points whose undistorted radius exceeds this many half image diagonals are not projected."""
 
 
-@dataclass(frozen=True)
-class ImageMeta:
+class ImageMeta(ImageMetadata):
     """What the engine knows about one image before reconstruction.
+
+    The header's :class:`~prefect_odm.models.ImageMetadata` (EXIF GPS, camera, focal lengths,
+    DJI XMP attitude; sizes in pixels as stored, EXIF orientation NOT applied: drone images are
+    stored upright), for a file that has a GPS position, plus its name.
 
     Attributes:
         name: file name inside the task's ``images`` folder.
-        width, height: pixels as stored (after EXIF orientation is NOT applied; drone images
-            are stored upright).
-        latitude_deg, longitude_deg: WGS 84 degrees from EXIF GPS.
-        altitude_m: EXIF GPS altitude in metres (None when absent).
-        relative_altitude_m: DJI XMP ``RelativeAltitude``, metres above the take-off point.
-        gimbal_yaw_deg, flight_yaw_deg: DJI XMP yaw, degrees clockwise from north.
-        gimbal_pitch_deg: DJI XMP gimbal pitch, degrees (-90 = nadir).
-        focal_length_mm: EXIF ``FocalLength``.
-        focal_length_35mm: EXIF ``FocalLengthIn35mmFilm``.
-        focal_plane_x_resolution_px_per_mm: EXIF ``FocalPlaneXResolution`` in pixels per mm.
-        capture_time: EXIF ``DateTimeOriginal`` (naive, camera clock).
-        camera: ``"make model"`` (for grouping images that share intrinsics).
+        latitude, longitude: WGS 84 degrees from EXIF GPS (always present).
     """
 
     name: str
-    width: int
-    height: int
-    latitude_deg: float
-    longitude_deg: float
-    altitude_m: float | None = None
-    relative_altitude_m: float | None = None
-    gimbal_yaw_deg: float | None = None
-    flight_yaw_deg: float | None = None
-    gimbal_pitch_deg: float | None = None
-    focal_length_mm: float | None = None
-    focal_length_35mm: float | None = None
-    focal_plane_x_resolution_px_per_mm: float | None = None
-    capture_time: datetime | None = None
-    camera: str = ""
+    latitude: float
+    longitude: float
+
+    @property
+    def latitude_deg(self) -> float:
+        """WGS 84 latitude, degrees."""
+        return self.latitude
+
+    @property
+    def longitude_deg(self) -> float:
+        """WGS 84 longitude, degrees."""
+        return self.longitude
+
+    @property
+    def camera(self) -> str:
+        """``"make model"`` (for grouping images that share intrinsics); empty when unknown."""
+        return " ".join(part for part in (self.make, self.model) if part)
 
     @property
     def focal_length_px(self) -> float:
@@ -105,17 +99,12 @@ class ImageMeta:
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict (datetimes as ISO text)."""
-        data = asdict(self)
-        data["capture_time"] = self.capture_time.isoformat() if self.capture_time else None
-        return data
+        return self.model_dump(mode="json")
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ImageMeta:
         """Inverse of :meth:`to_json`."""
-        values = dict(data)
-        if values.get("capture_time"):
-            values["capture_time"] = datetime.fromisoformat(values["capture_time"])
-        return cls(**values)
+        return cls.model_validate(data)
 
 
 def read_image_meta(path: Path) -> ImageMeta:
@@ -132,34 +121,14 @@ def read_image_meta(path: Path) -> ImageMeta:
             the message starts with the file name.
     """
     try:
-        with path.open("rb") as handle:
-
-            def read(offset: int, length: int) -> bytes:
-                handle.seek(offset)
-                return handle.read(length)
-
-            meta, _ = read_metadata(read, os.fstat(handle.fileno()).st_size, check_complete=False)
+        meta, _ = read_local_metadata(path, check_complete=False)
     except (OSError, InputError) as exc:
         raise InputError(f"{path.name}: cannot read image metadata ({exc})") from exc
     if meta.latitude is None or meta.longitude is None:
         raise InputError(f"{path.name}: no GPS position in EXIF")
-    return ImageMeta(
-        name=path.name,
-        width=meta.width,
-        height=meta.height,
-        latitude_deg=meta.latitude,
-        longitude_deg=meta.longitude,
-        altitude_m=meta.altitude_m,
-        relative_altitude_m=meta.relative_altitude_m,
-        gimbal_yaw_deg=meta.gimbal_yaw_deg,
-        flight_yaw_deg=meta.flight_yaw_deg,
-        gimbal_pitch_deg=meta.gimbal_pitch_deg,
-        focal_length_mm=meta.focal_length_mm or None,
-        focal_length_35mm=meta.focal_length_35mm,
-        focal_plane_x_resolution_px_per_mm=meta.focal_plane_x_resolution_px_per_mm,
-        capture_time=meta.capture_time,
-        camera=" ".join(part for part in (meta.make, meta.model) if part),
-    )
+    # A zero focal length is no focal length.
+    fields = meta.model_dump() | {"focal_length_mm": meta.focal_length_mm or None}
+    return ImageMeta(name=path.name, **fields)
 
 
 def read_images(folder: Path) -> list[ImageMeta]:
