@@ -14,18 +14,15 @@ from hypothesis import strategies as st
 from pyproj import Geod
 from shapely.geometry import shape
 
+from prefect_odm.coverage_gaps import find_coverage_gaps
 from prefect_odm.errors import PlanningError
 from prefect_odm.flight_checks import find_sequence_gaps, flight_tail_mask
 from prefect_odm.geo import project_lonlat, survey_utm_epsg, utm_epsg
 from prefect_odm.layouts import layout_survey, read_file_list, read_layout
 from prefect_odm.models import ImageRecord, ProcessingOptions, SplitPlan, Survey
 from prefect_odm.ownership import Ownership
-from prefect_odm.planning import (
-    find_coverage_gaps,
-    plan_from_positions,
-    plan_submodels,
-    target_sizes,
-)
+from prefect_odm.partition import target_sizes
+from prefect_odm.planning import plan_from_positions, plan_submodels
 from prefect_odm.planviz import plan_geojson, plan_markdown, plan_png, plan_rows
 from prefect_odm.scan import scan_survey
 

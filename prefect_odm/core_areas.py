@@ -1,0 +1,190 @@
+"""Core areas (Voronoi cells per submodel) and overlap in metres (pure core: numpy, scipy, shapely).
+
+Steps 4-5 of :mod:`prefect_odm.planning`. A submodel's core area is the union of the Voronoi
+cells of its cameras, i.e. exactly the region :mod:`prefect_odm.ownership` assigns to it (nearest
+core camera), clipped to a polygon. It is built from the Delaunay triangulation: the Voronoi edges
+are the segments between circumcentres of adjacent triangles, and those whose shared edge joins
+cameras of different submodels bound the core areas; they are polygonized per submodel. The
+overlap adds every camera within ``split_overlap_m`` of a core area.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, cast
+
+import numpy as np
+import shapely
+from numpy.typing import NDArray
+from scipy.spatial import Delaunay, cKDTree
+from shapely.geometry import MultiPoint
+from shapely.geometry.base import BaseGeometry
+
+
+def multipoint(xy: NDArray[np.float64]) -> MultiPoint:
+    """The ``(n, 2)`` positions as one MultiPoint geometry."""
+    # shapely's overloads cannot tell that a 2-D array makes one geometry, not an array of them.
+    return cast(MultiPoint, shapely.multipoints(xy))
+
+
+def circumcentres(
+    points: NDArray[np.float64], simplices: NDArray[np.integer[Any]]
+) -> NDArray[np.float64]:
+    """Circumcentres of triangles: ``(m, 2)`` for ``points`` ``(n, 2)`` and ``simplices`` ``(m, 3)``.
+
+    A degenerate (collinear) triangle gets a centre far away instead of a division by zero.
+    """
+    a = points[simplices[:, 0]]
+    b = points[simplices[:, 1]] - a
+    c = points[simplices[:, 2]] - a
+    d = 2.0 * (b[:, 0] * c[:, 1] - b[:, 1] * c[:, 0])
+    d = np.where(d == 0.0, np.finfo(np.float64).tiny, d)
+    b2 = (b * b).sum(axis=1)
+    c2 = (c * c).sum(axis=1)
+    ux = (c[:, 1] * b2 - b[:, 1] * c2) / d
+    uy = (b[:, 0] * c2 - c[:, 0] * b2) / d
+    return np.column_stack([ux, uy]) + a
+
+
+def _voronoi_boundaries(
+    xy: NDArray[np.float64], labels: NDArray[np.int32], k: int, clip: BaseGeometry
+) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
+    """The Voronoi edges between cameras of different parts, each listed once per side.
+
+    A ring of far points (label -1) closes the cells of the outer cameras: far enough that no
+    bisector with a real camera enters ``clip``.
+
+    Returns:
+        ``(segments, bounds)``: the segments ``(s, 2, 2)`` sorted by the part of their side, and
+        ``bounds`` ``(k + 2,)`` such that the segments of part ``p`` are
+        ``segments[bounds[p + 1]:bounds[p + 2]]``.
+    """
+    minx, miny, maxx, maxy = clip.bounds
+    centre = np.array([(minx + maxx) / 2, (miny + maxy) / 2])
+    radius = max(maxx - minx, maxy - miny, 1.0)
+    ring_count = 64
+    angles = np.arange(ring_count) * (2 * np.pi / ring_count)
+    ring = centre + 4.0 * radius * np.column_stack([np.cos(angles), np.sin(angles)])
+    points = np.vstack([xy, ring])
+    all_labels = np.concatenate([labels, np.full(ring_count, -1, dtype=np.int32)])
+    tri = Delaunay(points)
+    simplices = tri.simplices.astype(np.int64)
+    neighbors = tri.neighbors.astype(np.int64)
+    cc = circumcentres(points, simplices)
+    seg_t: list[NDArray[np.int64]] = []
+    seg_t2: list[NDArray[np.int64]] = []
+    seg_lab_a: list[NDArray[np.int32]] = []
+    seg_lab_b: list[NDArray[np.int32]] = []
+    tidx = np.arange(len(simplices))
+    for i in range(3):
+        a = simplices[:, (i + 1) % 3]
+        b = simplices[:, (i + 2) % 3]
+        t2 = neighbors[:, i]
+        la, lb = all_labels[a], all_labels[b]
+        keep = (la != lb) & (t2 > tidx)
+        seg_t.append(tidx[keep])
+        seg_t2.append(t2[keep])
+        seg_lab_a.append(la[keep])
+        seg_lab_b.append(lb[keep])
+    p1, p2 = cc[np.concatenate(seg_t)], cc[np.concatenate(seg_t2)]
+    lab_a, lab_b = np.concatenate(seg_lab_a), np.concatenate(seg_lab_b)
+    nonzero = np.any(p1 != p2, axis=1)
+    p1, p2, lab_a, lab_b = p1[nonzero], p2[nonzero], lab_a[nonzero], lab_b[nonzero]
+    segs = np.stack([p1, p2], axis=1)
+    # Each boundary segment belongs to both parts it separates.
+    seg_labels = np.concatenate([lab_a, lab_b])
+    seg_all = np.concatenate([segs, segs])
+    order = np.argsort(seg_labels, kind="stable")
+    seg_labels, seg_all = seg_labels[order], seg_all[order]
+    bounds = np.searchsorted(seg_labels, np.arange(-1, k + 1))
+    return seg_all, bounds
+
+
+def core_areas(
+    xy: NDArray[np.float64], labels: NDArray[np.int32], k: int, clip: BaseGeometry
+) -> list[BaseGeometry]:
+    """Per part, the union of its cameras' Voronoi cells, clipped to ``clip``.
+
+    Agrees with :class:`prefect_odm.ownership.Ownership` (nearest camera, grouped by part)
+    everywhere inside ``clip`` up to floating point on the cell boundaries.
+
+    Args:
+        xy: ``(n, 2)`` camera positions in metres (local coordinates are fine).
+        labels: ``(n,)`` part of each camera, ``0..k-1``.
+        k: number of parts.
+        clip: the polygon to clip the cells to (must contain every camera).
+
+    Returns:
+        ``k`` Polygon/MultiPolygon geometries (empty when a part owns no area inside ``clip``).
+    """
+    if k == 1:
+        return [clip]
+    seg_all, bounds = _voronoi_boundaries(xy, labels, k, clip)
+    # The faces polygonized from a part's boundary segments, kept when that part owns them.
+    faces: list[BaseGeometry] = []
+    face_part: list[int] = []
+    for part in range(k):
+        s, e = bounds[part + 1], bounds[part + 2]
+        if e <= s:
+            continue
+        lines = np.asarray(shapely.linestrings(seg_all[s:e]))
+        polys = shapely.get_parts(shapely.polygonize(lines.tolist()))
+        faces.extend(polys.tolist())
+        face_part.extend([part] * len(polys))
+    out: list[BaseGeometry] = [shapely.Polygon() for _ in range(k)]
+    if not faces:
+        return out
+    reps = shapely.get_coordinates(shapely.point_on_surface(np.array(faces, dtype=object)))
+    _, nearest = cKDTree(xy).query(reps, k=1)
+    owner = labels[nearest]
+    kept: list[list[BaseGeometry]] = [[] for _ in range(k)]
+    for face, part, own in zip(faces, face_part, owner, strict=True):
+        if own == part:
+            kept[part].append(face)
+    shapely.prepare(clip)
+    for part in range(k):
+        if kept[part]:
+            merged = shapely.union_all(kept[part]) if len(kept[part]) > 1 else kept[part][0]
+            out[part] = shapely.intersection(merged, clip)
+    return out
+
+
+def overlap_members(
+    xy: NDArray[np.float64],
+    labels: NDArray[np.int32],
+    areas: Sequence[BaseGeometry],
+    split_overlap_m: float,
+) -> list[NDArray[np.intp]]:
+    """Per part, the sorted indices of every camera it processes: its own plus those within
+    ``split_overlap_m`` metres of its core area.
+
+    Args:
+        xy: ``(n, 2)`` camera positions, same coordinates as ``areas``.
+        labels: ``(n,)`` core part of each camera.
+        areas: core area of each part.
+        split_overlap_m: overlap width in metres (>= 0).
+    """
+    k = len(areas)
+    own = [np.flatnonzero(labels == part) for part in range(k)]
+    if split_overlap_m <= 0 or k == 1:
+        return own
+    tree = cKDTree(xy)
+    out: list[NDArray[np.intp]] = []
+    for part, area in enumerate(areas):
+        if area.is_empty:
+            out.append(own[part])
+            continue
+        minx, miny, maxx, maxy = area.bounds
+        centre = ((minx + maxx) / 2, (miny + maxy) / 2)
+        reach = 0.5 * math.hypot(maxx - minx, maxy - miny) + split_overlap_m
+        cand = np.asarray(tree.query_ball_point(centre, reach), dtype=np.intp)
+        cand = cand[labels[cand] != part]
+        if len(cand):
+            shapely.prepare(area)
+            near = shapely.dwithin(area, shapely.points(xy[cand]), split_overlap_m)
+            extra = cand[near]
+        else:
+            extra = cand
+        out.append(np.sort(np.concatenate([own[part], extra])))
+    return out
