@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect_odm.models import SplitPlan, Survey
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 logger = logging.getLogger(__name__)
 
@@ -93,33 +96,27 @@ def _polygons(geometry: dict[str, Any]) -> list[list[list[list[float]]]]:
     return []
 
 
-def plan_png(plan: SplitPlan, path: Path) -> None:
-    """Draw the plan as a PNG map: core areas filled per submodel, footprints dashed, cameras as
-    dots, submodel ids at the core centroids. Axes in metres of ``EPSG:<crs_epsg>``.
+#: Submodel colours of :func:`plan_png` (Tableau 10), reused in turn.
+_PALETTE = (
+    "#4e79a7",
+    "#f28e2b",
+    "#e15759",
+    "#76b7b2",
+    "#59a14f",
+    "#edc948",
+    "#b07aa1",
+    "#ff9da7",
+    "#9c755f",
+    "#bab0ac",
+)
+#: Most submodels whose ids :func:`plan_png` writes on the map.
+_MAX_LABELLED_SUBMODELS = 60
 
-    Uses matplotlib's Agg backend through the object API (no global pyplot state).
-    """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+
+def _draw_areas(ax: Axes, plan: SplitPlan, colour: dict[str, str]) -> None:
+    """Core areas filled, footprints dashed, in each submodel's colour."""
     from matplotlib.patches import Polygon as MplPolygon
 
-    fig = Figure(figsize=(8, 8), dpi=110)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    palette = [
-        "#4e79a7",
-        "#f28e2b",
-        "#e15759",
-        "#76b7b2",
-        "#59a14f",
-        "#edc948",
-        "#b07aa1",
-        "#ff9da7",
-        "#9c755f",
-        "#bab0ac",
-    ]
-    colour = {sm.id: palette[i % len(palette)] for i, sm in enumerate(plan.submodels)}
-    label_many = len(plan.submodels) <= 60
     for sm in plan.submodels:
         for poly in _polygons(sm.core_area):
             ax.add_patch(
@@ -138,6 +135,10 @@ def plan_png(plan: SplitPlan, path: Path) -> None:
                     poly[0], closed=True, fill=False, edgecolor=colour[sm.id], lw=0.8, ls="--"
                 )
             )
+
+
+def _draw_cameras(ax: Axes, plan: SplitPlan, colour: dict[str, str]) -> None:
+    """Cameras as dots in their submodel's colour; submodel ids at their cameras' centroid."""
     xs = [c.x_m for c in plan.cameras]
     ys = [c.y_m for c in plan.cameras]
     ax.scatter(
@@ -147,21 +148,39 @@ def plan_png(plan: SplitPlan, path: Path) -> None:
         c=[colour[c.submodel_id] for c in plan.cameras],
         zorder=3,
     )
-    if label_many:
-        for sm in plan.submodels:
-            own = [c for c in plan.cameras if c.submodel_id == sm.id]
-            if own:
-                cx = sum(c.x_m for c in own) / len(own)
-                cy = sum(c.y_m for c in own) / len(own)
-                ax.annotate(
-                    sm.id.removeprefix("submodel-"),
-                    (cx, cy),
-                    ha="center",
-                    va="center",
-                    fontsize=8,
-                    weight="bold",
-                    zorder=4,
-                )
+    if len(plan.submodels) > _MAX_LABELLED_SUBMODELS:
+        return
+    for sm in plan.submodels:
+        own = [c for c in plan.cameras if c.submodel_id == sm.id]
+        if own:
+            cx = sum(c.x_m for c in own) / len(own)
+            cy = sum(c.y_m for c in own) / len(own)
+            ax.annotate(
+                sm.id.removeprefix("submodel-"),
+                (cx, cy),
+                ha="center",
+                va="center",
+                fontsize=8,
+                weight="bold",
+                zorder=4,
+            )
+
+
+def plan_png(plan: SplitPlan, path: Path) -> None:
+    """Draw the plan as a PNG map: core areas filled per submodel, footprints dashed, cameras as
+    dots, submodel ids at the core centroids. Axes in metres of ``EPSG:<crs_epsg>``.
+
+    Uses matplotlib's Agg backend through the object API (no global pyplot state).
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 8), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    colour = {sm.id: _PALETTE[i % len(_PALETTE)] for i, sm in enumerate(plan.submodels)}
+    _draw_areas(ax, plan, colour)
+    _draw_cameras(ax, plan, colour)
     ax.set_aspect("equal")
     ax.autoscale_view()
     ax.set_xlabel(f"x (m, EPSG:{plan.crs_epsg})")
