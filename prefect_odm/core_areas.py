@@ -44,7 +44,8 @@ def circumcentres(
     c2 = (c * c).sum(axis=1)
     ux = (c[:, 1] * b2 - b[:, 1] * c2) / d
     uy = (b[:, 0] * c2 - c[:, 0] * b2) / d
-    return np.column_stack([ux, uy]) + a
+    centres: NDArray[np.float64] = np.column_stack([ux, uy]) + a
+    return centres
 
 
 def _voronoi_boundaries(

@@ -16,6 +16,8 @@ from datetime import datetime
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+#: A pause longer than this, seconds, between two shots starts a new flight.
+FLIGHT_GAP_SECONDS = 60.0
 #: Robust-distance multiplier of :func:`position_outlier_mask`.
 OUTLIER_MAD_FACTOR = 10.0
 #: Minimum outlier distance beyond the median distance, metres (small surveys).
@@ -115,7 +117,7 @@ def flight_tail_mask(
     x_m: ArrayLike,
     y_m: ArrayLike,
     *,
-    flight_gap_seconds: float = 60.0,
+    flight_gap_seconds: float = FLIGHT_GAP_SECONDS,
     axis_tolerance_deg: float = 15.0,
     stationary_m: float = 1.0,
 ) -> NDArray[np.bool_]:
@@ -189,8 +191,8 @@ def find_sequence_gaps(
     x_m: ArrayLike,
     y_m: ArrayLike,
     *,
-    flight_gap_seconds: float = 60.0,
     ratio: float = 1.75,
+    flight_gap_seconds: float = FLIGHT_GAP_SECONDS,
 ) -> list[SequenceGap]:
     """Gaps in the shot sequence of each flight (deleted or never taken photos).
 

@@ -14,6 +14,7 @@ Roots are local paths or fsspec URLs; joining is plain ``/`` so it works for bot
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, overload
 
 from prefect_odm.registry import PRODUCTS, REPORT_FILES
 
@@ -52,42 +53,54 @@ def join(root: str, *parts: str) -> str:
     return out
 
 
+class _Under:
+    """A path attribute of :class:`OutputLayout`: ``join(<another path attribute>, *parts)``."""
+
+    def __init__(self, parent: str, *parts: str) -> None:
+        self.parent = parent
+        self.parts = parts
+
+    @overload
+    def __get__(self, layout: None, owner: type[Any]) -> _Under: ...
+    @overload
+    def __get__(self, layout: OutputLayout, owner: type[Any]) -> str: ...
+    def __get__(self, layout: OutputLayout | None, owner: type[Any]) -> _Under | str:
+        if layout is None:
+            return self
+        return join(getattr(layout, self.parent), *self.parts)
+
+
 @dataclass(frozen=True)
 class OutputLayout:
-    """Paths of one survey's outputs under ``root``."""
+    """Paths of one survey's outputs under ``root`` (the tree of the module docstring).
+
+    Each folder or file attribute is declared as the path attribute it lies under plus its name.
+    """
 
     root: str
     survey_fingerprint: str
 
     @property
     def survey_dir(self) -> str:
+        """``{root}/{survey_fingerprint[:16]}``: everything of this survey."""
         return join(self.root, self.survey_fingerprint[:16])
 
-    @property
-    def plan_dir(self) -> str:
-        return join(self.survey_dir, "plan")
-
-    @property
-    def plan_json(self) -> str:
-        return plan_file(self.plan_dir, "plan")
-
-    @property
-    def survey_json(self) -> str:
-        return plan_file(self.plan_dir, "survey")
-
-    @property
-    def plan_geojson(self) -> str:
-        return plan_file(self.plan_dir, "geojson")
-
-    @property
-    def plan_png(self) -> str:
-        return plan_file(self.plan_dir, "png")
-
-    @property
-    def submodels_dir(self) -> str:
-        return join(self.survey_dir, "submodels")
+    plan_dir = _Under("survey_dir", "plan")
+    plan_json = _Under("plan_dir", PLAN_FILES["plan"])
+    survey_json = _Under("plan_dir", PLAN_FILES["survey"])
+    plan_geojson = _Under("plan_dir", PLAN_FILES["geojson"])
+    plan_png = _Under("plan_dir", PLAN_FILES["png"])
+    submodels_dir = _Under("survey_dir", "submodels")
+    merged_dir = _Under("survey_dir", "merged")
+    report_dir = _Under("survey_dir", "report")
+    report_md = _Under("report_dir", "report.md")
+    #: The merge reports.
+    merge_report = _Under("report_dir", "merge.json")
+    #: Written last: what the run produced and from what.
+    manifest = _Under("survey_dir", "manifest.json")
 
     def submodel_dir(self, submodel_id: str, fingerprint: str) -> str:
+        """One submodel's folder: ``submodels/{submodel_id}-{fingerprint[:12]}``."""
         return join(self.submodels_dir, f"{submodel_id}-{fingerprint[:12]}")
 
     def submodel_results_glob(self, submodel_id: str) -> str:
@@ -95,6 +108,7 @@ class OutputLayout:
         return join(self.submodels_dir, f"{submodel_id}-*", RESULT_FILE)
 
     def submodel_result(self, submodel_id: str, fingerprint: str) -> str:
+        """The submodel's record (:data:`RESULT_FILE`); its presence means the submodel is done."""
         return join(self.submodel_dir(submodel_id, fingerprint), RESULT_FILE)
 
     def submodel_report_file(self, submodel_id: str, fingerprint: str, file_name: str) -> str:
@@ -106,32 +120,13 @@ class OutputLayout:
         return self.submodel_report_file(submodel_id, fingerprint, REPORT_FILES["shots"])
 
     def submodel_product(self, submodel_id: str, fingerprint: str, product: str) -> str:
+        """A product file of one submodel (registry file name)."""
         return join(self.submodel_dir(submodel_id, fingerprint), PRODUCT_FILES[product])
 
-    @property
-    def merged_dir(self) -> str:
-        return join(self.survey_dir, "merged")
-
     def merged_product(self, product: str) -> str:
+        """A merged product file, ``merged/<registry file name>``."""
         return join(self.merged_dir, PRODUCT_FILES[product])
-
-    @property
-    def report_dir(self) -> str:
-        return join(self.survey_dir, "report")
-
-    @property
-    def report_md(self) -> str:
-        return join(self.report_dir, "report.md")
-
-    @property
-    def merge_report(self) -> str:
-        """The merge reports (``report/merge.json``)."""
-        return join(self.report_dir, "merge.json")
 
     def report_file(self, file_name: str) -> str:
         """Another file of the report (pictures)."""
         return join(self.report_dir, file_name)
-
-    @property
-    def manifest(self) -> str:
-        return join(self.survey_dir, "manifest.json")

@@ -49,19 +49,24 @@ class CaptureMetadata(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
+    # The frame header (JPEG SOF, TIFF ImageWidth/ImageLength).
     width: int
     height: int
+    # EXIF GPS IFD.
     latitude: float | None = None
     longitude: float | None = None
     altitude_m: float | None = None
-    relative_altitude_m: float | None = None
-    gimbal_pitch_deg: float | None = None
-    gimbal_yaw_deg: float | None = None
-    flight_yaw_deg: float | None = None
+    # DJI XMP.
+    relative_altitude_m: float | None = Field(None, description="drone-dji:RelativeAltitude")
+    gimbal_pitch_deg: float | None = Field(None, description="drone-dji:GimbalPitchDegree")
+    gimbal_yaw_deg: float | None = Field(None, description="drone-dji:GimbalYawDegree")
+    flight_yaw_deg: float | None = Field(None, description="drone-dji:FlightYawDegree")
+    # EXIF IFD0 Make and Model, EXIF IFD FocalLength and FocalLengthIn35mmFilm.
     make: str | None = None
     model: str | None = None
     focal_length_mm: float | None = None
     focal_length_35mm: float | None = None
+    # EXIF DateTimeOriginal, else IFD0 DateTime (naive: the camera's clock).
     capture_time: datetime | None = None
 
     @property

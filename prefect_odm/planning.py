@@ -183,13 +183,26 @@ def _round_geometry(geom: BaseGeometry) -> dict[str, Any]:
     return {"type": gj["type"], "coordinates": _clean(gj["coordinates"])}
 
 
-def _auto_split(
+def _default_memory_model(engine_identity: str) -> MemoryModel:
+    """``"builtin"`` for the built-in engine (:data:`BUILTIN_ENGINE_PREFIXES`), else ``"odm"``."""
+    return "builtin" if engine_identity.lower().startswith(BUILTIN_ENGINE_PREFIXES) else "odm"
+
+
+def _split_size(
+    split: int | Literal["auto"],
     options: ProcessingOptions,
     node_memory_gib: Sequence[float],
     megapixels: float,
     split_overlap_m: float,
     memory_model: MemoryModel,
 ) -> int:
+    """The asked split in images; ``"auto"``: the most images the largest node holds, less room
+    for the overlap and the size tolerance."""
+    if split != "auto":
+        split_n = int(split)
+        if split_n < 1:
+            raise PlanningError(f"split must be >= 1 image, got {split}")
+        return split_n
     if not node_memory_gib:
         raise PlanningError(
             "split='auto' needs the memory of the available nodes (node_memory_gib)"
@@ -204,28 +217,6 @@ def _auto_split(
     # Leave room for the overlap images and the +20 % size tolerance.
     headroom = 1.2 * (1.0 + min(1.0, split_overlap_m / 100.0))
     return max(1, int(fits / headroom))
-
-
-def _default_memory_model(engine_identity: str) -> MemoryModel:
-    """``"builtin"`` for the built-in engine (:data:`BUILTIN_ENGINE_PREFIXES`), else ``"odm"``."""
-    return "builtin" if engine_identity.lower().startswith(BUILTIN_ENGINE_PREFIXES) else "odm"
-
-
-def _split_size(
-    split: int | Literal["auto"],
-    options: ProcessingOptions,
-    node_memory_gib: Sequence[float],
-    megapixels: float,
-    split_overlap_m: float,
-    memory_model: MemoryModel,
-) -> int:
-    """The asked split in images (``"auto"`` resolved from the node memory)."""
-    if split == "auto":
-        return _auto_split(options, node_memory_gib, megapixels, split_overlap_m, memory_model)
-    split_n = int(split)
-    if split_n < 1:
-        raise PlanningError(f"split must be >= 1 image, got {split}")
-    return split_n
 
 
 def _positions(
@@ -251,7 +242,7 @@ def _half_footprint(images: Sequence[ImageRecord]) -> float:
 
 
 def _submodels(
-    images: Sequence[ImageRecord],
+    images: list[ImageRecord],
     x: NDArray[np.float64],
     y: NDArray[np.float64],
     pplan: PositionPlan,

@@ -1,11 +1,19 @@
-"""Checks that downloaded or merged products open and carry what they must (adapter: rasterio, laspy)."""
+"""Checks that downloaded or merged products open and carry what they must (adapter: rasterio, laspy).
+
+Which check a product gets is its :attr:`~prefect_odm.registry.Product.verify` rule in the
+product registry; :data:`VERIFIERS` maps each rule to its function.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from prefect_odm.errors import OutputValidationError
-from prefect_odm.layout import ODM_PRODUCT_PATHS
+from prefect_odm.registry import PRODUCTS, VerifyRule, product, required_products
+
+#: Bands an ``rgba_raster`` product (the orthophoto: RGB plus alpha) must have at least.
+RGBA_MIN_BANDS = 4
 
 
 def verify_raster(path: Path, *, min_bands: int = 1) -> dict[str, object]:
@@ -58,33 +66,58 @@ def verify_point_cloud(path: Path) -> dict[str, object]:
         raise OutputValidationError(f"{path}: does not open as LAS/LAZ ({exc})") from exc
 
 
+def verify_rgba_raster(path: Path) -> dict[str, object]:
+    """:func:`verify_raster` with at least :data:`RGBA_MIN_BANDS` bands (colour and alpha)."""
+    return verify_raster(path, min_bands=RGBA_MIN_BANDS)
+
+
+VERIFIERS: dict[VerifyRule, Callable[[Path], dict[str, object]]] = {
+    "rgba_raster": verify_rgba_raster,
+    "raster": verify_raster,
+    "point_cloud": verify_point_cloud,
+}
+"""The check of each :data:`~prefect_odm.registry.VerifyRule`."""
+
+
+def verify_product(name: str, path: Path) -> dict[str, object]:
+    """Check the file of product ``name`` with its registry verify rule.
+
+    Returns:
+        What the rule's function returns (:func:`verify_raster` or :func:`verify_point_cloud`).
+
+    Raises:
+        KeyError: no product has that name.
+        OutputValidationError: the file fails the check.
+    """
+    return VERIFIERS[product(name).verify](path)
+
+
 def find_odm_products(
-    project_dir: Path, *, require: tuple[str, ...] = ("orthophoto", "point_cloud")
+    project_dir: Path, *, require: Iterable[str] | None = None
 ) -> dict[str, Path]:
     """Products found in an OpenDroneMap project folder, each verified.
 
     Args:
-        project_dir: a folder in ODM's layout (or an extracted all.zip).
-        require: products that must be present.
+        project_dir: a folder in ODM's layout (or an extracted all.zip): each product at its
+            registry :attr:`~prefect_odm.registry.Product.odm_path`.
+        require: products that must be present (default: those the registry marks
+            ``required``).
 
     Returns:
-        Product name -> path, for every product present.
+        Product name -> path, for every product present, in registry order.
 
     Raises:
         OutputValidationError: a required product is missing or a product does not open.
     """
     found: dict[str, Path] = {}
-    for product, rel in ODM_PRODUCT_PATHS.items():
-        path = project_dir / rel
+    for name, entry in PRODUCTS.items():
+        path = project_dir / entry.odm_path
         if path.exists():
-            if product == "point_cloud":
-                verify_point_cloud(path)
-            else:
-                verify_raster(path, min_bands=4 if product == "orthophoto" else 1)
-            found[product] = path
-    missing = [p for p in require if p not in found]
+            verify_product(name, path)
+            found[name] = path
+    wanted = required_products() if require is None else tuple(require)
+    missing = [p for p in wanted if p not in found]
     if missing:
-        raise OutputValidationError(
-            f"{project_dir}: missing {', '.join(missing)} ({', '.join(ODM_PRODUCT_PATHS[m] for m in missing)})"
-        )
+        paths = ", ".join(product(m).odm_path for m in missing)
+        raise OutputValidationError(f"{project_dir}: missing {', '.join(missing)} ({paths})")
     return found

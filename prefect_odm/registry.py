@@ -32,82 +32,52 @@ class Product:
 
     Attributes:
         name: the product's name in plans, results and the manifest.
-        file_name: the file name in a submodel folder and in ``merged/`` (ODM's file name).
         odm_path: the path inside an OpenDroneMap project folder or ``all.zip``.
-        kind: ``raster`` (GeoTIFF, written as a COG when merged) or ``point_cloud`` (LAZ).
-        crs_rule: ``projected``: the product must carry a projected CRS (ODM writes UTM); merged
-            products take the plan's EPSG.
         verify: how a downloaded file is checked before it counts: ``rgba_raster`` (opens with a
             CRS and at least 4 bands), ``raster`` (opens with a CRS), ``point_cloud`` (LAS/LAZ
-            header with points and a CRS).
+            header with points and a CRS); see :mod:`prefect_odm.products`.
         merge: the merge method (``orthophoto``: seams, balancing and feathering; ``dem``:
             vertical offsets removed and edge-distance blending; ``point_cloud``: crop to each
             submodel's own area, streamed).
+        kind: ``raster`` (GeoTIFF, written as a COG when merged) or ``point_cloud`` (LAZ).
+        crs_rule: ``projected``: the product must carry a projected CRS (ODM writes UTM); merged
+            products take the plan's EPSG.
         option: the NodeODM boolean option that asks for the product, or ``None`` when it is
             always made.
         required: whether a finished submodel must return it (when asked for).
     """
 
     name: ProductName
-    file_name: str
     odm_path: str
-    kind: ProductKind
-    crs_rule: CrsRule
     verify: VerifyRule
     merge: MergeMethod
-    option: str | None
-    required: bool
+    kind: ProductKind = "raster"
+    crs_rule: CrsRule = "projected"
+    option: str | None = None
+    required: bool = True
+
+    @property
+    def file_name(self) -> str:
+        """The file name in a submodel folder and in ``merged/``: ODM's, the last part of
+        :attr:`odm_path`."""
+        return self.odm_path.rsplit("/", 1)[-1]
 
 
-PRODUCTS: dict[ProductName, Product] = {
-    p.name: p
-    for p in (
-        Product(
-            name="orthophoto",
-            file_name="odm_orthophoto.tif",
-            odm_path="odm_orthophoto/odm_orthophoto.tif",
-            kind="raster",
-            crs_rule="projected",
-            verify="rgba_raster",
-            merge="orthophoto",
-            option=None,
-            required=True,
-        ),
-        Product(
-            name="dsm",
-            file_name="dsm.tif",
-            odm_path="odm_dem/dsm.tif",
-            kind="raster",
-            crs_rule="projected",
-            verify="raster",
-            merge="dem",
-            option="dsm",
-            required=True,
-        ),
-        Product(
-            name="dtm",
-            file_name="dtm.tif",
-            odm_path="odm_dem/dtm.tif",
-            kind="raster",
-            crs_rule="projected",
-            verify="raster",
-            merge="dem",
-            option="dtm",
-            required=False,
-        ),
-        Product(
-            name="point_cloud",
-            file_name="odm_georeferenced_model.laz",
-            odm_path="odm_georeferencing/odm_georeferenced_model.laz",
-            kind="point_cloud",
-            crs_rule="projected",
-            verify="point_cloud",
-            merge="point_cloud",
-            option=None,
-            required=True,
-        ),
-    )
-}
+_ALL = (
+    # Product(name, odm_path, verify rule, merge method, ...): ODM's folders and file names.
+    Product("orthophoto", "odm_orthophoto/odm_orthophoto.tif", "rgba_raster", "orthophoto"),
+    Product("dsm", "odm_dem/dsm.tif", "raster", "dem", option="dsm"),
+    Product("dtm", "odm_dem/dtm.tif", "raster", "dem", option="dtm", required=False),
+    Product(
+        "point_cloud",
+        "odm_georeferencing/odm_georeferenced_model.laz",
+        "point_cloud",
+        "point_cloud",
+        kind="point_cloud",
+    ),
+)
+
+PRODUCTS: dict[ProductName, Product] = {p.name: p for p in _ALL}
 """Every product, in the order plans, reports and manifests list them."""
 
 REPORT_FOLDER = "odm_report"
@@ -137,3 +107,8 @@ def product(name: str) -> Product:
 def products_of_kind(kind: ProductKind) -> tuple[ProductName, ...]:
     """Names of the products of one kind, in registry order."""
     return tuple(name for name, p in PRODUCTS.items() if p.kind == kind)
+
+
+def required_products() -> tuple[ProductName, ...]:
+    """Names of the products a finished submodel must return, in registry order."""
+    return tuple(name for name, p in PRODUCTS.items() if p.required)

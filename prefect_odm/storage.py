@@ -32,9 +32,10 @@ def local_path(url: str) -> Path:
 def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
     """The fsspec filesystem and the path inside it for ``url``."""
     try:
-        return url_to_fs(url)
+        fs, path = url_to_fs(url)
     except (ImportError, ValueError) as exc:
         raise StorageError(f"{url}: cannot open this location ({exc})") from exc
+    return fs, path
 
 
 def exists(url: str) -> bool:

@@ -6,17 +6,27 @@ import subprocess
 import sys
 import threading
 import time
+from typing import get_args
 
 import numpy as np
 import pytest
 
 from prefect_odm.errors import InputError, PlanningError, PrefectODMError, TransientNodeError
 from prefect_odm.fingerprints import submodel_fingerprint, survey_fingerprint
-from prefect_odm.layout import OutputLayout
-from prefect_odm.models import ProcessingOptions
+from prefect_odm.layout import ODM_PRODUCT_PATHS, PRODUCT_FILES, OutputLayout, join
+from prefect_odm.models import ProcessingOptions, ProductName
 from prefect_odm.nodeodm import public_url, task_uuid
 from prefect_odm.ownership import Ownership
 from prefect_odm.pool import NodePool, PoolNode
+from prefect_odm.products import VERIFIERS
+from prefect_odm.registry import (
+    PRODUCTS,
+    MergeMethod,
+    ProductKind,
+    VerifyRule,
+    products_of_kind,
+    required_products,
+)
 
 
 def test_fingerprints_ignore_order_and_see_options():
@@ -50,6 +60,31 @@ def test_layout_paths_are_under_the_survey_folder():
     assert layout.submodel_dir("submodel-001", "cd" * 32).endswith(
         "/submodels/submodel-001-" + "cd" * 6
     )
+
+
+def test_registry_is_the_one_product_declaration():
+    # The names agree with models.ProductName, in the same order.
+    assert tuple(PRODUCTS) == get_args(ProductName)
+    assert set(VERIFIERS) == set(get_args(VerifyRule))
+    layout = OutputLayout("/out", "ab" * 32)
+    for name, product in PRODUCTS.items():
+        assert product.name == name
+        # One verify rule with its check, one merge method, one kind.
+        assert product.verify in get_args(VerifyRule) and callable(VERIFIERS[product.verify])
+        assert product.merge in get_args(MergeMethod)
+        assert product.kind in get_args(ProductKind)
+        assert (product.kind == "point_cloud") == (product.verify == "point_cloud")
+        # Layout paths come from the registry.
+        assert product.odm_path.endswith("/" + product.file_name)
+        assert PRODUCT_FILES[name] == product.file_name
+        assert ODM_PRODUCT_PATHS[name] == product.odm_path
+        assert layout.merged_product(name) == join(layout.merged_dir, product.file_name)
+        assert layout.submodel_product("submodel-000", "cd" * 32, name) == join(
+            layout.submodel_dir("submodel-000", "cd" * 32), product.file_name
+        )
+    assert len({p.file_name for p in PRODUCTS.values()}) == len(PRODUCTS)
+    assert required_products() == tuple(n for n, p in PRODUCTS.items() if p.required)
+    assert products_of_kind("raster") + products_of_kind("point_cloud") == tuple(PRODUCTS)
 
 
 def test_errors_share_one_root_and_builtin_meaning():
@@ -120,7 +155,10 @@ def test_core_imports_neither_prefect_nor_pyodm():
     code = (
         "import sys\n"
         "import prefect_odm, prefect_odm.models, prefect_odm.fingerprints, prefect_odm.layout,"
-        " prefect_odm.ownership, prefect_odm.pool, prefect_odm.planning, prefect_odm.memory\n"
+        " prefect_odm.ownership, prefect_odm.pool, prefect_odm.planning, prefect_odm.memory,"
+        " prefect_odm.registry, prefect_odm.settings, prefect_odm.errors, prefect_odm.geo,"
+        " prefect_odm.partition, prefect_odm.core_areas, prefect_odm.coverage_gaps,"
+        " prefect_odm.flight_checks, prefect_odm.exif, prefect_odm.layouts\n"
         "bad = [m for m in ('prefect', 'pyodm', 'rasterio', 'laspy', 'pycolmap') if m in sys.modules]\n"
         "print(','.join(bad))\n"
     )
