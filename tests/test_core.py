@@ -11,7 +11,13 @@ from typing import get_args
 import numpy as np
 import pytest
 
-from prefect_odm.errors import InputError, PlanningError, PrefectODMError, TransientNodeError
+from prefect_odm.errors import (
+    ImageHeaderError,
+    InputError,
+    PlanningError,
+    PrefectODMError,
+    TransientNodeError,
+)
 from prefect_odm.fingerprints import submodel_fingerprint, survey_fingerprint
 from prefect_odm.layout import ODM_PRODUCT_PATHS, PRODUCT_FILES, OutputLayout, join
 from prefect_odm.models import ProcessingOptions, ProductName
@@ -90,6 +96,7 @@ def test_registry_is_the_one_product_declaration():
 def test_errors_share_one_root_and_builtin_meaning():
     assert issubclass(InputError, PrefectODMError) and issubclass(InputError, ValueError)
     assert issubclass(TransientNodeError, PrefectODMError)
+    assert issubclass(ImageHeaderError, InputError)
 
 
 def test_ownership_nearest_core_camera_and_subset():

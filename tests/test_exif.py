@@ -202,3 +202,20 @@ def test_focal_plane_resolution_units(
     read, size, _ = _reader(path)
     meta, _ = read_metadata(read, size)
     assert meta.focal_plane_x_resolution_px_per_mm == pytest.approx(expected_px_per_mm)
+
+
+def test_image_metadata_fields_are_declared_once(brighton_images: Path) -> None:
+    from prefect_odm.engine.camera import ImageMeta, read_image_meta
+    from prefect_odm.models import CaptureMetadata, ImageMetadata, ImageRecord
+
+    shared = list(CaptureMetadata.model_fields)
+    for model in (ImageMetadata, ImageRecord, ImageMeta):
+        assert issubclass(model, CaptureMetadata)
+        assert [f for f in model.model_fields if f in shared] == shared
+    # The engine's record is the header's metadata plus the file name.
+    path = sorted(brighton_images.glob("*.JPG"))[0]
+    read, size, _ = _reader(path)
+    header, _ = read_metadata(read, size, check_complete=False)
+    meta = read_image_meta(path)
+    assert meta.model_dump(exclude={"name"}) == header.model_dump()
+    assert ImageMeta.from_json(meta.to_json()) == meta
