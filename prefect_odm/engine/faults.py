@@ -46,7 +46,15 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from prefect_odm.engine.pipeline_options import (
+    STAGES,
+    bool_option,
+    enum_option,
+    option,
+    stage_option,
+)
 from prefect_odm.errors import InputError
+from prefect_odm.registry import PRODUCTS, REPORT_FOLDER
 from prefect_odm.settings import get_settings
 
 DIE_EXIT_CODE = 70
@@ -173,61 +181,39 @@ class Faults:
 
 # -- the stand-in pipeline ----------------------------------------------------------------------
 
-_STAND_IN_STAGES: tuple[str, ...] = (
-    "dataset",
-    "opensfm",
-    "odm_dem",
-    "odm_orthophoto",
-    "odm_georeferencing",
-    "odm_report",
-)
+_STAND_IN_STAGES: tuple[str, ...] = STAGES
 
 _STAND_IN_OPTIONS: list[dict[str, Any]] = [
-    {
-        "name": "orthophoto-resolution",
-        "type": "float",
-        "value": "5",
-        "domain": "positive float",
-        "help": "Orthophoto resolution in cm/pixel.",
-    },
-    {"name": "dsm", "type": "bool", "value": "false", "domain": "bool", "help": "Build a DSM."},
-    {"name": "dtm", "type": "bool", "value": "false", "domain": "bool", "help": "Build a DTM."},
-    {
-        "name": "pipeline",
-        "type": "enum",
-        "value": "sfm",
-        "domain": ["sfm", "direct"],
-        "help": "Reconstruction method.",
-    },
-    {
-        "name": "resize-to",
-        "type": "int",
-        "value": "2048",
-        "domain": "integer",
-        "help": "Resize images to this many pixels on the long side (-1: no resizing).",
-    },
-    {
-        "name": "end-with",
-        "type": "enum",
-        "value": "odm_report",
-        "domain": list(_STAND_IN_STAGES),
-        "help": "End processing at this stage.",
-    },
-    {
-        "name": "rerun-from",
-        "type": "enum",
-        "value": "",
-        "domain": list(_STAND_IN_STAGES),
-        "help": "Rerun processing from this stage.",
-    },
-    {
-        "name": "max-concurrency",
-        "type": "int",
-        "value": "2",
-        "domain": "positive integer",
-        "help": "Maximum number of threads.",
-    },
+    option(
+        "orthophoto-resolution",
+        "float",
+        "5",
+        "positive float",
+        "Orthophoto resolution in cm/pixel.",
+    ),
+    bool_option("dsm", "Build a DSM."),
+    bool_option("dtm", "Build a DTM."),
+    enum_option("pipeline", "sfm", ["sfm", "direct"], "Reconstruction method."),
+    option(
+        "resize-to",
+        "int",
+        "2048",
+        "integer",
+        "Resize images to this many pixels on the long side (-1: no resizing).",
+    ),
+    stage_option("end-with", "odm_report", "End processing at this stage."),
+    stage_option("rerun-from", "", "Rerun processing from this stage."),
+    option("max-concurrency", "int", "2", "positive integer", "Maximum number of threads."),
 ]
+
+
+_STAND_IN_FILES: dict[str, tuple[str, bytes | None]] = {
+    "odm_dem": (PRODUCTS["dsm"].odm_path, b"stand-in dsm\n"),
+    "odm_orthophoto": (PRODUCTS["orthophoto"].odm_path, b"stand-in\n"),
+    "odm_georeferencing": (PRODUCTS["point_cloud"].odm_path, b"stand-in laz\n"),
+    "odm_report": (f"{REPORT_FOLDER}/images.txt", None),
+}
+"""Stage -> (placeholder file it writes, its bytes; None: the image names, one a line)."""
 
 
 def _stand_in_run(
@@ -258,19 +244,11 @@ def _stand_in_run(
             log(f"Skipping {stage} stage (rerun-from {rerun_from})")
             continue
         log(f"Running {stage} stage")
-        if stage == "odm_dem":
-            (task_dir / "odm_dem").mkdir(exist_ok=True)
-            (task_dir / "odm_dem" / "dsm.tif").write_bytes(b"stand-in dsm\n")
-        elif stage == "odm_orthophoto":
-            (task_dir / "odm_orthophoto").mkdir(exist_ok=True)
-            (task_dir / "odm_orthophoto" / "odm_orthophoto.tif").write_bytes(b"stand-in\n")
-        elif stage == "odm_georeferencing":
-            (task_dir / "odm_georeferencing").mkdir(exist_ok=True)
-            laz = task_dir / "odm_georeferencing" / "odm_georeferenced_model.laz"
-            laz.write_bytes(b"stand-in laz\n")
-        elif stage == "odm_report":
-            (task_dir / "odm_report").mkdir(exist_ok=True)
-            (task_dir / "odm_report" / "images.txt").write_text("\n".join(images) + "\n")
+        placeholder = _STAND_IN_FILES.get(stage)
+        if placeholder is not None:
+            path = task_dir / placeholder[0]
+            path.parent.mkdir(exist_ok=True)
+            path.write_bytes(placeholder[1] or ("\n".join(images) + "\n").encode())
         marker.write_text(json.dumps({"options": options, "rerun_from": rerun_from}))
         if stage == end_with:
             break
