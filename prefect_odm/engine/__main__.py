@@ -59,6 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _default_data_dir() -> Path:
+    """``$PREFECT_ODM_HOME/engine-serve``: the data folder of ``serve`` without ``--data-dir``."""
+    from prefect_odm.settings import prefect_odm_home
+
+    return prefect_odm_home() / "engine-serve"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the engine command line; returns the process exit code."""
     args = build_parser().parse_args(list(argv) if argv is not None else None)
@@ -98,9 +105,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def _default_data_dir() -> Path:
-    from prefect_odm.settings import prefect_odm_home
-
-    return prefect_odm_home() / "engine-serve"

@@ -15,7 +15,7 @@ Algorithms:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -52,7 +52,8 @@ def filter_point_outliers(xyz: FloatArray) -> NDArray[np.bool_]:
     n = len(xyz)
     if n <= OUTLIER_NEIGHBOURS:
         return np.ones(n, dtype=bool)
-    _, index = cKDTree(xyz[:, :2]).query(xyz[:, :2], k=OUTLIER_NEIGHBOURS + 1)
+    _, found = cKDTree(xyz[:, :2]).query(xyz[:, :2], k=OUTLIER_NEIGHBOURS + 1)
+    index = cast(NDArray[np.intp], found)
     residual = xyz[:, 2] - np.median(xyz[index[:, 1:], 2], axis=1)
     mad = float(np.median(np.abs(residual - np.median(residual))))
     limit = max(OUTLIER_MIN_M, OUTLIER_MAD_FACTOR * 1.4826 * mad)

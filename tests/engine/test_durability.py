@@ -11,8 +11,9 @@ import psutil
 import pytest
 import requests
 
-from prefect_odm.engine.runner import Supervisor, build_zip, describe_failure
 from prefect_odm.engine.store import COMPLETED, PENDING, QUEUED, TaskRecord, TaskStore
+from prefect_odm.engine.supervisor import Supervisor, describe_failure
+from prefect_odm.engine.task_files import build_zip
 
 from .conftest import EngineFactory, upload_task, wait_status
 
