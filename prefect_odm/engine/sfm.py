@@ -26,6 +26,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,22 @@ MAX_POINT_REPROJECTION_ERROR_PX = 2.0
 
 MIN_TRACK_LENGTH = 3
 """3D points seen in fewer images are dropped from the products."""
+
+
+@dataclass(frozen=True)
+class _Colmap:
+    """One COLMAP run: the images, their folder, the scratch folder, threads and the log."""
+
+    images: Sequence[ImageMeta]
+    image_dir: Path
+    work_dir: Path
+    threads: int
+    log: Callable[[str], None]
+
+    @property
+    def database(self) -> Path:
+        """COLMAP's feature and match database."""
+        return self.work_dir / "database.db"
 
 
 def reconstruct_sfm(
@@ -98,16 +115,15 @@ def reconstruct_sfm(
     import pycolmap
 
     work_dir.mkdir(parents=True, exist_ok=True)
-    database = work_dir / "database.db"
-    database.unlink(missing_ok=True)
-    threads = max(1, int(max_concurrency))
+    run = _Colmap(images, image_dir, work_dir, max(1, int(max_concurrency)), log)
+    run.database.unlink(missing_ok=True)
     previous_level = pycolmap.logging.minloglevel
     pycolmap.logging.minloglevel = 2  # COLMAP's INFO lines go to stderr; we log our own
     try:
-        _extract_features(images, image_dir, database, threads, resize_to, max_features, log)
-        pairs = _match_neighbours(images, database, threads, max_neighbours, log)
-        model = _map_incrementally(images, image_dir, work_dir, database, threads, pairs, log)
-        origin, residual, scale = _align_to_gps(model, images, epsg, log)
+        _extract_features(run, resize_to, max_features)
+        pairs = _match_neighbours(run, max_neighbours)
+        model = _map_incrementally(run, pairs)
+        origin, residual, scale = _align_to_gps(run, model, epsg)
         cameras, points, colours = _scene_parts(model, origin)
         return Scene(
             method="sfm",
@@ -128,17 +144,11 @@ def reconstruct_sfm(
         pycolmap.logging.minloglevel = previous_level
 
 
-def _extract_features(
-    images: Sequence[ImageMeta],
-    image_dir: Path,
-    database: Path,
-    threads: int,
-    resize_to: int,
-    max_features: int,
-    log: Callable[[str], None],
-) -> None:
-    """SIFT features of every image into ``database``, one SIMPLE_RADIAL camera per camera key."""
+def _extract_features(run: _Colmap, resize_to: int, max_features: int) -> None:
+    """SIFT features of every image into the database, one SIMPLE_RADIAL camera per camera key."""
     import pycolmap
+
+    images, threads = run.images, run.threads
 
     started = time.perf_counter()
     extraction = pycolmap.FeatureExtractionOptions()
@@ -156,29 +166,25 @@ def _extract_features(
         reader.camera_model = "SIMPLE_RADIAL"
         reader.camera_params = f"{first.focal_length_px},{first.width / 2.0},{first.height / 2.0},0"
         pycolmap.extract_features(
-            database,
-            image_dir,
+            run.database,
+            run.image_dir,
             image_names=[m.name for m in group],
             camera_mode=pycolmap.CameraMode.SINGLE,
             reader_options=reader,
             extraction_options=extraction,
             device=pycolmap.Device.cpu,
         )
-    log(
+    run.log(
         f"Extracted SIFT features of {len(images)} images ({len(groups)} camera(s)) "
         f"in {time.perf_counter() - started:.1f} s"
     )
 
 
-def _match_neighbours(
-    images: Sequence[ImageMeta],
-    database: Path,
-    threads: int,
-    max_neighbours: int,
-    log: Callable[[str], None],
-) -> int:
+def _match_neighbours(run: _Colmap, max_neighbours: int) -> int:
     """Match each image with its GPS neighbours within about one footprint; verified pairs."""
     import pycolmap
+
+    images = run.images
 
     started = time.perf_counter()
     ground_z, _ = estimate_ground_z_m(images)
@@ -186,35 +192,27 @@ def _match_neighbours(
     height_m = max(float(np.median(heights)) if heights else 60.0, 5.0)
     long_side = max(max(m.width, m.height) / m.focal_length_px for m in images)
     matching = pycolmap.FeatureMatchingOptions()
-    matching.num_threads = threads
+    matching.num_threads = run.threads
     pairing = pycolmap.SpatialPairingOptions()
     pairing.max_num_neighbors = min(max(1, int(max_neighbours)), max(len(images) - 1, 1))
     pairing.max_distance = 1.2 * height_m * long_side
     pairing.ignore_z = True
     pycolmap.match_spatial(
-        database, matching_options=matching, pairing_options=pairing, device=pycolmap.Device.cpu
+        run.database, matching_options=matching, pairing_options=pairing, device=pycolmap.Device.cpu
     )
-    db = pycolmap.Database.open(database)
+    db = pycolmap.Database.open(run.database)
     try:
         pairs = int(db.num_verified_image_pairs())
     finally:
         db.close()
-    log(
+    run.log(
         f"Matched neighbours within {pairing.max_distance:.0f} m: {pairs} verified pairs "
         f"in {time.perf_counter() - started:.1f} s"
     )
     return pairs
 
 
-def _map_incrementally(
-    images: Sequence[ImageMeta],
-    image_dir: Path,
-    work_dir: Path,
-    database: Path,
-    threads: int,
-    pairs: int,
-    log: Callable[[str], None],
-) -> Any:
+def _map_incrementally(run: _Colmap, pairs: int) -> Any:
     """COLMAP's incremental mapping with the focal length held fixed; the largest model.
 
     Raises:
@@ -222,17 +220,19 @@ def _map_incrementally(
     """
     import pycolmap
 
+    images = run.images
     started = time.perf_counter()
     options = pycolmap.IncrementalPipelineOptions()
-    options.num_threads = threads
+    options.num_threads = run.threads
     options.random_seed = 0
     options.ba_refine_focal_length = False
     options.ba_refine_principal_point = False
     options.ba_refine_extra_params = True
     options.mapper.abs_pose_refine_focal_length = False
     options.min_model_size = 3
-    (work_dir / "sparse").mkdir(exist_ok=True)
-    models = pycolmap.incremental_mapping(database, image_dir, work_dir / "sparse", options)
+    sparse = run.work_dir / "sparse"
+    sparse.mkdir(exist_ok=True)
+    models = pycolmap.incremental_mapping(run.database, run.image_dir, sparse, options)
     if not models:
         raise ProcessingFailedError(
             f"structure from motion failed: no model from {len(images)} images "
@@ -240,7 +240,7 @@ def _map_incrementally(
         )
     model = max(models.values(), key=lambda m: m.num_reg_images())
     registered = model.num_reg_images()
-    log(
+    run.log(
         f"Incremental mapping: {registered}/{len(images)} images registered, "
         f"{model.num_points3D()} points, {len(models)} model(s) "
         f"in {time.perf_counter() - started:.1f} s"
@@ -255,7 +255,7 @@ def _map_incrementally(
 
 
 def _align_to_gps(
-    model: Any, images: Sequence[ImageMeta], epsg: int, log: Callable[[str], None]
+    run: _Colmap, model: Any, epsg: int
 ) -> tuple[NDArray[np.float64], NDArray[np.float64], float]:
     """Transform ``model`` (in place) onto the GPS positions, in UTM metres less an origin.
 
@@ -267,7 +267,7 @@ def _align_to_gps(
     """
     import pycolmap
 
-    by_name = {m.name: m for m in images}
+    by_name = {m.name: m for m in run.images}
     reg_ids = list(model.reg_image_ids())
     reg_names = [model.images[i].name for i in reg_ids]
     gps = utm_positions([by_name[n] for n in reg_names], epsg)
@@ -282,7 +282,7 @@ def _align_to_gps(
     model.transform(sim)
     centers = np.array([model.images[i].projection_center() for i in reg_ids]) + origin
     residual = np.linalg.norm(centers - gps, axis=1)
-    log(
+    run.log(
         f"Aligned to GPS (scale {sim.scale:.3f}): camera residual mean "
         f"{residual.mean():.2f} m, max {residual.max():.2f} m"
     )
