@@ -25,8 +25,9 @@ Faults are switched on only by the environment variable ``PREFECT_ODM_ENGINE_FAU
 ``slow_seconds`` (float N)
     each task process waits N seconds (printing a line per second) before processing.
 ``stand_in_pipeline`` (bool)
-    use :data:`STAND_IN_PIPELINE`, a tiny fake photogrammetry pipeline that writes small
-    placeholder files in ODM's layout, instead of :mod:`prefect_odm.engine.pipeline`.
+    use :data:`STAND_IN_PIPELINE` (:class:`StandInPipeline`), a tiny fake photogrammetry
+    pipeline that writes small placeholder files in ODM's layout, instead of
+    :mod:`prefect_odm.engine.pipeline`.
 
 Example::
 
@@ -43,7 +44,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from prefect_odm.engine.pipeline_options import (
@@ -216,46 +216,57 @@ _STAND_IN_FILES: dict[str, tuple[str, bytes | None]] = {
 """Stage -> (placeholder file it writes, its bytes; None: the image names, one a line)."""
 
 
-def _stand_in_run(
-    task_dir: Path,
-    options: dict[str, Any],
-    *,
-    rerun_from: str | None = None,
-    log: Callable[[str], None] = print,
-) -> None:
-    """Write placeholder products in ODM's layout, one marker file per stage.
+class StandInPipeline:
+    """A tiny fake photogrammetry pipeline with the pipeline contract.
 
-    Stages before ``rerun_from`` whose marker exists are skipped, as ODM's ``rerun-from`` does.
-
-    Raises:
-        InputError: no image in ``task_dir/images``.
+    It has :mod:`.pipeline`'s ``STAGES``, a few of its ``OPTIONS`` and a ``run`` that writes
+    small placeholder files in ODM's layout, one marker file per stage: tests of the server and
+    the task processes run in a fraction of a second with it.
     """
-    task_dir = Path(task_dir)
-    images = sorted(p.name for p in (task_dir / "images").iterdir() if p.is_file())
-    if not images:
-        raise InputError("no images")
-    markers = task_dir / "stand_in"
-    markers.mkdir(exist_ok=True)
-    start = _STAND_IN_STAGES.index(rerun_from) if rerun_from in _STAND_IN_STAGES else 0
-    end_with = options.get("end-with") or _STAND_IN_STAGES[-1]
-    for index, stage in enumerate(_STAND_IN_STAGES):
-        marker = markers / f"{stage}.done"
-        if index < start and marker.exists():
-            log(f"Skipping {stage} stage (rerun-from {rerun_from})")
-            continue
-        log(f"Running {stage} stage")
-        placeholder = _STAND_IN_FILES.get(stage)
-        if placeholder is not None:
-            path = task_dir / placeholder[0]
-            path.parent.mkdir(exist_ok=True)
-            path.write_bytes(placeholder[1] or ("\n".join(images) + "\n").encode())
-        marker.write_text(json.dumps({"options": options, "rerun_from": rerun_from}))
-        if stage == end_with:
-            break
-    log("Stand-in pipeline finished")
+
+    STAGES: tuple[str, ...] = _STAND_IN_STAGES
+    OPTIONS: list[dict[str, Any]] = _STAND_IN_OPTIONS
+
+    def run(
+        self,
+        task_dir: Path,
+        options: dict[str, Any],
+        *,
+        rerun_from: str | None = None,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        """Write placeholder products in ODM's layout, one marker file per stage.
+
+        Stages before ``rerun_from`` whose marker exists are skipped, as ODM's ``rerun-from``
+        does.
+
+        Raises:
+            InputError: no image in ``task_dir/images``.
+        """
+        task_dir = Path(task_dir)
+        images = sorted(p.name for p in (task_dir / "images").iterdir() if p.is_file())
+        if not images:
+            raise InputError("no images")
+        markers = task_dir / "stand_in"
+        markers.mkdir(exist_ok=True)
+        start = self.STAGES.index(rerun_from) if rerun_from in self.STAGES else 0
+        end_with = options.get("end-with") or self.STAGES[-1]
+        for index, stage in enumerate(self.STAGES):
+            marker = markers / f"{stage}.done"
+            if index < start and marker.exists():
+                log(f"Skipping {stage} stage (rerun-from {rerun_from})")
+                continue
+            log(f"Running {stage} stage")
+            placeholder = _STAND_IN_FILES.get(stage)
+            if placeholder is not None:
+                path = task_dir / placeholder[0]
+                path.parent.mkdir(exist_ok=True)
+                path.write_bytes(placeholder[1] or ("\n".join(images) + "\n").encode())
+            marker.write_text(json.dumps({"options": options, "rerun_from": rerun_from}))
+            if stage == end_with:
+                break
+        log("Stand-in pipeline finished")
 
 
-STAND_IN_PIPELINE = SimpleNamespace(
-    STAGES=_STAND_IN_STAGES, OPTIONS=_STAND_IN_OPTIONS, run=_stand_in_run
-)
-"""A module-like stand-in with the pipeline contract (``STAGES``, ``OPTIONS``, ``run``)."""
+STAND_IN_PIPELINE = StandInPipeline()
+"""The stand-in pipeline (see :class:`StandInPipeline`)."""

@@ -53,6 +53,7 @@ class _ProgressLog:
             write_atomic(task_dir / STAGE_FILE, stages[self.index] + "\n")
 
     def write_progress(self, progress: float) -> None:
+        """Write ``progress`` (0-100) to the progress file the supervisor polls."""
         write_atomic(self.task_dir / PROGRESS_FILE, f"{progress:.1f}\n")
 
     def __call__(self, line: str) -> None:

@@ -107,6 +107,7 @@ def safe_extract_zip(archive: Path, destination: Path) -> int:
 
 
 def count_images(task_dir: Path) -> int:
+    """Number of image files (by suffix, :data:`IMAGE_SUFFIXES`) in ``task_dir/images``."""
     folder = task_dir / "images"
     if not folder.is_dir():
         return 0
