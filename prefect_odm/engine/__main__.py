@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from prefect_odm.engine.faults import Faults
+from prefect_odm.engine.store import DEFAULT_CLEANUP_HOURS
 from prefect_odm.errors import InputError
 
 
@@ -44,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--cleanup-hours",
         type=float,
-        default=48.0,
+        default=DEFAULT_CLEANUP_HOURS,
         help="delete finished tasks and uncommitted uploads after this many hours (0: never)",
     )
     serve.add_argument(

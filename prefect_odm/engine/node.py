@@ -40,6 +40,7 @@ from prefect_odm.engine.options import (
 from prefect_odm.engine.store import (
     CANCELED,
     COMPLETED,
+    DEFAULT_CLEANUP_HOURS,
     FAILED,
     PENDING,
     QUEUED,
@@ -90,7 +91,7 @@ class EngineConfig:
     """Most images one task may have (None: unlimited)."""
     max_upload_mb: float | None = None
     """Largest single uploaded file in MiB (None: unlimited)."""
-    cleanup_hours: float = 48.0
+    cleanup_hours: float = DEFAULT_CLEANUP_HOURS
     """Uncommitted uploads and finished tasks are deleted after this many hours (0 or less:
     never)."""
     faults: Faults = field(default_factory=Faults)

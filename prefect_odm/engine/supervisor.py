@@ -29,6 +29,7 @@ from prefect_odm.engine.faults import DIE_EXIT_CODE, Faults
 from prefect_odm.engine.store import (
     CANCELED,
     COMPLETED,
+    DEFAULT_CLEANUP_HOURS,
     FAILED,
     FINISHED,
     PENDING,
@@ -145,7 +146,7 @@ class Supervisor:
         *,
         max_parallel_tasks: int = 1,
         faults: Faults | None = None,
-        cleanup_hours: float = 48.0,
+        cleanup_hours: float = DEFAULT_CLEANUP_HOURS,
         on_finished: Callable[[str], None] | None = None,
         poll_interval_seconds: float = 0.1,
     ) -> None:
