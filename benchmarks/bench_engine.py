@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from prefect_odm.registry import PRODUCTS, REPORT_FOLDER
+
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / ".." / "shared" / "data"
 SENECA_SUBSET = 50
@@ -48,6 +50,17 @@ def _seneca_subset(count: int) -> list[Path]:
     east = (lon - lon.mean()) * 111_320.0 * np.cos(np.radians(lat.mean()))
     nearest = np.argsort(np.hypot(north, east), kind="stable")[:count]
     return [folder / metas[i].name for i in sorted(nearest)]
+
+
+def _test_pipeline() -> Any:
+    """``tests/engine/test_pipeline.py``, whose task-folder and accuracy helpers the benchmark
+    shares."""
+    folder = str(REPO / "tests" / "engine")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    import test_pipeline
+
+    return test_pipeline
 
 
 def _child(task: str, options: dict[str, Any], queue: Any) -> None:
@@ -76,14 +89,7 @@ def _child(task: str, options: dict[str, Any], queue: Any) -> None:
 def run_case(
     root: Path, name: str, images: list[Path] | Path, options: dict[str, Any]
 ) -> dict[str, Any]:
-    task = root / name
-    task.mkdir(parents=True)
-    if isinstance(images, Path):
-        (task / "images").symlink_to(images.resolve(), target_is_directory=True)
-    else:
-        (task / "images").mkdir()
-        for path in images:
-            (task / "images" / path.name).symlink_to(path.resolve())
+    task = _test_pipeline().make_task(root, images, name)
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     process = context.Process(target=_child, args=(str(task), options, queue))
@@ -91,17 +97,15 @@ def run_case(
     result = queue.get()
     process.join()
     result["task"] = task
-    report_path = task / "odm_report" / "engine.json"
+    report_path = task / REPORT_FOLDER / "engine.json"
     result["report"] = json.loads(report_path.read_text()) if report_path.exists() else {}
     return result
 
 
 def brighton_accuracy(task: Path) -> str:
-    sys.path.insert(0, str(REPO / "tests" / "engine"))
-    from test_pipeline import dsm_median_abs_diff_m, orthophoto_offset_m
-
-    median_abs, median_signed, _ = dsm_median_abs_diff_m(task / "odm_dem" / "dsm.tif")
-    offset, corr = orthophoto_offset_m(task / "odm_orthophoto" / "odm_orthophoto.tif")
+    helpers = _test_pipeline()
+    median_abs, median_signed, _ = helpers.dsm_median_abs_diff_m(task / PRODUCTS["dsm"].odm_path)
+    offset, corr = helpers.orthophoto_offset_m(task / PRODUCTS["orthophoto"].odm_path)
     return (
         f"DSM median |diff| {median_abs:.2f} m (signed {median_signed:+.2f}); "
         f"orthophoto offset {offset:.2f} m (r={corr:.2f})"

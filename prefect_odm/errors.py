@@ -133,3 +133,18 @@ class IncompleteRunError(PrefectODMError):
         self.failed = dict(failed)
         lines = "\n".join(f"  {sid}: {why}" for sid, why in sorted(self.failed.items()))
         super().__init__(f"{len(self.failed)} submodel(s) failed:\n{lines}")
+
+
+# -- the built-in engine --
+
+
+class EngineError(InputError):
+    """A request the built-in engine refuses; the message is sent as ``{"error": message}``.
+
+    Attributes:
+        no_retry: sending the same request again cannot help (NodeODM's ``noRetry``).
+    """
+
+    def __init__(self, message: str, *, no_retry: bool = False) -> None:
+        super().__init__(message)
+        self.no_retry = no_retry

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from prefect_odm.engine.faults import Faults
+from prefect_odm.engine.store import DEFAULT_CLEANUP_HOURS
 from prefect_odm.errors import InputError
 
 
@@ -44,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--cleanup-hours",
         type=float,
-        default=48.0,
+        default=DEFAULT_CLEANUP_HOURS,
         help="delete finished tasks and uncommitted uploads after this many hours (0: never)",
     )
     serve.add_argument(
@@ -57,6 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run-task", help="run one task process (used by the server)")
     run.add_argument("task_dir", type=Path)
     return parser
+
+
+def _default_data_dir() -> Path:
+    """``$PREFECT_ODM_HOME/engine-serve``: the data folder of ``serve`` without ``--data-dir``."""
+    from prefect_odm.settings import prefect_odm_home
+
+    return prefect_odm_home() / "engine-serve"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -98,9 +106,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def _default_data_dir() -> Path:
-    from prefect_odm.settings import prefect_odm_home
-
-    return prefect_odm_home() / "engine-serve"

@@ -25,8 +25,9 @@ Faults are switched on only by the environment variable ``PREFECT_ODM_ENGINE_FAU
 ``slow_seconds`` (float N)
     each task process waits N seconds (printing a line per second) before processing.
 ``stand_in_pipeline`` (bool)
-    use :data:`STAND_IN_PIPELINE`, a tiny fake photogrammetry pipeline that writes small
-    placeholder files in ODM's layout, instead of :mod:`prefect_odm.engine.pipeline`.
+    use :data:`STAND_IN_PIPELINE` (:class:`StandInPipeline`), a tiny fake photogrammetry
+    pipeline that writes small placeholder files in ODM's layout, instead of
+    :mod:`prefect_odm.engine.pipeline`.
 
 Example::
 
@@ -43,10 +44,17 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
+from prefect_odm.engine.pipeline_options import (
+    STAGES,
+    bool_option,
+    enum_option,
+    option,
+    stage_option,
+)
 from prefect_odm.errors import InputError
+from prefect_odm.registry import PRODUCTS, REPORT_FOLDER
 from prefect_odm.settings import get_settings
 
 DIE_EXIT_CODE = 70
@@ -173,111 +181,92 @@ class Faults:
 
 # -- the stand-in pipeline ----------------------------------------------------------------------
 
-_STAND_IN_STAGES: tuple[str, ...] = (
-    "dataset",
-    "opensfm",
-    "odm_dem",
-    "odm_orthophoto",
-    "odm_georeferencing",
-    "odm_report",
-)
+_STAND_IN_STAGES: tuple[str, ...] = STAGES
 
 _STAND_IN_OPTIONS: list[dict[str, Any]] = [
-    {
-        "name": "orthophoto-resolution",
-        "type": "float",
-        "value": "5",
-        "domain": "positive float",
-        "help": "Orthophoto resolution in cm/pixel.",
-    },
-    {"name": "dsm", "type": "bool", "value": "false", "domain": "bool", "help": "Build a DSM."},
-    {"name": "dtm", "type": "bool", "value": "false", "domain": "bool", "help": "Build a DTM."},
-    {
-        "name": "pipeline",
-        "type": "enum",
-        "value": "sfm",
-        "domain": ["sfm", "direct"],
-        "help": "Reconstruction method.",
-    },
-    {
-        "name": "resize-to",
-        "type": "int",
-        "value": "2048",
-        "domain": "integer",
-        "help": "Resize images to this many pixels on the long side (-1: no resizing).",
-    },
-    {
-        "name": "end-with",
-        "type": "enum",
-        "value": "odm_report",
-        "domain": list(_STAND_IN_STAGES),
-        "help": "End processing at this stage.",
-    },
-    {
-        "name": "rerun-from",
-        "type": "enum",
-        "value": "",
-        "domain": list(_STAND_IN_STAGES),
-        "help": "Rerun processing from this stage.",
-    },
-    {
-        "name": "max-concurrency",
-        "type": "int",
-        "value": "2",
-        "domain": "positive integer",
-        "help": "Maximum number of threads.",
-    },
+    option(
+        "orthophoto-resolution",
+        "float",
+        "5",
+        "positive float",
+        "Orthophoto resolution in cm/pixel.",
+    ),
+    bool_option("dsm", "Build a DSM."),
+    bool_option("dtm", "Build a DTM."),
+    enum_option("pipeline", "sfm", ["sfm", "direct"], "Reconstruction method."),
+    option(
+        "resize-to",
+        "int",
+        "2048",
+        "integer",
+        "Resize images to this many pixels on the long side (-1: no resizing).",
+    ),
+    stage_option("end-with", "odm_report", "End processing at this stage."),
+    stage_option("rerun-from", "", "Rerun processing from this stage."),
+    option("max-concurrency", "int", "2", "positive integer", "Maximum number of threads."),
 ]
 
 
-def _stand_in_run(
-    task_dir: Path,
-    options: dict[str, Any],
-    *,
-    rerun_from: str | None = None,
-    log: Callable[[str], None] = print,
-) -> None:
-    """Write placeholder products in ODM's layout, one marker file per stage.
+_STAND_IN_FILES: dict[str, tuple[str, bytes | None]] = {
+    "odm_dem": (PRODUCTS["dsm"].odm_path, b"stand-in dsm\n"),
+    "odm_orthophoto": (PRODUCTS["orthophoto"].odm_path, b"stand-in\n"),
+    "odm_georeferencing": (PRODUCTS["point_cloud"].odm_path, b"stand-in laz\n"),
+    "odm_report": (f"{REPORT_FOLDER}/images.txt", None),
+}
+"""Stage -> (placeholder file it writes, its bytes; None: the image names, one a line)."""
 
-    Stages before ``rerun_from`` whose marker exists are skipped, as ODM's ``rerun-from`` does.
 
-    Raises:
-        InputError: no image in ``task_dir/images``.
+class StandInPipeline:
+    """A tiny fake photogrammetry pipeline with the pipeline contract.
+
+    It has :mod:`.pipeline`'s ``STAGES``, a few of its ``OPTIONS`` and a ``run`` that writes
+    small placeholder files in ODM's layout, one marker file per stage: tests of the server and
+    the task processes run in a fraction of a second with it.
     """
-    task_dir = Path(task_dir)
-    images = sorted(p.name for p in (task_dir / "images").iterdir() if p.is_file())
-    if not images:
-        raise InputError("no images")
-    markers = task_dir / "stand_in"
-    markers.mkdir(exist_ok=True)
-    start = _STAND_IN_STAGES.index(rerun_from) if rerun_from in _STAND_IN_STAGES else 0
-    end_with = options.get("end-with") or _STAND_IN_STAGES[-1]
-    for index, stage in enumerate(_STAND_IN_STAGES):
-        marker = markers / f"{stage}.done"
-        if index < start and marker.exists():
-            log(f"Skipping {stage} stage (rerun-from {rerun_from})")
-            continue
-        log(f"Running {stage} stage")
-        if stage == "odm_dem":
-            (task_dir / "odm_dem").mkdir(exist_ok=True)
-            (task_dir / "odm_dem" / "dsm.tif").write_bytes(b"stand-in dsm\n")
-        elif stage == "odm_orthophoto":
-            (task_dir / "odm_orthophoto").mkdir(exist_ok=True)
-            (task_dir / "odm_orthophoto" / "odm_orthophoto.tif").write_bytes(b"stand-in\n")
-        elif stage == "odm_georeferencing":
-            (task_dir / "odm_georeferencing").mkdir(exist_ok=True)
-            laz = task_dir / "odm_georeferencing" / "odm_georeferenced_model.laz"
-            laz.write_bytes(b"stand-in laz\n")
-        elif stage == "odm_report":
-            (task_dir / "odm_report").mkdir(exist_ok=True)
-            (task_dir / "odm_report" / "images.txt").write_text("\n".join(images) + "\n")
-        marker.write_text(json.dumps({"options": options, "rerun_from": rerun_from}))
-        if stage == end_with:
-            break
-    log("Stand-in pipeline finished")
+
+    STAGES: tuple[str, ...] = _STAND_IN_STAGES
+    OPTIONS: list[dict[str, Any]] = _STAND_IN_OPTIONS
+
+    def run(
+        self,
+        task_dir: Path,
+        options: dict[str, Any],
+        *,
+        rerun_from: str | None = None,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        """Write placeholder products in ODM's layout, one marker file per stage.
+
+        Stages before ``rerun_from`` whose marker exists are skipped, as ODM's ``rerun-from``
+        does.
+
+        Raises:
+            InputError: no image in ``task_dir/images``.
+        """
+        task_dir = Path(task_dir)
+        images = sorted(p.name for p in (task_dir / "images").iterdir() if p.is_file())
+        if not images:
+            raise InputError("no images")
+        markers = task_dir / "stand_in"
+        markers.mkdir(exist_ok=True)
+        start = self.STAGES.index(rerun_from) if rerun_from in self.STAGES else 0
+        end_with = options.get("end-with") or self.STAGES[-1]
+        for index, stage in enumerate(self.STAGES):
+            marker = markers / f"{stage}.done"
+            if index < start and marker.exists():
+                log(f"Skipping {stage} stage (rerun-from {rerun_from})")
+                continue
+            log(f"Running {stage} stage")
+            placeholder = _STAND_IN_FILES.get(stage)
+            if placeholder is not None:
+                path = task_dir / placeholder[0]
+                path.parent.mkdir(exist_ok=True)
+                path.write_bytes(placeholder[1] or ("\n".join(images) + "\n").encode())
+            marker.write_text(json.dumps({"options": options, "rerun_from": rerun_from}))
+            if stage == end_with:
+                break
+        log("Stand-in pipeline finished")
 
 
-STAND_IN_PIPELINE = SimpleNamespace(
-    STAGES=_STAND_IN_STAGES, OPTIONS=_STAND_IN_OPTIONS, run=_stand_in_run
-)
-"""A module-like stand-in with the pipeline contract (``STAGES``, ``OPTIONS``, ``run``)."""
+STAND_IN_PIPELINE = StandInPipeline()
+"""The stand-in pipeline (see :class:`StandInPipeline`)."""

@@ -180,62 +180,108 @@ def start_engine(
     last_error: NodeError | None = None
     for _ in range(attempts):
         chosen = port if port is not None else free_port()
-        args = [
-            sys.executable,
-            "-m",
-            "prefect_odm.engine",
-            "serve",
-            "--host",
-            LOOPBACK,
-            "--port",
-            str(chosen),
-            "--data-dir",
-            str(data_dir),
-            "--max-parallel-tasks",
-            str(max_parallel_tasks),
-        ]
-        if token:
-            args += ["--token", token]
-        if method:
-            args += ["--method", method]
-        if max_images is not None:
-            args += ["--max-images", str(max_images)]
-        if max_upload_mb is not None:
-            args += ["--max-upload-mb", str(max_upload_mb)]
-        if cleanup_hours is not None:
-            args += ["--cleanup-hours", str(cleanup_hours)]
+        args = _serve_args(
+            chosen,
+            data_dir,
+            token=token,
+            method=method,
+            max_parallel_tasks=max_parallel_tasks,
+            max_images=max_images,
+            max_upload_mb=max_upload_mb,
+            cleanup_hours=cleanup_hours,
+        )
         env = dict(os.environ)
         env.update(extra_env or {})
-        log_path = data_dir / LOG_FILE
-        log = open(log_path, "ab")  # noqa: SIM115 - owned by EngineProcess
-        process = subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env
-        )
-        engine = EngineProcess(process, port=chosen, data_dir=data_dir, token=token, log=log)
-        deadline = time.monotonic() + startup_timeout_seconds
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                break
-            if _answers_info(engine.url, token):
-                logger.info("built-in engine running at %s (pid %d)", engine.url, engine.pid)
-                return engine
-            time.sleep(0.1)
-        if process.poll() is None:
-            engine.kill()
-            last_error = NodeError(
-                f"the built-in engine did not answer within {startup_timeout_seconds} s",
-                node_url=engine.url,
-                last_output=_tail(log_path),
-            )
-            break
-        log.close()
-        tail = _tail(log_path)
-        last_error = NodeError(
-            f"the built-in engine exited with code {process.returncode} at start-up",
-            node_url=engine.url,
-            last_output=tail,
-        )
-        if port is not None or not any("address already in use" in x.lower() for x in tail):
+        started = _start_once(args, chosen, data_dir, token, env, startup_timeout_seconds)
+        if isinstance(started, EngineProcess):
+            return started
+        last_error, port_clash = started
+        if port is not None or not port_clash:
             break  # only a port clash is worth another try
     assert last_error is not None
     raise last_error
+
+
+def _serve_args(
+    port: int,
+    data_dir: Path,
+    *,
+    token: str | None,
+    method: str | None,
+    max_parallel_tasks: int,
+    max_images: int | None,
+    max_upload_mb: float | None,
+    cleanup_hours: float | None,
+) -> list[str]:
+    """The command line of ``python -m prefect_odm.engine serve`` on 127.0.0.1:``port``."""
+    args = [
+        sys.executable,
+        "-m",
+        "prefect_odm.engine",
+        "serve",
+        "--host",
+        LOOPBACK,
+        "--port",
+        str(port),
+        "--data-dir",
+        str(data_dir),
+        "--max-parallel-tasks",
+        str(max_parallel_tasks),
+    ]
+    if token:
+        args += ["--token", token]
+    if method:
+        args += ["--method", method]
+    if max_images is not None:
+        args += ["--max-images", str(max_images)]
+    if max_upload_mb is not None:
+        args += ["--max-upload-mb", str(max_upload_mb)]
+    if cleanup_hours is not None:
+        args += ["--cleanup-hours", str(cleanup_hours)]
+    return args
+
+
+def _start_once(
+    args: list[str],
+    port: int,
+    data_dir: Path,
+    token: str | None,
+    env: dict[str, str],
+    startup_timeout_seconds: float,
+) -> EngineProcess | tuple[NodeError, bool]:
+    """Start the server once and wait until ``/info`` answers.
+
+    Returns:
+        The running engine, or ``(error, port_clash)``: why it failed (with the last lines of
+        its log) and whether it exited because the port was taken (worth another port).
+    """
+    log_path = data_dir / LOG_FILE
+    log = open(log_path, "ab")  # noqa: SIM115 - owned by EngineProcess
+    process = subprocess.Popen(
+        args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env
+    )
+    engine = EngineProcess(process, port=port, data_dir=data_dir, token=token, log=log)
+    deadline = time.monotonic() + startup_timeout_seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            break
+        if _answers_info(engine.url, token):
+            logger.info("built-in engine running at %s (pid %d)", engine.url, engine.pid)
+            return engine
+        time.sleep(0.1)
+    if process.poll() is None:
+        engine.kill()
+        timed_out = NodeError(
+            f"the built-in engine did not answer within {startup_timeout_seconds} s",
+            node_url=engine.url,
+            last_output=_tail(log_path),
+        )
+        return timed_out, False
+    log.close()
+    tail = _tail(log_path)
+    exited = NodeError(
+        f"the built-in engine exited with code {process.returncode} at start-up",
+        node_url=engine.url,
+        last_output=tail,
+    )
+    return exited, any("address already in use" in x.lower() for x in tail)

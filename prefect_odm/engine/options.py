@@ -46,7 +46,7 @@ def load_pipeline(*, stand_in: bool = False) -> Pipeline:
     if stand_in:
         from prefect_odm.engine.faults import STAND_IN_PIPELINE
 
-        return cast(Pipeline, STAND_IN_PIPELINE)
+        return STAND_IN_PIPELINE
     return cast(Pipeline, importlib.import_module(PIPELINE_MODULE))
 
 

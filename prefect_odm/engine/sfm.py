@@ -26,17 +26,14 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
-from prefect_odm.engine.camera import (
-    CameraPose,
-    ImageMeta,
-    Scene,
-    rotation_tuple,
-    utm_positions,
-)
+from prefect_odm.engine.camera import CameraPose, ImageMeta, Scene, rotation_tuple, utm_positions
 from prefect_odm.engine.direct import estimate_ground_z_m
 from prefect_odm.errors import ProcessingFailedError
 
@@ -63,6 +60,22 @@ MAX_POINT_REPROJECTION_ERROR_PX = 2.0
 
 MIN_TRACK_LENGTH = 3
 """3D points seen in fewer images are dropped from the products."""
+
+
+@dataclass(frozen=True)
+class _Colmap:
+    """One COLMAP run: the images, their folder, the scratch folder, threads and the log."""
+
+    images: Sequence[ImageMeta]
+    image_dir: Path
+    work_dir: Path
+    threads: int
+    log: Callable[[str], None]
+
+    @property
+    def database(self) -> Path:
+        """COLMAP's feature and match database."""
+        return self.work_dir / "database.db"
 
 
 def reconstruct_sfm(
@@ -102,161 +115,212 @@ def reconstruct_sfm(
     import pycolmap
 
     work_dir.mkdir(parents=True, exist_ok=True)
-    database = work_dir / "database.db"
-    database.unlink(missing_ok=True)
-    threads = max(1, int(max_concurrency))
+    run = _Colmap(images, image_dir, work_dir, max(1, int(max_concurrency)), log)
+    run.database.unlink(missing_ok=True)
     previous_level = pycolmap.logging.minloglevel
     pycolmap.logging.minloglevel = 2  # COLMAP's INFO lines go to stderr; we log our own
     try:
-        started = time.perf_counter()
-        extraction = pycolmap.FeatureExtractionOptions()
-        extraction.num_threads = threads
-        extraction.max_image_size = int(resize_to) if resize_to and resize_to > 0 else -1
-        extraction.sift.max_num_features = int(max_features)
-        extraction.sift.first_octave = 0  # no upsampled octave: 4x less work, enough features
-        extraction.sift.peak_threshold = SIFT_PEAK_THRESHOLD
-        groups: dict[str, list[ImageMeta]] = defaultdict(list)
-        for meta in images:
-            groups[meta.camera_key].append(meta)
-        for group in groups.values():
-            first = group[0]
-            reader = pycolmap.ImageReaderOptions()
-            reader.camera_model = "SIMPLE_RADIAL"
-            reader.camera_params = (
-                f"{first.focal_length_px},{first.width / 2.0},{first.height / 2.0},0"
-            )
-            pycolmap.extract_features(
-                database,
-                image_dir,
-                image_names=[m.name for m in group],
-                camera_mode=pycolmap.CameraMode.SINGLE,
-                reader_options=reader,
-                extraction_options=extraction,
-                device=pycolmap.Device.cpu,
-            )
-        log(
-            f"Extracted SIFT features of {len(images)} images ({len(groups)} camera(s)) "
-            f"in {time.perf_counter() - started:.1f} s"
-        )
-
-        started = time.perf_counter()
-        ground_z, _ = estimate_ground_z_m(images)
-        heights = [m.altitude_m - ground_z for m in images if m.altitude_m is not None]
-        height_m = max(float(np.median(heights)) if heights else 60.0, 5.0)
-        long_side = max(max(m.width, m.height) / m.focal_length_px for m in images)
-        matching = pycolmap.FeatureMatchingOptions()
-        matching.num_threads = threads
-        pairing = pycolmap.SpatialPairingOptions()
-        pairing.max_num_neighbors = min(max(1, int(max_neighbours)), max(len(images) - 1, 1))
-        pairing.max_distance = 1.2 * height_m * long_side
-        pairing.ignore_z = True
-        pycolmap.match_spatial(
-            database, matching_options=matching, pairing_options=pairing, device=pycolmap.Device.cpu
-        )
-        db = pycolmap.Database.open(database)
-        try:
-            pairs = db.num_verified_image_pairs()
-        finally:
-            db.close()
-        log(
-            f"Matched neighbours within {pairing.max_distance:.0f} m: {pairs} verified pairs "
-            f"in {time.perf_counter() - started:.1f} s"
-        )
-
-        started = time.perf_counter()
-        options = pycolmap.IncrementalPipelineOptions()
-        options.num_threads = threads
-        options.random_seed = 0
-        options.ba_refine_focal_length = False
-        options.ba_refine_principal_point = False
-        options.ba_refine_extra_params = True
-        options.mapper.abs_pose_refine_focal_length = False
-        options.min_model_size = 3
-        (work_dir / "sparse").mkdir(exist_ok=True)
-        models = pycolmap.incremental_mapping(database, image_dir, work_dir / "sparse", options)
-        if not models:
-            raise ProcessingFailedError(
-                f"structure from motion failed: no model from {len(images)} images "
-                f"({pairs} matched pairs)"
-            )
-        model = max(models.values(), key=lambda m: m.num_reg_images())
-        registered = model.num_reg_images()
-        log(
-            f"Incremental mapping: {registered}/{len(images)} images registered, "
-            f"{model.num_points3D()} points, {len(models)} model(s) "
-            f"in {time.perf_counter() - started:.1f} s"
-        )
-        needed = max(3, math.ceil(MIN_REGISTERED_FRACTION * len(images)))
-        if registered < min(needed, len(images)):
-            raise ProcessingFailedError(
-                f"structure from motion registered only {registered} of {len(images)} images "
-                f"(at least {needed} needed)"
-            )
-
-        by_name = {m.name: m for m in images}
-        reg_ids = list(model.reg_image_ids())
-        reg_names = [model.images[i].name for i in reg_ids]
-        gps = utm_positions([by_name[n] for n in reg_names], epsg)
-        origin = np.array([gps[:, 0].mean(), gps[:, 1].mean(), 0.0])
-        ransac = pycolmap.RANSACOptions()
-        ransac.max_error = GPS_RANSAC_MAX_ERROR_M
-        sim = pycolmap.align_reconstruction_to_locations(model, reg_names, gps - origin, 3, ransac)
-        if sim is None:
-            raise ProcessingFailedError(
-                "structure from motion model could not be aligned to the GPS positions"
-            )
-        model.transform(sim)
-        centers = np.array([model.images[i].projection_center() for i in reg_ids]) + origin
-        residual = np.linalg.norm(centers - gps, axis=1)
-        log(
-            f"Aligned to GPS (scale {sim.scale:.3f}): camera residual mean "
-            f"{residual.mean():.2f} m, max {residual.max():.2f} m"
-        )
-
-        cameras = []
-        for image_id in reg_ids:
-            image = model.images[image_id]
-            camera = model.cameras[image.camera_id]
-            f, cx, cy, k1 = (float(v) for v in camera.params[:4])
-            rotation = image.cam_from_world().rotation.matrix()
-            center = np.asarray(image.projection_center()) + origin
-            cameras.append(
-                CameraPose(
-                    name=image.name,
-                    width=int(camera.width),
-                    height=int(camera.height),
-                    focal_px=f,
-                    cx=cx,
-                    cy=cy,
-                    k1=k1,
-                    k2=0.0,
-                    rotation=rotation_tuple(rotation),
-                    center=(float(center[0]), float(center[1]), float(center[2])),
-                )
-            )
-        xyz, rgb = [], []
-        for point in model.points3D.values():
-            if point.track.length() >= MIN_TRACK_LENGTH and point.error <= (
-                MAX_POINT_REPROJECTION_ERROR_PX
-            ):
-                xyz.append(point.xyz)
-                rgb.append(point.color)
-        points = np.asarray(xyz, dtype=np.float64).reshape(-1, 3) + origin
-        colours = np.asarray(rgb, dtype=np.uint8).reshape(-1, 3)
+        _extract_features(run, resize_to, max_features)
+        pairs = _match_neighbours(run, max_neighbours)
+        model = _map_incrementally(run, pairs)
+        origin, residual, scale = _align_to_gps(run, model, epsg)
+        cameras, points, colours = _scene_parts(model, origin)
         return Scene(
             method="sfm",
             epsg=epsg,
-            cameras=tuple(cameras),
+            cameras=cameras,
             points_xyz=points,
             points_rgb=colours,
             images=len(images),
             stats={
-                "registered_images": float(registered),
+                "registered_images": float(model.num_reg_images()),
                 "verified_pairs": float(pairs),
                 "gps_residual_mean_m": float(residual.mean()),
                 "gps_residual_max_m": float(residual.max()),
-                "similarity_scale": float(sim.scale),
+                "similarity_scale": float(scale),
             },
         )
     finally:
         pycolmap.logging.minloglevel = previous_level
+
+
+def _extract_features(run: _Colmap, resize_to: int, max_features: int) -> None:
+    """SIFT features of every image into the database, one SIMPLE_RADIAL camera per camera key."""
+    import pycolmap
+
+    images, threads = run.images, run.threads
+
+    started = time.perf_counter()
+    extraction = pycolmap.FeatureExtractionOptions()
+    extraction.num_threads = threads
+    extraction.max_image_size = int(resize_to) if resize_to and resize_to > 0 else -1
+    extraction.sift.max_num_features = int(max_features)
+    extraction.sift.first_octave = 0  # no upsampled octave: 4x less work, enough features
+    extraction.sift.peak_threshold = SIFT_PEAK_THRESHOLD
+    groups: dict[str, list[ImageMeta]] = defaultdict(list)
+    for meta in images:
+        groups[meta.camera_key].append(meta)
+    for group in groups.values():
+        first = group[0]
+        reader = pycolmap.ImageReaderOptions()
+        reader.camera_model = "SIMPLE_RADIAL"
+        reader.camera_params = f"{first.focal_length_px},{first.width / 2.0},{first.height / 2.0},0"
+        pycolmap.extract_features(
+            run.database,
+            run.image_dir,
+            image_names=[m.name for m in group],
+            camera_mode=pycolmap.CameraMode.SINGLE,
+            reader_options=reader,
+            extraction_options=extraction,
+            device=pycolmap.Device.cpu,
+        )
+    run.log(
+        f"Extracted SIFT features of {len(images)} images ({len(groups)} camera(s)) "
+        f"in {time.perf_counter() - started:.1f} s"
+    )
+
+
+def _match_neighbours(run: _Colmap, max_neighbours: int) -> int:
+    """Match each image with its GPS neighbours within about one footprint; verified pairs."""
+    import pycolmap
+
+    images = run.images
+
+    started = time.perf_counter()
+    ground_z, _ = estimate_ground_z_m(images)
+    heights = [m.altitude_m - ground_z for m in images if m.altitude_m is not None]
+    height_m = max(float(np.median(heights)) if heights else 60.0, 5.0)
+    long_side = max(max(m.width, m.height) / m.focal_length_px for m in images)
+    matching = pycolmap.FeatureMatchingOptions()
+    matching.num_threads = run.threads
+    pairing = pycolmap.SpatialPairingOptions()
+    pairing.max_num_neighbors = min(max(1, int(max_neighbours)), max(len(images) - 1, 1))
+    pairing.max_distance = 1.2 * height_m * long_side
+    pairing.ignore_z = True
+    pycolmap.match_spatial(
+        run.database, matching_options=matching, pairing_options=pairing, device=pycolmap.Device.cpu
+    )
+    db = pycolmap.Database.open(run.database)
+    try:
+        pairs = int(db.num_verified_image_pairs())
+    finally:
+        db.close()
+    run.log(
+        f"Matched neighbours within {pairing.max_distance:.0f} m: {pairs} verified pairs "
+        f"in {time.perf_counter() - started:.1f} s"
+    )
+    return pairs
+
+
+def _map_incrementally(run: _Colmap, pairs: int) -> Any:
+    """COLMAP's incremental mapping with the focal length held fixed; the largest model.
+
+    Raises:
+        ProcessingFailedError: no model, or it registers too few of the images.
+    """
+    import pycolmap
+
+    images = run.images
+    started = time.perf_counter()
+    options = pycolmap.IncrementalPipelineOptions()
+    options.num_threads = run.threads
+    options.random_seed = 0
+    options.ba_refine_focal_length = False
+    options.ba_refine_principal_point = False
+    options.ba_refine_extra_params = True
+    options.mapper.abs_pose_refine_focal_length = False
+    options.min_model_size = 3
+    sparse = run.work_dir / "sparse"
+    sparse.mkdir(exist_ok=True)
+    models = pycolmap.incremental_mapping(run.database, run.image_dir, sparse, options)
+    if not models:
+        raise ProcessingFailedError(
+            f"structure from motion failed: no model from {len(images)} images "
+            f"({pairs} matched pairs)"
+        )
+    model = max(models.values(), key=lambda m: m.num_reg_images())
+    registered = model.num_reg_images()
+    run.log(
+        f"Incremental mapping: {registered}/{len(images)} images registered, "
+        f"{model.num_points3D()} points, {len(models)} model(s) "
+        f"in {time.perf_counter() - started:.1f} s"
+    )
+    needed = max(3, math.ceil(MIN_REGISTERED_FRACTION * len(images)))
+    if registered < min(needed, len(images)):
+        raise ProcessingFailedError(
+            f"structure from motion registered only {registered} of {len(images)} images "
+            f"(at least {needed} needed)"
+        )
+    return model
+
+
+def _align_to_gps(
+    run: _Colmap, model: Any, epsg: int
+) -> tuple[NDArray[np.float64], NDArray[np.float64], float]:
+    """Transform ``model`` (in place) onto the GPS positions, in UTM metres less an origin.
+
+    Returns:
+        ``(origin (3,) UTM metres, camera-to-GPS residuals (n,) metres, similarity scale)``.
+
+    Raises:
+        ProcessingFailedError: no similarity transform fits the GPS positions.
+    """
+    import pycolmap
+
+    by_name = {m.name: m for m in run.images}
+    reg_ids = list(model.reg_image_ids())
+    reg_names = [model.images[i].name for i in reg_ids]
+    gps = utm_positions([by_name[n] for n in reg_names], epsg)
+    origin = np.array([gps[:, 0].mean(), gps[:, 1].mean(), 0.0])
+    ransac = pycolmap.RANSACOptions()
+    ransac.max_error = GPS_RANSAC_MAX_ERROR_M
+    sim = pycolmap.align_reconstruction_to_locations(model, reg_names, gps - origin, 3, ransac)
+    if sim is None:
+        raise ProcessingFailedError(
+            "structure from motion model could not be aligned to the GPS positions"
+        )
+    model.transform(sim)
+    centers = np.array([model.images[i].projection_center() for i in reg_ids]) + origin
+    residual = np.linalg.norm(centers - gps, axis=1)
+    run.log(
+        f"Aligned to GPS (scale {sim.scale:.3f}): camera residual mean "
+        f"{residual.mean():.2f} m, max {residual.max():.2f} m"
+    )
+    return origin, residual, float(sim.scale)
+
+
+def _scene_parts(
+    model: Any, origin: NDArray[np.float64]
+) -> tuple[tuple[CameraPose, ...], NDArray[np.float64], NDArray[np.uint8]]:
+    """The registered cameras (UTM poses) and the filtered, coloured points of ``model``."""
+    cameras = []
+    for image_id in model.reg_image_ids():
+        image = model.images[image_id]
+        camera = model.cameras[image.camera_id]
+        f, cx, cy, k1 = (float(v) for v in camera.params[:4])
+        rotation = image.cam_from_world().rotation.matrix()
+        center = np.asarray(image.projection_center()) + origin
+        cameras.append(
+            CameraPose(
+                name=image.name,
+                width=int(camera.width),
+                height=int(camera.height),
+                focal_px=f,
+                cx=cx,
+                cy=cy,
+                k1=k1,
+                k2=0.0,
+                rotation=rotation_tuple(rotation),
+                center=(float(center[0]), float(center[1]), float(center[2])),
+            )
+        )
+    xyz, rgb = [], []
+    for point in model.points3D.values():
+        if point.track.length() >= MIN_TRACK_LENGTH and point.error <= (
+            MAX_POINT_REPROJECTION_ERROR_PX
+        ):
+            xyz.append(point.xyz)
+            rgb.append(point.color)
+    points = np.asarray(xyz, dtype=np.float64).reshape(-1, 3) + origin
+    colours = np.asarray(rgb, dtype=np.uint8).reshape(-1, 3)
+    return tuple(cameras), points, colours

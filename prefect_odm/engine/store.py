@@ -35,6 +35,9 @@ COMPLETED = 40
 CANCELED = 50
 FINISHED = frozenset({FAILED, COMPLETED, CANCELED})
 
+DEFAULT_CLEANUP_HOURS = 48.0
+"""Finished tasks and uncommitted uploads older than this are deleted (the engine's default)."""
+
 TABLE_NAME = "tasks.json"
 TABLE_VERSION = 1
 

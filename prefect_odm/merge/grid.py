@@ -10,6 +10,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+if TYPE_CHECKING:
+    from affine import Affine
 
 Bounds = tuple[float, float, float, float]
 """``(left, bottom, right, top)`` in CRS units, as rasterio spells bounds."""
@@ -54,6 +61,43 @@ class Grid:
     def pixel_area_m2(self) -> float:
         """Area of one pixel, square CRS units."""
         return self.resolution_m * self.resolution_m
+
+    @classmethod
+    def covering(cls, bounds: Bounds, resolution_m: float, snap_m: float) -> Grid:
+        """The grid of ``resolution_m`` pixels covering ``bounds``, corner snapped to ``snap_m``.
+
+        The edges of ``bounds`` are rounded outward to whole multiples of ``snap_m`` (anchored
+        at the CRS origin); width and height are the whole pixels that cover the snapped box
+        (the right and bottom edges may overhang it by less than a pixel when ``snap_m`` is not
+        a multiple of ``resolution_m``). The built-in engine's DEM grid.
+
+        Args:
+            bounds: ``(left, bottom, right, top)`` in CRS units.
+            resolution_m: pixel size, CRS units (> 0).
+            snap_m: the corner snap, CRS units (> 0).
+        """
+        left = math.floor(bounds[0] / snap_m) * snap_m
+        top = math.ceil(bounds[3] / snap_m) * snap_m
+        right = math.ceil(bounds[2] / snap_m) * snap_m
+        bottom = math.floor(bounds[1] / snap_m) * snap_m
+        width = max(1, int(math.ceil((right - left) / resolution_m - 1e-9)))
+        height = max(1, int(math.ceil((top - bottom) / resolution_m - 1e-9)))
+        return cls(left=left, top=top, resolution_m=resolution_m, width=width, height=height)
+
+    @property
+    def affine(self) -> Affine:
+        """:attr:`transform` as an :class:`affine.Affine` (what rasterio's profiles take)."""
+        from affine import Affine
+
+        return Affine(*self.transform)
+
+    def xs(self) -> NDArray[np.floating[Any]]:
+        """Pixel-centre x coordinates (eastings), CRS units, shape ``(width,)``."""
+        return self.left + (np.arange(self.width) + 0.5) * self.resolution_m
+
+    def ys(self) -> NDArray[np.floating[Any]]:
+        """Pixel-centre y coordinates (northings), CRS units, shape ``(height,)``."""
+        return self.top - (np.arange(self.height) + 0.5) * self.resolution_m
 
     def offset_of(self, left: float, top: float) -> tuple[int, int] | None:
         """Whole-pixel ``(row, col)`` of a point on this grid; None if it falls between pixels."""

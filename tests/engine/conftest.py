@@ -99,6 +99,17 @@ def wait_status(
     raise AssertionError(f"task {uuid} did not reach {codes} in {timeout_seconds} s: {info}")
 
 
+def init_task(url: str, name: str, uuid: str) -> dict[str, Any]:
+    """POST ``/task/new/init`` with a task name and a ``set-uuid``; returns the JSON answer."""
+    answer: dict[str, Any] = requests.post(
+        f"{url}/task/new/init",
+        files={"name": (None, name)},
+        headers={"set-uuid": uuid},
+        timeout=10,
+    ).json()
+    return answer
+
+
 def upload_task(
     url: str,
     files: list[Path],

@@ -11,10 +11,11 @@ import psutil
 import pytest
 import requests
 
-from prefect_odm.engine.runner import Supervisor, build_zip, describe_failure
 from prefect_odm.engine.store import COMPLETED, PENDING, QUEUED, TaskRecord, TaskStore
+from prefect_odm.engine.supervisor import Supervisor, describe_failure
+from prefect_odm.engine.task_files import build_zip
 
-from .conftest import EngineFactory, upload_task, wait_status
+from .conftest import EngineFactory, init_task, upload_task, wait_status
 
 UUID_A = "0b7c6c5e-4f38-4c1e-8a5d-6b1f3e2d9c10"
 UUID_B = "1c8d7d6f-5049-4d2f-9b6e-7c2041f3ad21"
@@ -101,12 +102,7 @@ def test_pending_chunked_upload_survives_restart(
 ) -> None:
     engine = engine_factory()
     url = engine.url
-    res = requests.post(
-        f"{url}/task/new/init",
-        files={"name": (None, "resumed")},
-        headers={"set-uuid": UUID_A},
-        timeout=10,
-    ).json()
+    res = init_task(url, "resumed", UUID_A)
     assert res == {"uuid": UUID_A}
     for path in few_images[:2]:
         requests.post(

@@ -39,10 +39,11 @@ COMPARE_RES_M = 0.25
 # -- helpers ------------------------------------------------------------------------------------
 
 
-def make_task(tmp_path: Path, images: Path | list[Path]) -> Path:
-    """A task folder whose ``images`` links to the data in place (nothing is copied)."""
-    task = tmp_path / "task"
-    task.mkdir()
+def make_task(tmp_path: Path, images: Path | list[Path], name: str = "task") -> Path:
+    """A task folder ``tmp_path/name`` whose ``images`` links to the data in place (nothing is
+    copied): to the folder ``images``, or to each of the files ``images``."""
+    task = tmp_path / name
+    task.mkdir(parents=True)
     if isinstance(images, Path):
         (task / "images").symlink_to(images.resolve(), target_is_directory=True)
     else:

@@ -20,7 +20,13 @@ from pyodm.types import TaskStatus
 
 from prefect_odm.engine.launch import EngineProcess
 
-from .conftest import EngineFactory, real_pipeline_available, upload_task, wait_status
+from .conftest import (
+    EngineFactory,
+    init_task,
+    real_pipeline_available,
+    upload_task,
+    wait_status,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -199,12 +205,7 @@ def test_chunked_upload_renames_duplicates_and_refuses_escaping_names(
     engine: EngineProcess, few_images: list[Path]
 ) -> None:
     url = engine.url
-    res = requests.post(
-        f"{url}/task/new/init",
-        files={"name": (None, "chunks")},
-        headers={"set-uuid": UUID_A},
-        timeout=10,
-    ).json()
+    res = init_task(url, "chunks", UUID_A)
     assert res == {"uuid": UUID_A}
     # pending uploads are not tasks yet
     assert requests.get(f"{url}/task/list", timeout=10).json() == []
@@ -274,21 +275,11 @@ def test_commit_without_images_is_an_error(engine: EngineProcess) -> None:
 def test_set_uuid_malformed_or_duplicate(engine: EngineProcess, few_images: list[Path]) -> None:
     url = engine.url
     for bad in ("not-a-uuid", "7f5e0a52-5d0c-4c6e-9a53-3f1b1c2d3e4", "../" + UUID_A):
-        res = requests.post(
-            f"{url}/task/new/init",
-            files={"name": (None, "x")},
-            headers={"set-uuid": bad},
-            timeout=10,
-        ).json()
+        res = init_task(url, "x", bad)
         assert res == {"error": f"Invalid set-uuid: {bad}"}
     # a UUIDv5 (what prefect-odm derives from fingerprints) is accepted
     assert upload_task(url, few_images[:1], uuid=UUID_V5) == UUID_V5
-    dup = requests.post(
-        f"{url}/task/new/init",
-        files={"name": (None, "x")},
-        headers={"set-uuid": UUID_V5},
-        timeout=10,
-    ).json()
+    dup = init_task(url, "x", UUID_V5)
     assert dup == {"error": f"Invalid set-uuid: {UUID_V5}"}
 
 
@@ -501,13 +492,20 @@ def test_token_is_required_on_every_route(
 # -- extra files ----------------------------------------------------------------------------------
 
 
+def write_zip(path: Path, members: dict[str, str]) -> Path:
+    """A zip at ``path`` holding each member name with its text; returns ``path``."""
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, text in members.items():
+            zf.writestr(name, text)
+    return path
+
+
 def test_extra_files_are_routed_and_seed_zip_unpacked(
     engine: EngineProcess, few_images: list[Path], tmp_path: Path
 ) -> None:
-    seed = tmp_path / "seed.zip"
-    with zipfile.ZipFile(seed, "w") as zf:
-        zf.writestr("opensfm/reconstruction.json", "[]")
-        zf.writestr("submodels/a.txt", "a")
+    seed = write_zip(
+        tmp_path / "seed.zip", {"opensfm/reconstruction.json": "[]", "submodels/a.txt": "a"}
+    )
     gcp = tmp_path / "my_gcps.txt"
     gcp.write_text("EPSG:32615\n")
     geo = tmp_path / "geo.txt"
@@ -529,9 +527,7 @@ def test_extra_files_are_routed_and_seed_zip_unpacked(
 def test_seed_zip_escaping_the_task_folder_is_refused(
     engine: EngineProcess, few_images: list[Path], tmp_path: Path
 ) -> None:
-    seed = tmp_path / "seed.zip"
-    with zipfile.ZipFile(seed, "w") as zf:
-        zf.writestr("../../outside.txt", "x")
+    seed = write_zip(tmp_path / "seed.zip", {"../../outside.txt": "x"})
     res = requests.post(f"{engine.url}/task/new/init", timeout=10).json()
     uuid = res["uuid"]
     for path in (few_images[0], seed):

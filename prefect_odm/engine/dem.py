@@ -1,0 +1,151 @@
+"""DEMs of the built-in engine: the surface under the cameras (DSM) and the ground (DTM).
+
+Algorithms:
+
+* **DSM (sfm)**: outliers removed from the sparse points (height against the median of their
+  nearest neighbours, robust MAD threshold), Delaunay-linear interpolation
+  (``scipy.interpolate.griddata``) inside the points' convex hull, a NaN-aware Gaussian smoothing
+  of ``DSM_SMOOTHING_M``, nodata outside the hull and outside every camera's view.
+* **DSM (direct)**: the ground plane over the area seen by at least one camera.
+* **DTM**: a morphological opening of the DSM (minimum then maximum filter over
+  ``DTM_WINDOW_M``), i.e. the surface a ``DTM_WINDOW_M`` square "rolls" under, then smoothed:
+  buildings and trees smaller than the window are removed. (A simple ground filter, not ODM's SMRF.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, cast
+
+import numpy as np
+from numpy.typing import NDArray
+
+from prefect_odm.engine.footprints import FloatArray
+from prefect_odm.errors import ProcessingFailedError
+from prefect_odm.merge.grid import Grid
+
+HeightSampler = Callable[[NDArray[np.integer[Any]], NDArray[np.integer[Any]]], FloatArray]
+"""``(rows, cols) -> z``: surface heights (metres) of grid cells."""
+
+DSM_NODATA = -9999.0
+"""Nodata value of the DSM and DTM (as ODM writes them)."""
+
+DSM_SMOOTHING_M = 0.5
+"""Standard deviation in metres of the Gaussian smoothing of the interpolated DSM."""
+
+DTM_WINDOW_M = 12.0
+"""Side of the square window of the DTM's morphological opening, metres."""
+
+OUTLIER_NEIGHBOURS = 12
+OUTLIER_MAD_FACTOR = 5.0
+OUTLIER_MIN_M = 1.0
+
+
+def filter_point_outliers(xyz: FloatArray) -> NDArray[np.bool_]:
+    """Keep-mask of points whose height agrees with their horizontal neighbours.
+
+    A point is dropped when ``|z - median(z of its OUTLIER_NEIGHBOURS nearest)|`` exceeds
+    ``max(OUTLIER_MIN_M, OUTLIER_MAD_FACTOR * 1.4826 * MAD)`` of that residual over all points.
+    """
+    from scipy.spatial import cKDTree
+
+    n = len(xyz)
+    if n <= OUTLIER_NEIGHBOURS:
+        return np.ones(n, dtype=bool)
+    _, found = cKDTree(xyz[:, :2]).query(xyz[:, :2], k=OUTLIER_NEIGHBOURS + 1)
+    index = cast(NDArray[np.intp], found)
+    residual = xyz[:, 2] - np.median(xyz[index[:, 1:], 2], axis=1)
+    mad = float(np.median(np.abs(residual - np.median(residual))))
+    limit = max(OUTLIER_MIN_M, OUTLIER_MAD_FACTOR * 1.4826 * mad)
+    return np.asarray(np.abs(residual) <= limit, dtype=bool)
+
+
+def _nan_gaussian(data: NDArray[np.float32], sigma_cells: float) -> NDArray[np.float32]:
+    from scipy.ndimage import gaussian_filter
+
+    if sigma_cells < 0.3:
+        return data
+    valid = np.isfinite(data)
+    filled = np.where(valid, data, 0.0).astype(np.float32)
+    num = gaussian_filter(filled, sigma_cells, mode="nearest")
+    den = gaussian_filter(valid.astype(np.float32), sigma_cells, mode="nearest")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = num / den
+    return np.where(valid, out, np.nan).astype(np.float32)
+
+
+def surface_from_points(xyz: FloatArray, grid: Grid) -> NDArray[np.float32]:
+    """Interpolate point heights onto ``grid``: NaN outside the points' convex hull.
+
+    Args:
+        xyz: UTM metres, shape ``(n, 3)``, n >= 3 (outliers already removed).
+
+    Returns:
+        Heights in metres, float32, shape ``(grid.height, grid.width)``.
+
+    Raises:
+        ProcessingFailedError: fewer than 3 points.
+    """
+    from scipy.interpolate import griddata
+
+    if len(xyz) < 3:
+        raise ProcessingFailedError(f"{len(xyz)} points are too few for a surface")
+    xs, ys = np.meshgrid(grid.xs(), grid.ys())
+    # interpolate in local coordinates: Delaunay on 5e6-sized numbers loses precision
+    ox, oy = grid.left, grid.top
+    heights = griddata(
+        (xyz[:, 0] - ox, xyz[:, 1] - oy), xyz[:, 2], (xs - ox, ys - oy), method="linear"
+    ).astype(np.float32)
+    return _nan_gaussian(heights, DSM_SMOOTHING_M / grid.resolution_m)
+
+
+def fill_nearest(data: NDArray[np.float32]) -> NDArray[np.float32]:
+    """Replace NaN cells by the value of the nearest valid cell.
+
+    Raises:
+        ProcessingFailedError: no cell is valid.
+    """
+    from scipy.ndimage import distance_transform_edt
+
+    invalid = ~np.isfinite(data)
+    if not invalid.any():
+        return data
+    if invalid.all():
+        raise ProcessingFailedError("surface has no valid cell")
+    _, (rows, cols) = distance_transform_edt(invalid, return_indices=True)
+    return np.asarray(data[rows, cols], dtype=np.float32)
+
+
+def dtm_from_dsm(dsm: NDArray[np.float32], res_m: float) -> NDArray[np.float32]:
+    """A ground surface from a DSM (NaN = nodata): morphological opening, then smoothing.
+
+    Returns:
+        float32, same shape, NaN where the DSM is NaN; never above the DSM by more than the
+        smoothing changes.
+    """
+    from scipy.ndimage import maximum_filter, minimum_filter
+
+    if not np.isfinite(dsm).any():
+        return dsm.copy()
+    size = max(3, int(round(DTM_WINDOW_M / res_m)) | 1)
+    filled = fill_nearest(dsm)
+    opened = maximum_filter(minimum_filter(filled, size=size), size=size)
+    smooth = _nan_gaussian(opened.astype(np.float32), size / 4.0)
+    return np.where(np.isfinite(dsm), np.minimum(smooth, dsm), np.nan).astype(np.float32)
+
+
+def surface_sampler(surface: NDArray[np.float32], surface_grid: Grid, grid: Grid) -> HeightSampler:
+    """``(rows, cols) -> z`` for cells of ``grid``, bilinear in a gap-free ``surface`` on
+    ``surface_grid`` (edges clamped)."""
+    from scipy.ndimage import map_coordinates
+
+    data = surface.astype(np.float64)
+
+    def height_at(rows: NDArray[np.integer[Any]], cols: NDArray[np.integer[Any]]) -> FloatArray:
+        y = grid.top - (rows + 0.5) * grid.resolution_m
+        x = grid.left + (cols + 0.5) * grid.resolution_m
+        srow = (surface_grid.top - y) / surface_grid.resolution_m - 0.5
+        scol = (x - surface_grid.left) / surface_grid.resolution_m - 0.5
+        return np.asarray(map_coordinates(data, [srow, scol], order=1, mode="nearest"))
+
+    return height_at

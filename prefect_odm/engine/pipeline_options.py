@@ -1,0 +1,208 @@
+"""The photogrammetry pipeline's options: the list NodeODM's ``/options`` shows, typed values.
+
+:data:`OPTIONS` is the pipeline's contract with the server (``name``, ``type``, ``value``,
+``domain``, ``help`` as NodeODM lists them; :mod:`.options` turns it into the ``/options`` answer
+and validates clients' values). :func:`settings` gives the typed value of every option for one run.
+ODM options the engine does not implement are accepted and ignored, so ODM option sets pass.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from prefect_odm.errors import InputError
+
+STAGES: tuple[str, ...] = (
+    "dataset",
+    "opensfm",
+    "odm_dem",
+    "odm_orthophoto",
+    "odm_georeferencing",
+    "odm_report",
+)
+"""Stage names, in processing order (ODM's names; georeferencing after the orthophoto because
+the direct method colours its points from the orthophoto)."""
+
+METHODS: tuple[str, ...] = ("sfm", "direct")
+
+FEATURE_QUALITY_MAX_FEATURES: dict[str, int] = {
+    "ultra": 12000,
+    "high": 6000,
+    "medium": 4000,
+    "low": 2500,
+    "lowest": 1500,
+}
+"""ODM's ``feature-quality`` levels -> SIFT features per image."""
+
+
+def option(
+    name: str, type_: str, value: str, domain: str | list[str], help_: str
+) -> dict[str, Any]:
+    """One entry of :data:`OPTIONS` as NodeODM lists it (``value``: the default, as text)."""
+    return {"name": name, "type": type_, "value": value, "domain": domain, "help": help_}
+
+
+def bool_option(name: str, help_: str) -> dict[str, Any]:
+    """A boolean option, false by default."""
+    return option(name, "bool", "false", "bool", help_)
+
+
+def enum_option(name: str, value: str, domain: list[str], help_: str) -> dict[str, Any]:
+    """An option taking one of ``domain`` (default ``value``)."""
+    return option(name, "enum", value, domain, help_)
+
+
+def stage_option(name: str, value: str, help_: str) -> dict[str, Any]:
+    """An option naming one of :data:`STAGES` (``end-with``, ``rerun-from``)."""
+    return enum_option(name, value, list(STAGES), help_)
+
+
+OPTIONS: list[dict[str, Any]] = [
+    option(
+        "orthophoto-resolution",
+        "float",
+        "5",
+        "positive float",
+        "Orthophoto resolution in cm/pixel; never finer than the estimated GSD. Default: 5",
+    ),
+    option(
+        "dem-resolution",
+        "float",
+        "5",
+        "positive float",
+        "DSM/DTM resolution in cm/pixel; at least 4 orthophoto cells. Default: 5",
+    ),
+    bool_option("dsm", "Build a digital surface model. Default: false"),
+    bool_option(
+        "dtm", "Build a digital terrain model (simple morphological ground filter). Default: false"
+    ),
+    enum_option(
+        "pipeline",
+        "sfm",
+        list(METHODS),
+        "Reconstruction method: sfm (structure from motion with pycolmap) or direct "
+        "(direct georeferencing from GPS and attitude, no SfM). Default: sfm",
+    ),
+    option(
+        "resize-to",
+        "int",
+        "2048",
+        "integer",
+        "Resize images to this many pixels on the long side for feature extraction "
+        "(-1: no resizing). Default: 2048",
+    ),
+    enum_option(
+        "feature-quality",
+        "high",
+        list(FEATURE_QUALITY_MAX_FEATURES),
+        "Number of SIFT features per image: ultra 12000, high 6000, medium 4000, low 2500, "
+        "lowest 1500. Default: high",
+    ),
+    option(
+        "matcher-neighbors",
+        "int",
+        "0",
+        "non-negative integer",
+        "Match each image with this many nearest images by GPS (0: 20). Default: 0",
+    ),
+    stage_option("end-with", "odm_report", "End processing at this stage. Default: odm_report"),
+    stage_option(
+        "rerun-from", "", "Rerun processing from this stage, reusing the earlier stages' results."
+    ),
+    option(
+        "max-concurrency",
+        "int",
+        str(os.cpu_count() or 1),
+        "positive integer",
+        "Maximum number of threads. Default: number of CPUs",
+    ),
+]
+"""The options of the pipeline, in the order ``/options`` lists them."""
+
+_IGNORED_HELP = "Accepted for ODM compatibility; ignored."
+
+# names ODM has that the engine accepts and ignores
+OPTIONS += [
+    bool_option(name, _IGNORED_HELP)
+    for name in (
+        "fast-orthophoto skip-3dmodel skip-report use-3dmesh cog build-overviews "
+        "optimize-disk-space auto-boundary orthophoto-cutline pc-ept pc-copc"
+    ).split()
+]
+OPTIONS += [
+    enum_option("pc-quality", "medium", ["ultra", "high", "medium", "low", "lowest"], _IGNORED_HELP)
+]
+OPTIONS += [
+    option(name, type_, value, domain, _IGNORED_HELP)
+    for name, type_, value, domain in (
+        ("min-num-features", "int", "10000", "integer"),
+        ("mesh-size", "int", "200000", "positive integer"),
+        ("crop", "float", "3", "non-negative float"),
+        ("gps-accuracy", "float", "3", "positive float"),
+        ("split", "int", "999999", "positive integer"),
+        ("split-overlap", "float", "150", "non-negative float"),
+        ("sm-cluster", "string", "", "string"),
+    )
+]
+OPTIONS += [
+    enum_option(
+        "orthophoto-compression",
+        "DEFLATE",
+        ["JPEG", "LZW", "PACKBITS", "DEFLATE", "LZMA", "NONE"],
+        _IGNORED_HELP,
+    )
+]
+
+SPECS: dict[str, dict[str, Any]] = {o["name"]: o for o in OPTIONS}
+"""Option name -> its :data:`OPTIONS` entry."""
+
+
+def coerce(name: str, value: Any) -> Any:
+    """The typed value of option ``name`` (bool, int, float or text).
+
+    Raises:
+        InputError: the value does not convert or is not in the enum's domain.
+    """
+    spec = SPECS[name]
+    kind = spec["type"]
+    try:
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(value)
+            return text in ("true", "1", "yes")
+        if kind == "int":
+            number = float(value)
+            if number != int(number):
+                raise ValueError(value)
+            return int(number)
+        if kind == "float":
+            number = float(value)
+            if not math.isfinite(number):
+                raise ValueError(value)
+            return number
+        text = "" if value is None else str(value)
+        if kind == "enum" and text and text not in spec["domain"]:
+            raise ValueError(value)
+        return text
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"option {name}: invalid value {value!r}") from exc
+
+
+def settings(options: dict[str, Any]) -> dict[str, Any]:
+    """Defaults of :data:`OPTIONS` overlaid with ``options`` (typed). Unknown names are ignored.
+
+    Raises:
+        InputError: a value does not convert, or ``orthophoto-resolution`` is not positive.
+    """
+    settings = {name: coerce(name, spec["value"]) for name, spec in SPECS.items()}
+    for name, value in options.items():
+        if name in SPECS and value is not None:
+            settings[name] = coerce(name, value)
+    if settings["orthophoto-resolution"] <= 0:
+        raise InputError("option orthophoto-resolution must be greater than zero")
+    return settings

@@ -1,0 +1,366 @@
+"""The stages of the built-in engine's pipeline, each reading and writing files in the task folder.
+
+A stage keeps its results on disk (:data:`STAGE_OUTPUTS` says which files mean it finished), so a
+run can resume from any stage, as ODM's ``--rerun-from`` does. Products are written at the paths
+the product registry gives (:data:`prefect_odm.registry.PRODUCTS`), with the report files in
+:data:`~prefect_odm.registry.REPORT_FOLDER`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from prefect_odm.engine import dem, footprints, orthophoto, writers
+from prefect_odm.engine.camera import ImageMeta, Scene, read_images
+from prefect_odm.engine.pipeline_options import FEATURE_QUALITY_MAX_FEATURES
+from prefect_odm.errors import InputError, ProcessingFailedError
+from prefect_odm.merge.grid import Grid
+from prefect_odm.registry import PRODUCTS, REPORT_FILES, REPORT_FOLDER
+
+DIRECT_POINT_SPACING_M = 0.25
+"""Spacing of the ground points the direct method writes to its point cloud."""
+
+DEM_TO_ORTHOPHOTO_CELLS = 4
+"""The DSM/DTM cell is at least this many orthophoto cells: the surface comes from sparse points
+(or a plane), finer cells would only repeat the interpolation."""
+
+
+ENGINE_REPORT = f"{REPORT_FOLDER}/engine.json"
+"""The engine's report: method, image counts, points, GSD, resolutions, seconds per stage."""
+
+SHOTS = f"{REPORT_FOLDER}/{REPORT_FILES['shots']}"
+STAGE_SECONDS = f"{REPORT_FOLDER}/stage_seconds.json"
+DATASET = "images.json"
+RECONSTRUCTION_DIR = "opensfm"
+SURFACE = "odm_dem/engine_surface.tif"
+"""The gap-free surface the orthophoto is draped on (on the DEM grid)."""
+SURFACE_GRID = "odm_dem/engine_dem.json"
+"""The DEM grid, GSD and resolution, as JSON."""
+
+ORTHOPHOTO = PRODUCTS["orthophoto"].odm_path
+DSM = PRODUCTS["dsm"].odm_path
+DTM = PRODUCTS["dtm"].odm_path
+POINT_CLOUD = PRODUCTS["point_cloud"].odm_path
+
+STAGE_OUTPUTS: dict[str, tuple[str, ...]] = {
+    "dataset": (DATASET,),
+    "opensfm": (f"{RECONSTRUCTION_DIR}/scene.json", f"{RECONSTRUCTION_DIR}/scene_points.npz"),
+    "odm_dem": (SURFACE, SURFACE_GRID),
+    "odm_orthophoto": (ORTHOPHOTO,),
+    "odm_georeferencing": (POINT_CLOUD,),
+    "odm_report": (ENGINE_REPORT, SHOTS),
+}
+"""Stage -> the files (relative to the task folder) whose presence means it finished."""
+
+
+@dataclass
+class StageContext:
+    """What every stage gets: the task folder, the typed options and the log.
+
+    Attributes:
+        task_dir: the task folder (images in ``task_dir/images``).
+        settings: option name -> typed value (:func:`.pipeline_options.settings`).
+        log: receives one progress line at a time.
+    """
+
+    task_dir: Path
+    settings: dict[str, Any]
+    log: Callable[[str], None]
+
+    @property
+    def images_dir(self) -> Path:
+        """The folder of the task's images."""
+        return self.task_dir / "images"
+
+    def path(self, relative: str) -> Path:
+        """A path inside the task folder."""
+        return self.task_dir / relative
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write ``data`` as indented JSON (temporary name, then renamed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+
+
+def _load_dataset(ctx: StageContext) -> tuple[list[ImageMeta], int]:
+    data = json.loads(ctx.path(DATASET).read_text())
+    return [ImageMeta.from_json(m) for m in data["images"]], int(data["epsg"])
+
+
+def _load_scene(ctx: StageContext) -> Scene:
+    return Scene.load(ctx.path(RECONSTRUCTION_DIR))
+
+
+# -- dataset and reconstruction -----------------------------------------------------------------
+
+
+def _stage_dataset(ctx: StageContext) -> None:
+    from prefect_odm.geo import survey_utm_epsg
+
+    if not ctx.images_dir.is_dir():
+        raise InputError(f"no images folder in {ctx.task_dir}")
+    images = read_images(ctx.images_dir)
+    epsg = survey_utm_epsg([m.latitude_deg for m in images], [m.longitude_deg for m in images])
+    cameras = sorted({m.camera or "unknown camera" for m in images})
+    ctx.log(f"Loaded {len(images)} images ({', '.join(cameras)}); working CRS EPSG:{epsg}")
+    write_json(ctx.path(DATASET), {"epsg": epsg, "images": [m.to_json() for m in images]})
+
+
+def _stage_opensfm(ctx: StageContext) -> None:
+    images, epsg = _load_dataset(ctx)
+    method = ctx.settings["pipeline"]
+    if method == "direct":
+        from prefect_odm.engine.direct import reconstruct_direct
+
+        scene = reconstruct_direct(images, epsg, image_dir=ctx.images_dir, log=ctx.log)
+    else:
+        from prefect_odm.engine.sfm import MAX_NEIGHBOURS, reconstruct_sfm
+
+        neighbours = ctx.settings["matcher-neighbors"] or MAX_NEIGHBOURS
+        scene = reconstruct_sfm(
+            images,
+            ctx.images_dir,
+            ctx.path(RECONSTRUCTION_DIR),
+            epsg,
+            resize_to=ctx.settings["resize-to"],
+            max_concurrency=ctx.settings["max-concurrency"],
+            max_features=FEATURE_QUALITY_MAX_FEATURES[ctx.settings["feature-quality"]],
+            max_neighbours=neighbours,
+            log=ctx.log,
+        )
+    scene.save(ctx.path(RECONSTRUCTION_DIR))
+    ctx.log(
+        f"Reconstruction ({scene.method}): {len(scene.cameras)}/{scene.images} images posed, "
+        f"{len(scene.points_xyz)} points"
+    )
+
+
+# -- DEMs -----------------------------------------------------------------------------------------
+
+
+def _resolutions(ctx: StageContext, scene: Scene, ground_z: float) -> tuple[float, float, float]:
+    """(GSD cm, orthophoto resolution cm, DEM resolution cm)."""
+    gsd_cm = footprints.estimate_gsd_cm(scene, ground_z)
+    ortho_cm = max(float(ctx.settings["orthophoto-resolution"]), gsd_cm)
+    dem_cm = max(float(ctx.settings["dem-resolution"]), DEM_TO_ORTHOPHOTO_CELLS * ortho_cm)
+    return gsd_cm, ortho_cm, dem_cm
+
+
+def _surface_and_dsm(
+    ctx: StageContext, scene: Scene, grid: Grid, ground_z: float
+) -> tuple[NDArray[np.float32], NDArray[np.float32], int]:
+    """``(gap-free surface, DSM with NaN outside coverage, points used)`` on ``grid``."""
+    if scene.method == "direct":
+        surface = np.full((grid.height, grid.width), ground_z, dtype=np.float32)
+        seen = footprints.coverage_mask(scene, grid, surface)
+        return surface, np.where(seen, surface, np.nan).astype(np.float32), 0
+    keep = dem.filter_point_outliers(scene.points_xyz)
+    points = scene.points_xyz[keep]
+    ctx.log(f"DSM from {len(points)} points ({int((~keep).sum())} outliers removed)")
+    interpolated = dem.surface_from_points(points, grid)
+    surface = dem.fill_nearest(interpolated)
+    seen = footprints.coverage_mask(scene, grid, surface)
+    return surface, np.where(seen, interpolated, np.nan).astype(np.float32), len(points)
+
+
+def _write_dem(
+    ctx: StageContext, relative: str, data: NDArray[np.float32], grid: Grid, scene: Scene
+) -> None:
+    """Write a DSM or DTM (NaN -> :data:`~.dem.DSM_NODATA`) tagged with the method."""
+    writers.write_geotiff(
+        ctx.path(relative),
+        np.where(np.isfinite(data), data, dem.DSM_NODATA).astype(np.float32),
+        grid,
+        scene.epsg,
+        nodata=dem.DSM_NODATA,
+        tags={writers.ENGINE_TAG: scene.method},
+    )
+
+
+def _stage_dem(ctx: StageContext) -> None:
+    scene = _load_scene(ctx)
+    ground_z = footprints.reference_ground_z_m(scene)
+    gsd_cm, ortho_cm, dem_cm = _resolutions(ctx, scene, ground_z)
+    dem_res_m = dem_cm / 100.0
+    grid = Grid.covering(footprints.coverage_bounds(scene, ground_z), dem_res_m, dem_res_m)
+    surface, dsm, points_used = _surface_and_dsm(ctx, scene, grid, ground_z)
+    if not np.isfinite(dsm).any():
+        raise ProcessingFailedError("the DSM is empty: no reconstructed surface under the cameras")
+    tags = {writers.ENGINE_TAG: scene.method}
+    writers.write_geotiff(ctx.path(SURFACE), surface, grid, scene.epsg, tags=tags)
+    if ctx.settings["dsm"]:
+        _write_dem(ctx, DSM, dsm, grid, scene)
+    if ctx.settings["dtm"]:
+        # the direct method's surface is the ground plane already
+        dtm = dsm.copy() if scene.method == "direct" else dem.dtm_from_dsm(dsm, dem_res_m)
+        _write_dem(ctx, DTM, dtm, grid, scene)
+    write_json(
+        ctx.path(SURFACE_GRID),
+        {
+            "left": grid.left,
+            "top": grid.top,
+            "res_m": grid.resolution_m,
+            "width": grid.width,
+            "height": grid.height,
+            "gsd_cm": gsd_cm,
+            "dem_resolution_cm": dem_cm,
+            "points_used": points_used,
+        },
+    )
+    ctx.log(
+        f"DEM grid {grid.width}x{grid.height} at {dem_cm:.1f} cm; GSD {gsd_cm:.2f} cm"
+        + ("; wrote dsm.tif" if ctx.settings["dsm"] else "")
+        + ("; wrote dtm.tif" if ctx.settings["dtm"] else "")
+    )
+
+
+def _load_surface(ctx: StageContext) -> tuple[NDArray[np.float32], Grid]:
+    import rasterio
+
+    meta = json.loads(ctx.path(SURFACE_GRID).read_text())
+    grid = Grid(
+        left=meta["left"],
+        top=meta["top"],
+        resolution_m=meta["res_m"],
+        width=meta["width"],
+        height=meta["height"],
+    )
+    with rasterio.open(ctx.path(SURFACE)) as src:
+        surface = src.read(1)
+    return surface, grid
+
+
+# -- orthophoto, point cloud, report --------------------------------------------------------------
+
+
+def _orthophoto_grid(ctx: StageContext, scene: Scene, dem_grid: Grid) -> Grid:
+    _, ortho_cm, _ = _resolutions(ctx, scene, footprints.reference_ground_z_m(scene))
+    res_m = ortho_cm / 100.0
+    left, bottom, right, top = dem_grid.bounds
+    return Grid(
+        left=left,
+        top=top,
+        resolution_m=res_m,
+        width=max(1, int(round((right - left) / res_m))),
+        height=max(1, int(round((top - bottom) / res_m))),
+    )
+
+
+def _stage_orthophoto(ctx: StageContext) -> None:
+    scene = _load_scene(ctx)
+    surface, dem_grid = _load_surface(ctx)
+    grid = _orthophoto_grid(ctx, scene, dem_grid)
+    height_at: dem.HeightSampler
+    if scene.method == "direct":
+        ground = float(scene.ground_z_m if scene.ground_z_m is not None else surface.mean())
+
+        def height_at(rows: Any, cols: Any) -> Any:
+            return np.full(rows.shape, ground)
+    else:
+        height_at = dem.surface_sampler(surface, dem_grid, grid)
+    rgba = orthophoto.render_orthophoto(scene, ctx.images_dir, grid, height_at, log=ctx.log)
+    if not rgba[3].any():
+        raise ProcessingFailedError("the orthophoto is empty: no image sees the surface")
+    writers.write_geotiff(
+        ctx.path(ORTHOPHOTO),
+        rgba,
+        grid,
+        scene.epsg,
+        rgba=True,
+        tags={writers.ENGINE_TAG: scene.method},
+    )
+
+
+def _stage_georeferencing(ctx: StageContext) -> None:
+    import rasterio
+
+    scene = _load_scene(ctx)
+    if scene.method == "direct":
+        surface, dem_grid = _load_surface(ctx)
+        with rasterio.open(ctx.path(ORTHOPHOTO)) as src:
+            rgba = src.read()
+            t = src.transform
+            grid = Grid(left=t.c, top=t.f, resolution_m=t.a, width=src.width, height=src.height)
+        height_at = dem.surface_sampler(surface, dem_grid, grid)
+        xyz, rgb = orthophoto.grid_points_from_orthophoto(
+            rgba, grid, height_at, DIRECT_POINT_SPACING_M
+        )
+    else:
+        keep = dem.filter_point_outliers(scene.points_xyz)
+        xyz, rgb = scene.points_xyz[keep], scene.points_rgb[keep]
+    if len(xyz) == 0:
+        raise ProcessingFailedError("no point to write to the point cloud")
+    writers.write_laz(ctx.path(POINT_CLOUD), xyz, rgb, scene.epsg)
+    ctx.log(f"Point cloud: {len(xyz)} points (EPSG:{scene.epsg})")
+
+
+def _stage_report(ctx: StageContext) -> None:
+    import laspy
+
+    scene = _load_scene(ctx)
+    writers.write_shots_geojson(ctx.path(SHOTS), scene)
+    ground_z = footprints.reference_ground_z_m(scene)
+    gsd_cm, ortho_cm, dem_cm = _resolutions(ctx, scene, ground_z)
+    laz = ctx.path(POINT_CLOUD)
+    points = 0
+    if laz.exists():
+        with laspy.open(laz) as reader:
+            points = int(reader.header.point_count)
+    ortho = ctx.path(ORTHOPHOTO)
+    if ortho.exists():
+        import rasterio
+
+        with rasterio.open(ortho) as src:
+            ortho_cm = float(src.res[0] * 100.0)
+    seconds = read_stage_seconds(ctx)
+    write_json(
+        ctx.path(ENGINE_REPORT),
+        {
+            "method": scene.method,
+            "images": scene.images,
+            "registered_images": len(scene.cameras),
+            "points": points,
+            "gsd_cm": round(gsd_cm, 3),
+            "orthophoto_resolution_cm": round(ortho_cm, 3),
+            "dem_resolution_cm": round(dem_cm, 3),
+            "epsg": scene.epsg,
+            "stats": scene.stats,
+            "stage_seconds": seconds,
+        },
+    )
+
+
+STAGE_FUNCTIONS: dict[str, Callable[[StageContext], None]] = {
+    "dataset": _stage_dataset,
+    "opensfm": _stage_opensfm,
+    "odm_dem": _stage_dem,
+    "odm_orthophoto": _stage_orthophoto,
+    "odm_georeferencing": _stage_georeferencing,
+    "odm_report": _stage_report,
+}
+"""Stage name -> the function that runs it."""
+
+
+def read_stage_seconds(ctx: StageContext) -> dict[str, float]:
+    """Seconds per finished stage, from :data:`STAGE_SECONDS` (empty when missing)."""
+    path = ctx.path(STAGE_SECONDS)
+    if path.exists():
+        return {k: float(v) for k, v in json.loads(path.read_text()).items()}
+    return {}
+
+
+def stage_done(ctx: StageContext, stage: str) -> bool:
+    """True when the results of ``stage`` are on disk (the DSM too, when it is asked for)."""
+    if stage == "odm_dem" and ctx.settings["dsm"] and not ctx.path(DSM).exists():
+        return False
+    return all(ctx.path(p).exists() for p in STAGE_OUTPUTS[stage])

@@ -1,0 +1,131 @@
+"""Files of the built-in engine's products: GeoTIFF rasters, the LAZ point cloud, camera shots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from prefect_odm.engine.camera import Scene
+from prefect_odm.engine.footprints import FloatArray
+from prefect_odm.merge.grid import Grid
+
+ENGINE_TAG = "PREFECT_ODM_ENGINE_METHOD"
+"""GeoTIFF metadata tag that names the method that made a raster (``sfm`` or ``direct``)."""
+
+
+def write_geotiff(
+    path: Path,
+    data: NDArray[Any],
+    grid: Grid,
+    epsg: int,
+    *,
+    nodata: float | None = None,
+    tags: dict[str, str] | None = None,
+    rgba: bool = False,
+) -> None:
+    """Write a tiled, DEFLATE-compressed GeoTIFF (written to a temporary name, then renamed).
+
+    Args:
+        data: shape ``(bands, rows, cols)`` or ``(rows, cols)``.
+        rgba: mark 4 uint8 bands as red, green, blue, alpha.
+    """
+    import rasterio
+    from rasterio.enums import ColorInterp
+
+    array = data if data.ndim == 3 else data[None]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp.tif")
+    profile: dict[str, Any] = {
+        "driver": "GTiff",
+        "width": grid.width,
+        "height": grid.height,
+        "count": array.shape[0],
+        "dtype": array.dtype.name,
+        "crs": f"EPSG:{epsg}",
+        "transform": grid.affine,
+        "tiled": True,
+        "blockxsize": 256,
+        "blockysize": 256,
+        "compress": "deflate",
+        "zlevel": 1,
+        "bigtiff": "if_safer",
+        "num_threads": "all_cpus",
+    }
+    if array.dtype == np.float32:
+        profile["predictor"] = 3
+    if nodata is not None:
+        profile["nodata"] = nodata
+    if rgba:
+        profile["photometric"] = "RGB"
+        profile["alpha"] = "YES"
+    with rasterio.Env(GDAL_TIFF_INTERNAL_MASK=True):
+        with rasterio.open(tmp, "w", **profile) as dst:
+            dst.write(array)
+            if rgba:
+                dst.colorinterp = [
+                    ColorInterp.red,
+                    ColorInterp.green,
+                    ColorInterp.blue,
+                    ColorInterp.alpha,
+                ]
+            if tags:
+                dst.update_tags(**tags)
+    tmp.replace(path)
+
+
+def write_laz(path: Path, xyz: FloatArray, rgb: NDArray[np.uint8], epsg: int) -> None:
+    """Write coloured points as LAZ: LAS 1.2, point format 3, 1 cm scale, CRS as GeoTIFF keys.
+
+    Colours are stored as 0-255 in the 16-bit RGB fields, as OpenDroneMap's own point clouds do.
+    """
+    import laspy
+    from pyproj import CRS
+
+    header = laspy.LasHeader(point_format=3, version="1.2")
+    header.scales = np.array([0.01, 0.01, 0.01])
+    header.offsets = np.floor(xyz.min(axis=0)) if len(xyz) else np.zeros(3)
+    header.add_crs(CRS.from_epsg(epsg))
+    las = laspy.LasData(header)
+    las.x, las.y, las.z = xyz[:, 0], xyz[:, 1], xyz[:, 2]
+    las.red, las.green, las.blue = (rgb[:, i].astype(np.uint16) for i in range(3))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp.laz")
+    las.write(tmp)
+    tmp.replace(path)
+
+
+def write_shots_geojson(path: Path, scene: Scene) -> None:
+    """Camera positions as a GeoJSON FeatureCollection (WGS 84 lon/lat/altitude, RFC 7946).
+
+    Properties per shot: ``filename``, ``width``, ``height``, ``focal`` (focal / long side, as
+    OpenSfM), ``translation`` (UTM x, y, z metres), ``rotation`` (world-to-camera, row-major 3x3),
+    ``epsg`` and ``method``.
+    """
+    from pyproj import Transformer
+
+    transformer = Transformer.from_crs(scene.epsg, 4326, always_xy=True)
+    features = []
+    for camera in scene.cameras:
+        lon, lat = transformer.transform(camera.center[0], camera.center[1])
+        features.append(
+            {
+                "type": "Feature",
+                "geometry": {"type": "Point", "coordinates": [lon, lat, camera.center[2]]},
+                "properties": {
+                    "filename": camera.name,
+                    "width": camera.width,
+                    "height": camera.height,
+                    "focal": camera.focal_px / max(camera.width, camera.height),
+                    "translation": list(camera.center),
+                    "rotation": [v for row in camera.rotation for v in row],
+                    "epsg": scene.epsg,
+                    "method": scene.method,
+                },
+            }
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"type": "FeatureCollection", "features": features}, indent=1))
