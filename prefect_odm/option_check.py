@@ -132,7 +132,7 @@ def convert_value(kind: str, value: Any) -> Any:
         if kind == "enum":
             raise OptionValueError("an enum value must be given as text")
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return str(value)
+            return value  # NodeODM passes it on unchanged (a ``json`` domain then refuses it)
         raise OptionValueError("not text")
     raise OptionValueError(f"the node lists type {kind!r}, which cannot be checked")
 
@@ -176,6 +176,8 @@ def check_domain(domain: Any, value: Any) -> None:
         return
     if text == "json":
         try:
+            if not isinstance(value, str):
+                raise TypeError(value)
             json.loads(value)
         except (TypeError, ValueError):
             raise OptionValueError("not JSON text") from None
