@@ -1,4 +1,4 @@
-"""What NodeODM-API servers answer about a task they do not know (pure; no I/O).
+"""What NodeODM-API servers answer about a task they do not know, or a token they refuse (pure).
 
 Every NodeODM-API server answers errors as HTTP 200 with ``{"error": "..."}``, and the text is
 the only sign that a task is unknown. The messages below are read from the servers' sources:
@@ -58,3 +58,22 @@ def is_unknown_task_error(message: str, uuid: str | None = None) -> bool:
         named = match.groupdict().get("uuid")
         return uuid is None or named is None or named.lower() == uuid.lower()
     return False
+
+
+BAD_TOKEN_PATTERNS: tuple[re.Pattern[str], ...] = (
+    # NodeODM libs/auth/TokenAuthBase.js: "Invalid authentication token: token does not match."
+    re.compile(r"^\s*Invalid authentication token\b"),
+    # ClusterODM answers a bad token with a bare HTTP 401 (libs/proxy.js); pyodm's Node.get/post
+    # turn any 401 into this text
+    re.compile(r"^\s*Unauthorized\. Do you need to set a token\?"),
+)
+"""The error texts that mean "the node refused the token (wrong or missing)"."""
+
+
+def is_bad_token_error(message: str) -> bool:
+    """True when ``message`` says the node refused the token (NodeODM, or ClusterODM's 401).
+
+    >>> is_bad_token_error("Invalid authentication token: token does not match.")
+    True
+    """
+    return any(pattern.match(message) for pattern in BAD_TOKEN_PATTERNS)

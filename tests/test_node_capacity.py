@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from prefect_odm.node_capacity import node_capacity
-from prefect_odm.node_messages import is_unknown_task_error
+from prefect_odm.node_messages import is_bad_token_error, is_unknown_task_error
 from prefect_odm.plan_checks import (
     drop_duplicate_submodels,
     find_duplicate_submodels,
@@ -122,6 +122,13 @@ def test_a_message_about_another_task_is_not_this_one() -> None:
     assert not is_unknown_task_error(
         f"Invalid route for taskId {other}:info, no task table entry.", U
     )
+
+
+def test_bad_token_messages() -> None:
+    assert is_bad_token_error("Invalid authentication token: token does not match.")
+    assert is_bad_token_error("Unauthorized. Do you need to set a token?")  # pyodm, on a 401
+    assert not is_bad_token_error(f"{U} not found")
+    assert not is_unknown_task_error("Invalid authentication token: token does not match.")
 
 
 @dataclass(frozen=True)

@@ -6,18 +6,20 @@ Every test runs against BOTH backends, never skipped:
 * ``nodeodm``: OpenDroneMap's real NodeODM 2.2.4 in test mode (``tests/peers.py``).
 
 NodeODM's test mode returns the same canned products for every task, whatever was uploaded, so
-these tests assert on the protocol and the bookkeeping, never on pixels. The last section holds
+these tests assert on the protocol and the bookkeeping, never on pixels. A later section holds
 the places where the built-in engine must answer as NodeODM does (issue 13, item 6), checked
-over raw HTTP.
+over raw HTTP; the last one replays ClusterODM's answers from a loopback stand-in.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid as uuidlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +191,15 @@ def _wait_for(
     raise AssertionError(f"task {uuid} did not reach {codes} in {timeout_seconds} s: {state}")
 
 
+def _running_and_queued(client: NodeClient) -> tuple[str, str]:
+    """Two tasks on a node with one slot: the first RUNNING, the second QUEUED behind it."""
+    first = _create(client, 1)
+    _wait_for(client, first, {RUNNING})
+    second = _create(client, 1)
+    _wait_for(client, second, {QUEUED}, timeout_seconds=10)
+    return first, second
+
+
 # -- node level -----------------------------------------------------------------------------------
 
 
@@ -293,10 +304,7 @@ def test_cancel_of_a_queued_task_sticks(start_node: NodeFactory) -> None:
     """
     node = start_node(parallel=1, task_seconds=4)
     client = node.client()
-    first = _create(client, 1)
-    _wait_for(client, first, {RUNNING})
-    second = _create(client, 1)
-    _wait_for(client, second, {QUEUED}, timeout_seconds=10)
+    first, second = _running_and_queued(client)
     assert client.cancel(second) is True
     assert client.wait(first, poll_interval_seconds=POLL_SECONDS).status == COMPLETED
     time.sleep(1.0)  # the slot is free: a cancel that did not stick would start the task now
@@ -460,12 +468,8 @@ def test_second_init_with_the_same_set_uuid_overwrites_a_pending_task(
 def test_cancel_of_a_cancelled_task_succeeds(start_node: NodeFactory) -> None:
     """NodeODM answers ``success: true`` to a cancel of an already cancelled task."""
     node = start_node(parallel=1, task_seconds=4)
-    client = node.client()
-    first = _create(client, 1)
-    _wait_for(client, first, {RUNNING})
-    second = _create(client, 1)
-    _wait_for(client, second, {QUEUED}, timeout_seconds=10)
-    assert client.cancel(second) is True
+    _, second = _running_and_queued(node.client())
+    assert node.client().cancel(second) is True
     res = requests.post(
         f"{node.url}/task/cancel", data={"uuid": second}, params=node.params, timeout=10
     )
@@ -478,3 +482,57 @@ def test_options_domains_are_nodeodm_domains(start_node: NodeFactory) -> None:
     options = start_node().client().options()
     odd = {o["name"]: o["domain"] for o in options if not nodeodm_understands_domain(o["domain"])}
     assert odd == {}
+
+
+# -- ClusterODM's answers (no ClusterODM here: a loopback stand-in replays libs/proxy.js) --------
+
+
+class _ClusterODMStandIn(BaseHTTPRequestHandler):
+    """Answers as ClusterODM (HEAD 69181e2) does for tasks it has no route for, and 401 for a
+    wrong token."""
+
+    def _send(self, status: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        path, _, query = self.path.partition("?")
+        if "token=good" not in query:
+            self.send_response(401, "unauthorized")
+            self.end_headers()
+            return
+        parts = path.strip("/").split("/")
+        if parts[0] == "task" and len(parts) >= 3:
+            action = "/".join(parts[2:])
+            error = f"Invalid route for taskId {parts[1]}:{action}, no task table entry."
+            self._send(200, {"error": error})
+        else:
+            self._send(404, {})
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def clusterodm_stand_in() -> Iterator[str]:
+    server = ThreadingHTTPServer((peers.LOOPBACK, 0), _ClusterODMStandIn)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://{peers.LOOPBACK}:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_clusterodm_unknown_task_is_none(clusterodm_stand_in: str) -> None:
+    """Issue 13: ClusterODM's "no task table entry." is an unknown task, not a failure."""
+    assert NodeClient(clusterodm_stand_in, token="good").task_state(_new_uuid()) is None
+
+
+def test_clusterodm_bad_token(clusterodm_stand_in: str) -> None:
+    with pytest.raises(NodeError) as refused:
+        NodeClient(clusterodm_stand_in, token="bad").task_state(_new_uuid())
+    assert "Unauthorized" in str(refused.value) and "token=bad" not in str(refused.value)
