@@ -30,6 +30,7 @@ import requests
 from prefect_odm.engine.launch import EngineProcess, start_engine
 from prefect_odm.errors import NodeError, ProcessingFailedError
 from prefect_odm.node_capacity import node_capacity
+from prefect_odm.node_health import HealthBook, HealthPolicy, order_nodes
 from prefect_odm.node_messages import is_unknown_task_error
 from prefect_odm.nodeodm import (
     CANCELED,
@@ -291,6 +292,49 @@ def test_failed_task_is_a_processing_failure(start_node: NodeFactory) -> None:
     with pytest.raises(ProcessingFailedError) as failed:
         client.wait(uuid, poll_interval_seconds=POLL_SECONDS)
     assert failed.value.task_uuid == uuid
+
+
+def test_health_book_moves_work_off_a_failing_node(start_node: NodeFactory) -> None:
+    """A node that fails every task at once, beside a healthy one (issue 13, item 3).
+
+    The failing node is keyed lower, so the old tie-break (lower URL) would give it every
+    submodel. After its first fast failure the breaker puts it last, the failed submodel is
+    retried once on the healthy node, and every submodel completes there.
+
+    This drives :mod:`prefect_odm.node_health` by hand, as ``pool``/``submodels`` will once
+    it is wired in; the survey-level test comes with that wiring.
+    """
+    failing, healthy = start_node(fail_tasks=True), start_node()
+    clients = {"http://0-failing": failing.client(), "http://1-healthy": healthy.client()}
+    book = HealthBook(clients, policy=HealthPolicy(fast_failure_seconds=30))
+    placed: list[str] = []
+    for _ in range(3):
+        for retries in range(2):
+            url = order_nodes(dict.fromkeys(clients, 0.0), book)[0]
+            placed.append(url)
+            book.task_started(url)
+            started = time.monotonic()
+            try:
+                _run_one(clients[url])
+            except ProcessingFailedError as exc:
+                book.task_failed(url, time.monotonic() - started, str(exc))
+                assert book.retry_elsewhere(url, retries)
+                continue
+            book.task_completed(url)
+            break
+    assert placed == [
+        "http://0-failing",
+        "http://1-healthy",
+        "http://1-healthy",
+        "http://1-healthy",
+    ]
+    report = {r["url"]: r for r in book.report()}
+    assert report["http://0-failing"]["health"] == "suspected"
+    assert report["http://1-healthy"]["tasks_completed"] == 3
+
+
+def _run_one(client: NodeClient) -> TaskState:
+    return client.wait(_create(client, 1), poll_interval_seconds=POLL_SECONDS)
 
 
 # -- cancel, remove, restart ----------------------------------------------------------------------
