@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from prefect_odm.errors import InputError
+
 SENTINEL_MIN = 99_999_999_999
 """ClusterODM's "unlimited" placeholder; any value at least this large is treated as unknown."""
 MAX_PLAUSIBLE_MEMORY_BYTES = 64 * 1024**4
@@ -112,3 +114,58 @@ def node_capacity(info: Mapping[str, Any]) -> NodeCapacity:
         engine=f"{engine} {version}" if known_engine else None,
         unknown=unknown,
     )
+
+
+USABLE_MEMORY_FRACTION = 0.9
+"""Share of a node's reported memory that placement may plan with (the rest is the OS's)."""
+
+
+def node_memory_gib(
+    capacity: NodeCapacity,
+    configured_gib: float | None,
+    *,
+    usable_fraction: float = USABLE_MEMORY_FRACTION,
+) -> float | None:
+    """The memory to plan with on one node, GiB (2**30 bytes).
+
+    Args:
+        capacity: the node's sanitised ``/info``.
+        configured_gib: the pool block's memory for the node; it wins when given.
+        usable_fraction: share of the reported total to use.
+
+    Returns:
+        ``configured_gib``, else ``usable_fraction`` of the reported total rounded to 0.01 GiB,
+        else ``None`` (unknown: never the memory of the machine running the flow).
+    """
+    if configured_gib is not None:
+        return configured_gib
+    total = capacity.total_memory_gib
+    return None if total is None else round(total * usable_fraction, 2)
+
+
+def node_task_slots(capacity: NodeCapacity, configured: int | None) -> int:
+    """Tasks to run at once on the node: the pool block's number, else ``maxParallelTasks``,
+    else 1 (a proxy that reports no real limit gets one slot unless the block says more)."""
+    return configured or capacity.max_parallel_tasks or 1
+
+
+def memory_for_auto_split(memory_gib_by_node: Mapping[str, float | None]) -> list[float]:
+    """Every node's planning memory, for ``--split auto`` (which sizes submodels by it).
+
+    Args:
+        memory_gib_by_node: node public URL -> :func:`node_memory_gib`.
+
+    Returns:
+        The memories in the mapping's order.
+
+    Raises:
+        InputError: some node's memory is unknown; the message names them and what to set.
+    """
+    unknown = [url for url, gib in memory_gib_by_node.items() if gib is None]
+    if unknown:
+        raise InputError(
+            "--split auto needs each node's memory, but "
+            f"{', '.join(unknown)} reported none that is plausible (a proxy such as ClusterODM "
+            "reports a placeholder): set the node's memory_gib in the pool block, or give --split N"
+        )
+    return [gib for gib in memory_gib_by_node.values() if gib is not None]

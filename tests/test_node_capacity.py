@@ -169,3 +169,21 @@ def test_new_modules_stay_in_the_pure_core() -> None:
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert res.stdout.strip() == "[]"
+
+
+def test_planning_memory_and_slots() -> None:
+    from prefect_odm.node_capacity import memory_for_auto_split, node_memory_gib, node_task_slots
+
+    real, proxy = node_capacity(NODEODM_INFO), node_capacity(CLUSTERODM_INFO)
+    assert node_memory_gib(real, None) == pytest.approx(21.19, abs=0.01)
+    assert node_memory_gib(real, 8.0) == 8.0
+    assert node_memory_gib(proxy, None) is None
+    assert node_memory_gib(proxy, 64.0) == 64.0
+    assert (
+        node_task_slots(real, None),
+        node_task_slots(proxy, None),
+        node_task_slots(proxy, 6),
+    ) == (1, 1, 6)
+    assert memory_for_auto_split({"http://a": 8.0, "http://b": 16.0}) == [8.0, 16.0]
+    with pytest.raises(ValueError, match=r"http://cluster:3000 reported none.*memory_gib"):
+        memory_for_auto_split({"http://a": 8.0, "http://cluster:3000": None})
