@@ -84,6 +84,15 @@ def drop_duplicate_submodels(submodels: Sequence[S]) -> list[S]:
     return kept
 
 
+def kept_submodel_of(duplication: Duplication) -> dict[str, str]:
+    """Dropped submodel id -> the id kept for its image set (the first of each group).
+
+    The planner uses it to hand the dropped submodels' core images (and their cameras'
+    ``submodel_id``) to the kept one, so ownership still covers every camera.
+    """
+    return {dropped: group[0] for group in duplication.groups for dropped in group[1:]}
+
+
 def overlap_warning(duplication: Duplication, split_overlap_m: float) -> str | None:
     """A warning when each image is processed more than :data:`MAX_DUPLICATION_FACTOR` times."""
     if duplication.factor <= MAX_DUPLICATION_FACTOR:

@@ -14,6 +14,7 @@ from prefect_odm.node_messages import is_bad_token_error, is_unknown_task_error
 from prefect_odm.plan_checks import (
     drop_duplicate_submodels,
     find_duplicate_submodels,
+    kept_submodel_of,
     overlap_warning,
 )
 
@@ -146,6 +147,7 @@ def test_identical_image_sets_are_found_and_dropped() -> None:
     assert (dup.images_processed, dup.distinct_images) == (58, 18)
     assert dup.factor == pytest.approx(58 / 18)
     assert [s.id for s in drop_duplicate_submodels(plan)] == ["0", "3"]
+    assert kept_submodel_of(dup) == {"1": "0", "2": "0"}
     warning = overlap_warning(dup, 50)
     assert warning is not None and "3.2 times" in warning and "50 m" in warning
 
