@@ -51,6 +51,7 @@ from prefect_odm.errors import (
     ProcessingFailedError,
     TransientNodeError,
 )
+from prefect_odm.node_messages import is_unknown_task_error
 
 logger = logging.getLogger(__name__)
 
@@ -186,7 +187,7 @@ class NodeClient:
         try:
             raw = self._node.get(f"/task/{uuid}/info", query)
         except NodeResponseError as exc:
-            if "not found" in str(exc).lower():
+            if is_unknown_task_error(str(exc), uuid):
                 return None
             raise NodeError(
                 f"task info: {self._scrub(str(exc))}", node_url=self.url, task_uuid=uuid
@@ -227,9 +228,9 @@ class NodeClient:
         return bool(self._post_form("/task/restart", fields, uuid).get("success", False))
 
     def _post_form(self, route: str, fields: Mapping[str, str], uuid: str | None) -> dict[str, Any]:
-        def go() -> Any:
-            enc = MultipartEncoder(fields=dict(fields))
-            return self._node.post(route, data=enc, headers={"Content-Type": enc.content_type})
+        def go() -> Any:  # urlencoded, as pyodm's Task.cancel/remove/restart send it:
+            # NodeODM reads these fields from urlencoded or JSON bodies only (never multipart)
+            return self._node.post(route, data=dict(fields))
 
         result = self._call(f"POST {route}", go, uuid)
         return result if isinstance(result, dict) else {}

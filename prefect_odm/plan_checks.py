@@ -1,0 +1,105 @@
+"""Checks on a split plan before it is published (pure core).
+
+With a split overlap wider than the submodels, several submodels can hold exactly the same
+images: brighton (18 images) with ``--split 6`` and the default 50 m overlap planned three
+submodels of all 18 images, which share one fingerprint and so one task, reused three times
+(issue 13). The planner calls :func:`find_duplicate_submodels` and keeps one submodel of each
+group (:func:`drop_duplicate_submodels`), and warns with :func:`overlap_warning` when the overlap
+makes each image processed more than :data:`MAX_DUPLICATION_FACTOR` times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+MAX_DUPLICATION_FACTOR = 1.5
+"""Images processed / distinct images above which the plan is reported as wasteful."""
+
+
+class HasImages(Protocol):
+    """What these checks read of a submodel (``models.Submodel`` has both)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def image_names(self) -> Sequence[str]: ...
+
+
+S = TypeVar("S", bound=HasImages)
+
+
+@dataclass(frozen=True)
+class Duplication:
+    """How much a plan processes each image.
+
+    Attributes:
+        groups: ids of submodels with identical image sets, each group sorted by plan order,
+            only groups of two or more.
+        images_processed: the sum of the submodels' image counts.
+        distinct_images: images in at least one submodel.
+    """
+
+    groups: tuple[tuple[str, ...], ...]
+    images_processed: int
+    distinct_images: int
+
+    @property
+    def factor(self) -> float:
+        """Images processed per distinct image (1.0 without overlap; 0.0 for an empty plan)."""
+        return self.images_processed / self.distinct_images if self.distinct_images else 0.0
+
+
+def find_duplicate_submodels(submodels: Sequence[HasImages]) -> Duplication:
+    """Group the submodels whose image sets are identical, and measure the duplication.
+
+    Args:
+        submodels: the plan's submodels, in plan order.
+
+    Returns:
+        The groups of identical image sets and the duplication factor.
+    """
+    by_set: dict[frozenset[str], list[str]] = {}
+    for sub in submodels:
+        by_set.setdefault(frozenset(sub.image_names), []).append(sub.id)
+    distinct = set().union(*by_set) if by_set else set()
+    return Duplication(
+        groups=tuple(tuple(ids) for ids in by_set.values() if len(ids) > 1),
+        images_processed=sum(len(set(sub.image_names)) for sub in submodels),
+        distinct_images=len(distinct),
+    )
+
+
+def drop_duplicate_submodels(submodels: Sequence[S]) -> list[S]:
+    """``submodels`` without the later members of each identical image set (order kept)."""
+    seen: set[frozenset[str]] = set()
+    kept: list[S] = []
+    for sub in submodels:
+        key = frozenset(sub.image_names)
+        if key not in seen:
+            seen.add(key)
+            kept.append(sub)
+    return kept
+
+
+def kept_submodel_of(duplication: Duplication) -> dict[str, str]:
+    """Dropped submodel id -> the id kept for its image set (the first of each group).
+
+    The planner uses it to hand the dropped submodels' core images (and their cameras'
+    ``submodel_id``) to the kept one, so ownership still covers every camera.
+    """
+    return {dropped: group[0] for group in duplication.groups for dropped in group[1:]}
+
+
+def overlap_warning(duplication: Duplication, split_overlap_m: float) -> str | None:
+    """A warning when each image is processed more than :data:`MAX_DUPLICATION_FACTOR` times."""
+    if duplication.factor <= MAX_DUPLICATION_FACTOR:
+        return None
+    return (
+        f"the split overlap of {split_overlap_m:g} m makes each image processed "
+        f"{duplication.factor:.1f} times on average ({duplication.images_processed} images "
+        f"processed for {duplication.distinct_images}); use a smaller --split-overlap-m or fewer "
+        "submodels"
+    )
