@@ -13,6 +13,7 @@ from rio_cogeo.cogeo import cog_validate
 
 from prefect_odm.errors import MergeError
 from prefect_odm.merge import DEM_NODATA, merge_dems
+from prefect_odm.models import MergeOptions
 from prefect_odm.ownership import Ownership
 
 from .conftest import LEFT, TOP
@@ -80,7 +81,11 @@ def test_vertical_offset_removed_no_step_across_the_seam(two_dems, tmp_path: Pat
 def test_without_offset_removal_blending_is_smooth_but_biased(two_dems, tmp_path: Path) -> None:
     tiles, surf, own = two_dems
     merge_dems(
-        tiles, tmp_path / "dsm.tif", ownership=own, remove_vertical_offsets=False, block_size=64
+        tiles,
+        tmp_path / "dsm.tif",
+        ownership=own,
+        options=MergeOptions(remove_vertical_offsets=False),
+        block_size=64,
     )
     with rasterio.open(tmp_path / "dsm.tif") as ds:
         residual = ds.read(1) - surf
