@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, Unpack
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -31,6 +31,9 @@ from prefect_odm.models import MergeOptions
 from prefect_odm.ownership import Ownership
 from prefect_odm.registry import PRODUCTS, MergeMethod, ProductName
 
+if TYPE_CHECKING:  # the merge adapters (rasterio) are imported when a task runs
+    from prefect_odm.merge.blocks import RasterMergeKeywords
+
 
 def _local_inputs(inputs: Mapping[str, str], work: Path, product: str) -> dict[str, Path]:
     return {
@@ -46,77 +49,74 @@ def _on_progress(product: str) -> Callable[[int, int], None]:
     return callback
 
 
+@dataclass(frozen=True)
+class MergeContext:
+    """What the merge tasks of one merge share.
+
+    Attributes:
+        work: local working folder (inputs are fetched under ``work/inputs/<product>/``).
+        ownership: who owns which ground position, in ``crs_epsg``; None: from footprints.
+        crs_epsg: CRS of the merged products; None: the first input's.
+        options: how the products are merged.
+        workers: threads of the raster merges.
+    """
+
+    work: Path
+    ownership: Ownership | None
+    crs_epsg: int | None
+    options: MergeOptions = field(default_factory=MergeOptions)
+    workers: int = 2
+
+    def raster_keywords(self, product: str) -> RasterMergeKeywords:
+        """The raster merges' run keywords (CRS, threads, progress events for ``product``)."""
+        return {
+            "crs_epsg": self.crs_epsg,
+            "workers": self.workers,
+            "progress": _on_progress(product),
+        }
+
+
 @task(name="merge_orthophotos", cache_policy=NO_CACHE)
 def merge_orthophotos(
-    inputs: Mapping[str, str],
-    out: Path,
-    work: Path,
-    ownership: Ownership | None,
-    crs_epsg: int | None,
-    workers: int = 2,
-    options: MergeOptions | None = None,
+    inputs: Mapping[str, str], out: Path, context: MergeContext
 ) -> OrthoMergeReport:
-    """Merge submodel orthophotos into one RGBA COG at ``out`` (local path); returns the report.
-
-    See :func:`prefect_odm.merge.merge_orthophotos` (``inputs`` here are URLs, fetched into
-    ``work`` first).
-    """
+    """Merge submodel orthophotos (URLs, fetched first) into one RGBA COG at ``out`` (a local
+    path); returns the report (see :func:`prefect_odm.merge.merge_orthophotos`)."""
     from prefect_odm.merge import merge_orthophotos as _merge
 
-    local = _local_inputs(inputs, work, "orthophoto")
-    return _merge(
-        local,
-        out,
-        ownership=ownership,
-        options=options,
-        crs_epsg=crs_epsg,
-        workers=workers,
-        progress=_on_progress("orthophoto"),
-    )
+    local = _local_inputs(inputs, context.work, "orthophoto")
+    keywords = context.raster_keywords("orthophoto")
+    return _merge(local, out, ownership=context.ownership, options=context.options, **keywords)
 
 
 @task(name="merge_dems", cache_policy=NO_CACHE)
 def merge_dems(
-    inputs: Mapping[str, str],
-    out: Path,
-    work: Path,
-    ownership: Ownership | None,
-    crs_epsg: int | None,
-    product: str = "dsm",
-    workers: int = 2,
-    options: MergeOptions | None = None,
+    inputs: Mapping[str, str], out: Path, context: MergeContext, product: str = "dsm"
 ) -> DemMergeReport:
     """Merge submodel DSMs (or DTMs, ``product``) into one float32 COG at ``out``; returns the
     report (see :func:`prefect_odm.merge.merge_dems`)."""
     from prefect_odm.merge import merge_dems as _merge
 
-    local = _local_inputs(inputs, work, product)
-    return _merge(
-        local,
-        out,
-        ownership=ownership,
-        options=options,
-        crs_epsg=crs_epsg,
-        workers=workers,
-        progress=_on_progress(product),
-    )
+    local = _local_inputs(inputs, context.work, product)
+    keywords = context.raster_keywords(product)
+    return _merge(local, out, ownership=context.ownership, options=context.options, **keywords)
 
 
 @task(name="merge_point_clouds", cache_policy=NO_CACHE)
 def merge_point_clouds(
-    inputs: Mapping[str, str],
-    out: Path,
-    work: Path,
-    ownership: Ownership | None,
-    crs_epsg: int | None,
+    inputs: Mapping[str, str], out: Path, context: MergeContext
 ) -> PointCloudMergeReport:
     """Merge submodel LAZ files, each cropped to its own area, into one LAZ at ``out``
     (see :func:`prefect_odm.merge.merge_point_clouds`)."""
     from prefect_odm.merge import merge_point_clouds as _merge
 
-    local = _local_inputs(inputs, work, "point_cloud")
+    local = _local_inputs(inputs, context.work, "point_cloud")
     return _merge(
-        local, out, ownership=ownership, crs_epsg=crs_epsg, progress=_on_progress("point_cloud")
+        local,
+        out,
+        ownership=context.ownership,
+        crs_epsg=context.crs_epsg,
+        progress=_on_progress("point_cloud"),
     )
 
 
@@ -164,25 +164,21 @@ class MergedProducts:
 
 @dataclass
 class _MergeRun:
-    """One merge's shared arguments and its staged outputs."""
+    """One merge's context and its staged outputs."""
 
-    work: Path
-    ownership: Ownership | None
-    crs_epsg: int | None
-    options: MergeOptions
+    context: MergeContext
     staged: dict[str, Path] = field(default_factory=dict)
     reports: dict[str, Any] = field(default_factory=dict)
 
     def merge(self, name: ProductName, method: MergeMethod, inputs: Mapping[str, str]) -> None:
         """Merge one product into the staging folder with its registry method."""
-        out = self.work / PRODUCTS[name].file_name
-        shared = (inputs, out, self.work, self.ownership, self.crs_epsg)
+        out = self.context.work / PRODUCTS[name].file_name
         if method == "orthophoto":
-            self.reports[name] = merge_orthophotos(*shared, options=self.options)
+            self.reports[name] = merge_orthophotos(inputs, out, self.context)
         elif method == "dem":
-            self.reports[name] = merge_dems(*shared, product=name, options=self.options)
+            self.reports[name] = merge_dems(inputs, out, self.context, product=name)
         else:
-            self.reports[name] = merge_point_clouds(*shared)
+            self.reports[name] = merge_point_clouds(inputs, out, self.context)
         self.staged[name] = out
 
 
@@ -207,25 +203,35 @@ def _derived_ownership(
     return ownership_from_rasters(local, crs_epsg=crs_epsg)
 
 
+class MergeKeywords(TypedDict):
+    """The keywords of :func:`merge_products` and :func:`merge_all`.
+
+    Attributes:
+        ownership: who owns which ground position; ``None``: from each input's footprint (its
+            orthophoto, else its first raster product).
+        crs_epsg: CRS of the merged products (and of ``ownership``).
+        planned_footprint: GeoJSON polygon of the planned area in ``crs_epsg``, for coverage.
+        options: how the products are merged; None (or absent) for the defaults.
+    """
+
+    ownership: Ownership | None
+    crs_epsg: int | None
+    planned_footprint: dict[str, Any] | None
+    options: NotRequired[MergeOptions | None]
+
+
 def merge_products(
     products: Mapping[str, Mapping[str, str]],
     layout_merged: Callable[[str], str],
-    *,
-    ownership: Ownership | None,
-    crs_epsg: int | None,
-    planned_footprint: dict[str, Any] | None,
-    options: MergeOptions | None = None,
+    **kw: Unpack[MergeKeywords],
 ) -> MergedProducts:
     """Merge each product from the inputs that have it, check coverage, store the results.
 
     Args:
         products: submodel id -> product name -> URL.
         layout_merged: product name -> URL where the merged product is stored.
-        ownership: who owns which ground position; ``None``: from each input's footprint (its
-            orthophoto, else its first raster product).
-        crs_epsg: CRS of the merged products (and of ``ownership``).
-        planned_footprint: GeoJSON polygon of the planned area in ``crs_epsg``, for coverage.
-        options: how the products are merged; None for the defaults.
+        **kw: ``ownership``, ``crs_epsg``, ``planned_footprint``, ``options`` (see
+            :class:`MergeKeywords`).
 
     Returns:
         The stored URLs and the reports (``coverage`` when an orthophoto was merged). Every
@@ -234,13 +240,16 @@ def merge_products(
     Raises:
         MergeError: no input has any product, or a merge or the coverage check failed.
     """
+    ownership, crs_epsg = kw["ownership"], kw["crs_epsg"]
     if not any(name in p for p in products.values() for name in PRODUCTS):
         raise MergeError("nothing to merge: no input has a product")
     with tempfile.TemporaryDirectory(prefix="prefect-odm-merge-") as tmp:
         work = Path(tmp)
         if ownership is None:
             ownership = _derived_ownership(products, work, crs_epsg)
-        run = _MergeRun(work, ownership, crs_epsg, options or MergeOptions())
+        run = _MergeRun(
+            MergeContext(work, ownership, crs_epsg, kw.get("options") or MergeOptions())
+        )
         for name, product in PRODUCTS.items():
             inputs = _inputs_of(products, name)
             if inputs:
@@ -250,7 +259,7 @@ def merge_products(
                 run.staged["orthophoto"],
                 _inputs_of(products, "orthophoto"),
                 work,
-                planned_footprint,
+                kw["planned_footprint"],
             )
         stored: dict[str, str] = {}
         for staged, path in run.staged.items():
@@ -262,23 +271,12 @@ def merge_products(
 def merge_all(
     products: Mapping[str, Mapping[str, str]],
     layout_merged: Callable[[str], str],
-    *,
-    ownership: Ownership | None,
-    crs_epsg: int | None,
-    planned_footprint: dict[str, Any] | None,
-    options: MergeOptions | None = None,
+    **kw: Unpack[MergeKeywords],
 ) -> tuple[dict[str, str], dict[str, Any]]:
     """:func:`merge_products`, with the reports as JSON data (the layout of ``merge.json``).
 
     Returns:
         (product name -> stored URL, product or ``coverage`` -> report data).
     """
-    merged = merge_products(
-        products,
-        layout_merged,
-        ownership=ownership,
-        crs_epsg=crs_epsg,
-        planned_footprint=planned_footprint,
-        options=options,
-    )
+    merged = merge_products(products, layout_merged, **kw)
     return merged.stored, merged.reports.json_dict()

@@ -10,19 +10,64 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypedDict, TypeVar
 
 import rasterio
 from rasterio.transform import Affine
 
 from prefect_odm.errors import MergeError
-from prefect_odm.merge.cog import build_overviews, temporary_sibling, write_cog
+from prefect_odm.merge.cog import (
+    DEFAULT_GDAL_CACHE_MB,
+    build_overviews,
+    temporary_sibling,
+    write_cog,
+)
 from prefect_odm.merge.coverage import MIN_COVERAGE_OF_UNION
 from prefect_odm.merge.grid import Block, iter_blocks
 from prefect_odm.merge.sources import GridPlan, ThreadReaders
 
 _R = TypeVar("_R")
+
+
+class RasterMergeKeywords(TypedDict, total=False):
+    """The keywords every raster merge takes; what they mean and their defaults: :class:`RasterRun`."""
+
+    resolution_m: float | None
+    crs_epsg: int | None
+    workers: int
+    block_size: int
+    progress: Callable[[int, int], None] | None
+    lattice_step_px: int
+    gdal_cache_mb: int
+
+
+@dataclass(frozen=True)
+class RasterRun:
+    """How a raster merge runs (the same for the orthophoto and the DEMs).
+
+    Attributes:
+        resolution_m: output pixel size in CRS units (metres); None: the finest resolution of
+            the inputs already in the output CRS (of the warped ones only when none is).
+        crs_epsg: output CRS; None: the CRS of the first input by sorted id.
+        workers: threads reading and blending blocks (and compressing the COG).
+        block_size: block side in pixels; memory is about ``workers + 1`` blocks of
+            ``inputs_in_block * 40`` bytes per pixel plus ``gdal_cache_mb``.
+        progress: called with ``(blocks_done, blocks_total)`` from the calling thread.
+        lattice_step_px: step of the exact seam-distance lattice (see :class:`.seams.SeamField`).
+        gdal_cache_mb: GDAL block cache for this merge, MiB (``GDAL_CACHEMAX`` in a
+            ``rasterio.Env`` around the whole merge, :func:`.cog.with_gdal_cache`; GDAL's block
+            cache is process-wide, so other rasterio work running at the same time shares it).
+    """
+
+    resolution_m: float | None = None
+    crs_epsg: int | None = None
+    workers: int = 2
+    block_size: int = 512
+    progress: Callable[[int, int], None] | None = None
+    lattice_step_px: int = 8
+    gdal_cache_mb: int = DEFAULT_GDAL_CACHE_MB
 
 
 class BlockMerge(Protocol[_R]):
@@ -131,10 +176,8 @@ def write_merged_raster(
     creation_options: Mapping[str, Any],
     merge: BlockMerge[Any],
     readers: ThreadReaders,
+    run: RasterRun,
     *,
-    block_size: int,
-    workers: int,
-    progress: Callable[[int, int], None] | None,
     cog_options: Mapping[str, Any],
     blocks_done: Callable[[], None] | None = None,
 ) -> tuple[int, int]:
@@ -151,9 +194,7 @@ def write_merged_raster(
             ``photometric``...), added to the common ones.
         merge: the per-block work and writing (see :class:`BlockMerge`).
         readers: closed once every block is done.
-        block_size: block side, pixels.
-        workers: threads over blocks (and for COG compression).
-        progress: ``(blocks_done, blocks_total)`` callback, called in the calling thread.
+        run: block size, threads over blocks (and for COG compression), progress callback.
         cog_options: keyword arguments of :func:`.cog.write_cog` other than ``workers``.
         blocks_done: called after the last block, before the coverage check (phase timing).
 
@@ -164,7 +205,7 @@ def write_merged_raster(
         MergeError: an empty result, one covering less than 99.5 % of the union (see
             :func:`check_coverage`), or an invalid COG.
     """
-    blocks = list(iter_blocks(plan.grid, block_size))
+    blocks = list(iter_blocks(plan.grid, run.block_size))
     tmp_blocks = temporary_sibling(out, "blocks")
     totals = [0, 0]
 
@@ -177,14 +218,14 @@ def write_merged_raster(
     try:
         with rasterio.open(tmp_blocks, "w", **_blocks_profile(plan, creation_options)) as dst:
             try:
-                run_blocks(blocks, merge.work, consume, workers=workers, progress=progress)
+                run_blocks(blocks, merge.work, consume, workers=run.workers, progress=run.progress)
             finally:
                 readers.close()
             if blocks_done is not None:
                 blocks_done()
             check_coverage(out, totals[0], totals[1])
             build_overviews(dst)
-        write_cog(tmp_blocks, out, workers=workers, **cog_options)
+        write_cog(tmp_blocks, out, workers=run.workers, **cog_options)
     finally:
         if tmp_blocks.exists():
             tmp_blocks.unlink()

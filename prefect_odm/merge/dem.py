@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 from numpy.typing import NDArray
@@ -36,8 +36,13 @@ from scipy.ndimage import distance_transform_edt, map_coordinates
 
 from prefect_odm.merge.balance import solve_vertical_offsets
 from prefect_odm.merge.blend import blend_heights
-from prefect_odm.merge.blocks import raster_report_fields, write_merged_raster
-from prefect_odm.merge.cog import DEFAULT_GDAL_CACHE_MB, with_gdal_cache
+from prefect_odm.merge.blocks import (
+    RasterMergeKeywords,
+    RasterRun,
+    raster_report_fields,
+    write_merged_raster,
+)
+from prefect_odm.merge.cog import with_gdal_cache
 from prefect_odm.merge.footprints import resolve_ownership
 from prefect_odm.merge.grid import Block
 from prefect_odm.merge.reports import DemMergeReport
@@ -205,14 +210,8 @@ def merge_dems(
     *,
     ownership: Ownership | None,
     options: MergeOptions | None = None,
-    resolution_m: float | None = None,
-    crs_epsg: int | None = None,
-    workers: int = 2,
-    block_size: int = 512,
-    progress: Callable[[int, int], None] | None = None,
     edt_max_side_px: int = 1024,
-    lattice_step_px: int = 8,
-    gdal_cache_mb: int = DEFAULT_GDAL_CACHE_MB,
+    **raster: Unpack[RasterMergeKeywords],
 ) -> DemMergeReport:
     """Merge per-submodel DSMs (or DTMs) into one float32 COG with nodata -9999.
 
@@ -224,17 +223,10 @@ def merge_dems(
         options: seam method, blending width around seams (``dem_feather_m``, metres) and
             whether vertical offsets between submodels are estimated and removed; None for the
             defaults.
-        resolution_m: output pixel size, CRS units; None: the finest resolution of the inputs
-            already in the output CRS (of the warped ones only when none is).
-        crs_epsg: output CRS; None: the CRS of the first input by sorted id.
-        workers: threads over blocks (and for COG compression).
-        block_size: block side, pixels.
-        progress: ``(blocks_done, blocks_total)`` callback, called in the calling thread.
         edt_max_side_px: longest side of the decimated masks for the edge distances (memory:
             about ``8 * edt_max_side_px**2`` bytes per input).
-        lattice_step_px: step of the exact seam-distance lattice.
-        gdal_cache_mb: GDAL block cache for this merge, MiB (see
-            :func:`.ortho.merge_orthophotos`).
+        **raster: ``resolution_m``, ``crs_epsg``, ``workers``, ``block_size``, ``progress``,
+            ``lattice_step_px``, ``gdal_cache_mb`` (see :class:`.blocks.RasterRun`).
 
     Returns:
         A :class:`.reports.DemMergeReport`.
@@ -244,14 +236,14 @@ def merge_dems(
             result or one covering less than 99.5 % of the inputs' union, an invalid COG.
         InputError: an unknown seam method.
     """
-    opts = options or MergeOptions()
+    opts, run = options or MergeOptions(), RasterRun(**raster)
     started = time.perf_counter()
     out = Path(out)
-    plan = plan_grid(inputs, resolution_m=resolution_m, crs_epsg=crs_epsg, value_bands=1)
+    plan = plan_grid(inputs, resolution_m=run.resolution_m, crs_epsg=run.crs_epsg, value_bands=1)
     owners = resolve_ownership(plan, ownership)
     offsets, medians = vertical_offsets(plan, opts.remove_vertical_offsets)
     edges = edge_distances(plan, edt_max_side_px)
-    seams = seam_method(opts.seam_method, owners, plan.grid, lattice_step_px=lattice_step_px)
+    seams = seam_method(opts.seam_method, owners, plan.grid, lattice_step_px=run.lattice_step_px)
     readers = ThreadReaders(plan)
     pixels, union_pixels = write_merged_raster(
         out,
@@ -259,9 +251,7 @@ def merge_dems(
         {"count": 1, "dtype": "float32", "nodata": DEM_NODATA},
         _DemBlocks(plan, readers, seams, offsets, edges, opts.dem_feather_m),
         readers,
-        block_size=block_size,
-        workers=workers,
-        progress=progress,
+        run,
         cog_options={"compress": "DEFLATE", "predictor": True},
     )
     report = DemMergeReport(

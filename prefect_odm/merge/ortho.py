@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 from numpy.typing import NDArray
@@ -42,8 +42,13 @@ from prefect_odm.merge.blend import (
     to_rgba,
     weighted_sum,
 )
-from prefect_odm.merge.blocks import raster_report_fields, write_merged_raster
-from prefect_odm.merge.cog import DEFAULT_GDAL_CACHE_MB, with_gdal_cache
+from prefect_odm.merge.blocks import (
+    RasterMergeKeywords,
+    RasterRun,
+    raster_report_fields,
+    write_merged_raster,
+)
+from prefect_odm.merge.cog import with_gdal_cache
 from prefect_odm.merge.footprints import resolve_ownership
 from prefect_odm.merge.grid import Block
 from prefect_odm.merge.reports import OrthoMergeReport, SeamQuality
@@ -209,15 +214,9 @@ def merge_orthophotos(
     *,
     ownership: Ownership | None,
     options: MergeOptions | None = None,
-    resolution_m: float | None = None,
-    crs_epsg: int | None = None,
-    workers: int = 2,
-    block_size: int = 512,
-    progress: Callable[[int, int], None] | None = None,
     compress: str = "DEFLATE",
     compress_level: int | None = 3,
-    lattice_step_px: int = 8,
-    gdal_cache_mb: int = DEFAULT_GDAL_CACHE_MB,
+    **raster: Unpack[RasterMergeKeywords],
 ) -> OrthoMergeReport:
     """Merge per-submodel orthophotos into one RGBA COG.
 
@@ -229,20 +228,11 @@ def merge_orthophotos(
             (:func:`.seams.ownership_from_centres`).
         options: seam method, feathering width (``orthophoto_feather_m``, metres; 0 for hard
             seams) and colour balancing; None for the defaults.
-        resolution_m: output pixel size in CRS units (metres); None: the finest resolution of
-            the inputs already in the output CRS (of the warped ones only when none is).
-        crs_epsg: output CRS; None: the CRS of the first input by sorted id.
-        workers: threads reading and blending blocks (and compressing the COG).
-        block_size: block side in pixels; memory is about ``workers + 1`` blocks of
-            ``inputs_in_block * 40`` bytes per pixel plus ``gdal_cache_mb``.
-        progress: called with ``(blocks_done, blocks_total)`` from the calling thread.
         compress: COG compression (GDAL name: DEFLATE, ZSTD, LZW, JPEG...).
         compress_level: compression level (GDAL ``LEVEL``; None for GDAL's default). DEFLATE
             level 3 is about twice as fast as GDAL's default 6 for ~30 % larger files.
-        lattice_step_px: step of the exact seam-distance lattice (see :class:`.seams.SeamField`).
-        gdal_cache_mb: GDAL block cache for this merge, MiB (``GDAL_CACHEMAX`` in a
-            ``rasterio.Env`` around the whole merge; GDAL's block cache is process-wide, so
-            other rasterio work running at the same time shares it).
+        **raster: ``resolution_m``, ``crs_epsg``, ``workers``, ``block_size``, ``progress``,
+            ``lattice_step_px``, ``gdal_cache_mb`` (see :class:`.blocks.RasterRun`).
 
     Returns:
         An :class:`.reports.OrthoMergeReport`.
@@ -252,11 +242,11 @@ def merge_orthophotos(
             result, a merged coverage below 99.5 % of the inputs' union, or an invalid COG.
         InputError: an unknown seam method.
     """
-    opts = options or MergeOptions()
+    opts, run = options or MergeOptions(), RasterRun(**raster)
     phases = _Phases(time.perf_counter())
-    plan = _plan_rgb(inputs, resolution_m, crs_epsg)
+    plan = _plan_rgb(inputs, run.resolution_m, run.crs_epsg)
     owners = resolve_ownership(plan, ownership)
-    seams = seam_method(opts.seam_method, owners, plan.grid, lattice_step_px=lattice_step_px)
+    seams = seam_method(opts.seam_method, owners, plan.grid, lattice_step_px=run.lattice_step_px)
     phases.done("plan")
     corrections = colour_corrections(plan, opts.colour_balance)
     phases.done("colour_balance")
@@ -264,11 +254,11 @@ def merge_orthophotos(
     blocks = _OrthoBlocks(plan, readers, seams, corrections, opts.orthophoto_feather_m)
     cog = {"compress": compress, "predictor": compress != "JPEG", "compress_level": compress_level}
     counts = write_merged_raster(
-        Path(out), plan, _RGBA_OPTIONS, blocks, readers, block_size=block_size, workers=workers,
-        progress=progress, cog_options=cog, blocks_done=lambda: phases.done("blocks"),
+        Path(out), plan, _RGBA_OPTIONS, blocks, readers, run, cog_options=cog,
+        blocks_done=lambda: phases.done("blocks"),
     )  # fmt: skip
     phases.done("cog")
-    extra = {"workers": workers, "block_size": block_size, "phase_seconds": phases.seconds}
+    extra = {"workers": run.workers, "block_size": run.block_size, "phase_seconds": phases.seconds}
     return _report(Path(out), blocks, counts, ownership is None, phases.started, extra)
 
 

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import rasterio
 from numpy.typing import NDArray
-from rasterio.transform import from_origin
 from rio_cogeo.cogeo import cog_validate
 
 from prefect_odm.errors import MergeError
@@ -16,7 +15,7 @@ from prefect_odm.merge import DEM_NODATA, merge_dems
 from prefect_odm.models import MergeOptions
 from prefect_odm.ownership import Ownership
 
-from .conftest import LEFT, TOP
+from .conftest import LEFT, TOP, write_dem
 
 RES = 0.5
 H, W = 160, 240
@@ -30,20 +29,7 @@ def _surface() -> NDArray[np.float32]:
 
 
 def _write(path: Path, z: NDArray[np.float32], col0: int) -> Path:
-    with rasterio.open(
-        path,
-        "w",
-        driver="GTiff",
-        width=z.shape[1],
-        height=z.shape[0],
-        count=1,
-        dtype="float32",
-        crs="EPSG:32615",
-        transform=from_origin(LEFT + col0 * RES, TOP, RES, RES),
-        nodata=DEM_NODATA,
-    ) as dst:
-        dst.write(z, 1)
-    return path
+    return write_dem(path, z, LEFT + col0 * RES, TOP, RES)
 
 
 @pytest.fixture
