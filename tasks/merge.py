@@ -189,9 +189,10 @@ def _inputs_of(products: Mapping[str, Mapping[str, str]], name: str) -> dict[str
 
 def _derived_ownership(
     products: Mapping[str, Mapping[str, str]], work: Path, crs_epsg: int | None
-) -> Ownership:
+) -> Ownership | None:
     """The ownership of outputs merged without a plan, from each input's footprint in its first
-    raster product (its orthophoto when it has one)."""
+    raster product (its orthophoto when it has one); None without any raster (the point-cloud
+    merge then derives one from the clouds' bounds)."""
     from prefect_odm.merge import ownership_from_rasters
 
     rasters = [name for name, p in PRODUCTS.items() if p.kind == "raster"]
@@ -200,7 +201,7 @@ def _derived_ownership(
         name = next((n for n in rasters if n in prods), None)
         if name is not None:
             local |= _local_inputs({sid: prods[name]}, work, name)
-    return ownership_from_rasters(local, crs_epsg=crs_epsg)
+    return ownership_from_rasters(local, crs_epsg=crs_epsg) if local else None
 
 
 class MergeKeywords(TypedDict):
