@@ -22,15 +22,14 @@ Peak memory is the child's peak resident set (``VmHWM``; includes Python and lib
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from _measure import peak_mib
+from _merge_common import bench_folder, rgba_profile, run_in_child
 
 EPSG = 32615
 LEFT, TOP, RES = 500_000.0, 5_000_000.0, 0.05
@@ -46,7 +45,6 @@ def _texture(rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
 def make_inputs(folder: Path, size: int, overlap: float) -> dict[str, Path]:
     """Write four overlapping RGBA submodels; returns id -> path."""
     import rasterio
-    from rasterio.transform import from_origin
 
     step = int(round(size * (1 - overlap)))
     out = {}
@@ -54,23 +52,9 @@ def make_inputs(folder: Path, size: int, overlap: float) -> dict[str, Path]:
         sid = f"submodel_{n:04d}"
         row0, col0 = r * step, c * step
         path = folder / f"{sid}.tif"
-        with rasterio.open(
-            path,
-            "w",
-            driver="GTiff",
-            width=size,
-            height=size,
-            count=4,
-            dtype="uint8",
-            crs=f"EPSG:{EPSG}",
-            transform=from_origin(LEFT + col0 * RES, TOP - row0 * RES, RES, RES),
-            tiled=True,
-            blockxsize=512,
-            blockysize=512,
-            photometric="RGB",
-            ALPHA="YES",
-            BIGTIFF="IF_SAFER",
-        ) as dst:
+        left, top = LEFT + col0 * RES, TOP - row0 * RES
+        profile = rgba_profile(size, size, left, top, RES, EPSG, 512, BIGTIFF="IF_SAFER")
+        with rasterio.open(path, "w", **profile) as dst:
             for r0 in range(0, size, 1024):
                 h = min(1024, size - r0)
                 rgb = _texture(np.arange(row0 + r0, row0 + r0 + h), np.arange(col0, col0 + size))
@@ -130,25 +114,13 @@ def _run_ours(inputs: dict[str, Path], out: Path, workers: int, cams: list, queu
     )
 
 
-def _child(target: Any, *args: Any) -> tuple[Any, ...]:
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=target, args=(*args, queue))
-    proc.start()
-    result = queue.get()
-    proc.join()
-    if proc.exitcode != 0:
-        raise SystemExit(f"benchmark child failed with exit code {proc.exitcode}")
-    return result  # type: ignore[no-any-return]
-
-
 def run(size: int, overlap: float, workers: int, folder: Path) -> dict[str, float]:
     folder.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
     inputs = make_inputs(folder, size, overlap)
     print(f"[{size}] wrote 4 inputs of {size}x{size} RGBA in {time.perf_counter() - t:.1f} s")
-    base_s, base_mib = _child(_run_baseline, inputs, folder / "baseline.tif")
-    ours = _child(_run_ours, inputs, folder / "ours.tif", workers, cameras(size, overlap))
+    base_s, base_mib = run_in_child(_run_baseline, inputs, folder / "baseline.tif")
+    ours = run_in_child(_run_ours, inputs, folder / "ours.tif", workers, cameras(size, overlap))
     ours_s, ours_mib, before, after, width, height = ours
     print(
         f"[{size}] mosaic {width}x{height} ({width * height / 1e6:.0f} Mpx)\n"
@@ -169,8 +141,7 @@ def main() -> None:
     parser.add_argument("--growth", action="store_true", help="also run inputs twice as large")
     parser.add_argument("--keep", type=Path, default=None, help="keep the files in this folder")
     args = parser.parse_args()
-    root = args.keep or Path(tempfile.mkdtemp(prefix="bench_merge_ortho_"))
-    try:
+    with bench_folder(args.keep, "bench_merge_ortho_") as root:
         first = run(args.size, args.overlap, args.workers, root / f"s{args.size}")
         if args.growth:
             if not args.keep:
@@ -182,9 +153,6 @@ def main() -> None:
                 f"{second['ours_mib']:.0f} MiB (growth {growth:+.1%}); baseline "
                 f"{first['base_mib']:.0f} -> {second['base_mib']:.0f} MiB"
             )
-    finally:
-        if not args.keep:
-            shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

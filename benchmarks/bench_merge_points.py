@@ -19,15 +19,13 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from _measure import peak_mib
+from _merge_common import bench_folder, run_in_child
 
 EPSG = 32615
 LEFT, BOTTOM, TILE_M = 500_000.0, 5_000_000.0, 500.0
@@ -101,18 +99,6 @@ def _run_ours(inputs: dict[str, Path], out: Path, chunk: int, overlap: float, qu
     queue.put((time.perf_counter() - t, peak_mib(), report.points_in, report.points_kept))
 
 
-def _child(target: Any, *args: Any) -> tuple[Any, ...]:
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=target, args=(*args, queue))
-    proc.start()
-    result = queue.get()
-    proc.join()
-    if proc.exitcode != 0:
-        raise SystemExit(f"benchmark child failed with exit code {proc.exitcode}")
-    return result  # type: ignore[no-any-return]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--points", type=int, default=50_000_000)
@@ -120,14 +106,12 @@ def main() -> None:
     parser.add_argument("--overlap", type=float, default=0.2)
     parser.add_argument("--keep", type=Path, default=None)
     args = parser.parse_args()
-    root = args.keep or Path(tempfile.mkdtemp(prefix="bench_merge_points_"))
-    root.mkdir(parents=True, exist_ok=True)
-    try:
+    with bench_folder(args.keep, "bench_merge_points_") as root:
         t = time.perf_counter()
         inputs = make_inputs(root, args.points, args.overlap, args.chunk)
         print(f"wrote {args.points:,} points in 4 LAZ inputs in {time.perf_counter() - t:.1f} s")
-        b_s, b_mib, b_in, _ = _child(_run_baseline, inputs, root / "baseline.laz", args.chunk)
-        o_s, o_mib, o_in, o_kept = _child(
+        b_s, b_mib, b_in, _ = run_in_child(_run_baseline, inputs, root / "baseline.laz", args.chunk)
+        o_s, o_mib, o_in, o_kept = run_in_child(
             _run_ours, inputs, root / "ours.laz", args.chunk, args.overlap
         )
         print(
@@ -137,9 +121,6 @@ def main() -> None:
             f"peak {o_mib:6.0f} MiB  (kept {o_kept:,} of {o_in:,})\n"
             f"  throughput ratio ours/baseline = {(o_in / o_s) / (b_in / b_s):.2f}"
         )
-    finally:
-        if not args.keep:
-            shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

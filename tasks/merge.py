@@ -1,24 +1,38 @@
 """Prefect tasks that merge submodel products (thin wrappers over :mod:`prefect_odm.merge`).
 
 Inputs may live in object storage: they are fetched into a local working folder first; merged
-products are written locally, then stored under their final names.
+products are written locally, then stored under their final names. Each product is merged from
+the inputs that have it (an ODM project without a point cloud still gives its orthophoto and
+DSM), with the method its registry entry names (:attr:`prefect_odm.registry.Product.merge`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import tempfile
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, Unpack
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from prefect_odm import progress, storage
 from prefect_odm.errors import MergeError
-from prefect_odm.layout import PRODUCT_FILES
+from prefect_odm.merge.existing import ExistingOutput
+from prefect_odm.merge.reports import (
+    CoverageReport,
+    DemMergeReport,
+    MergeReports,
+    OrthoMergeReport,
+    PointCloudMergeReport,
+)
+from prefect_odm.models import MergeOptions
 from prefect_odm.ownership import Ownership
+from prefect_odm.registry import PRODUCTS, MergeMethod, ProductName
+
+if TYPE_CHECKING:  # the merge adapters (rasterio) are imported when a task runs
+    from prefect_odm.merge.blocks import RasterMergeKeywords
 
 
 def _local_inputs(inputs: Mapping[str, str], work: Path, product: str) -> dict[str, Path]:
@@ -28,86 +42,82 @@ def _local_inputs(inputs: Mapping[str, str], work: Path, product: str) -> dict[s
     }
 
 
-def _as_dict(report: Any) -> dict[str, Any]:
-    if dataclasses.is_dataclass(report) and not isinstance(report, type):
-        return dataclasses.asdict(report)
-    if hasattr(report, "model_dump"):
-        return dict(report.model_dump(mode="json"))
-    return dict(report)
-
-
-def _on_progress(product: str):  # type: ignore[no-untyped-def]
+def _on_progress(product: str) -> Callable[[int, int], None]:
     def callback(done: int, total: int) -> None:
         progress.emit("merge", product=product, done=done, total=total)
 
     return callback
 
 
+@dataclass(frozen=True)
+class MergeContext:
+    """What the merge tasks of one merge share.
+
+    Attributes:
+        work: local working folder (inputs are fetched under ``work/inputs/<product>/``).
+        ownership: who owns which ground position, in ``crs_epsg``; None: from footprints.
+        crs_epsg: CRS of the merged products; None: the first input's.
+        options: how the products are merged.
+        workers: threads of the raster merges.
+    """
+
+    work: Path
+    ownership: Ownership | None
+    crs_epsg: int | None
+    options: MergeOptions = field(default_factory=MergeOptions)
+    workers: int = 2
+
+    def raster_keywords(self, product: str) -> RasterMergeKeywords:
+        """The raster merges' run keywords (CRS, threads, progress events for ``product``)."""
+        return {
+            "crs_epsg": self.crs_epsg,
+            "workers": self.workers,
+            "progress": _on_progress(product),
+        }
+
+
 @task(name="merge_orthophotos", cache_policy=NO_CACHE)
 def merge_orthophotos(
-    inputs: Mapping[str, str],
-    out: Path,
-    work: Path,
-    ownership: Ownership | None,
-    crs_epsg: int | None,
-    workers: int = 2,
-) -> dict[str, Any]:
-    """Merge submodel orthophotos into one RGBA COG at ``out`` (local path); returns the report."""
+    inputs: Mapping[str, str], out: Path, context: MergeContext
+) -> OrthoMergeReport:
+    """Merge submodel orthophotos (URLs, fetched first) into one RGBA COG at ``out`` (a local
+    path); returns the report (see :func:`prefect_odm.merge.merge_orthophotos`)."""
     from prefect_odm.merge import merge_orthophotos as _merge
 
-    local = _local_inputs(inputs, work, "orthophoto")
-    report = _merge(
-        local,
-        out,
-        ownership=ownership,
-        crs_epsg=crs_epsg,
-        workers=workers,
-        progress=_on_progress("orthophoto"),
-    )
-    return _as_dict(report)
+    local = _local_inputs(inputs, context.work, "orthophoto")
+    keywords = context.raster_keywords("orthophoto")
+    return _merge(local, out, ownership=context.ownership, options=context.options, **keywords)
 
 
 @task(name="merge_dems", cache_policy=NO_CACHE)
 def merge_dems(
-    inputs: Mapping[str, str],
-    out: Path,
-    work: Path,
-    ownership: Ownership | None,
-    crs_epsg: int | None,
-    product: str = "dsm",
-    workers: int = 2,
-) -> dict[str, Any]:
-    """Merge submodel DSMs (or DTMs) into one float32 COG at ``out``; returns the report."""
+    inputs: Mapping[str, str], out: Path, context: MergeContext, product: str = "dsm"
+) -> DemMergeReport:
+    """Merge submodel DSMs (or DTMs, ``product``) into one float32 COG at ``out``; returns the
+    report (see :func:`prefect_odm.merge.merge_dems`)."""
     from prefect_odm.merge import merge_dems as _merge
 
-    local = _local_inputs(inputs, work, product)
-    report = _merge(
-        local,
-        out,
-        ownership=ownership,
-        crs_epsg=crs_epsg,
-        workers=workers,
-        progress=_on_progress(product),
-    )
-    return _as_dict(report)
+    local = _local_inputs(inputs, context.work, product)
+    keywords = context.raster_keywords(product)
+    return _merge(local, out, ownership=context.ownership, options=context.options, **keywords)
 
 
 @task(name="merge_point_clouds", cache_policy=NO_CACHE)
 def merge_point_clouds(
-    inputs: Mapping[str, str],
-    out: Path,
-    work: Path,
-    ownership: Ownership | None,
-    crs_epsg: int | None,
-) -> dict[str, Any]:
-    """Merge submodel LAZ files, each cropped to its own area, into one LAZ at ``out``."""
+    inputs: Mapping[str, str], out: Path, context: MergeContext
+) -> PointCloudMergeReport:
+    """Merge submodel LAZ files, each cropped to its own area, into one LAZ at ``out``
+    (see :func:`prefect_odm.merge.merge_point_clouds`)."""
     from prefect_odm.merge import merge_point_clouds as _merge
 
-    local = _local_inputs(inputs, work, "point_cloud")
-    report = _merge(
-        local, out, ownership=ownership, crs_epsg=crs_epsg, progress=_on_progress("point_cloud")
+    local = _local_inputs(inputs, context.work, "point_cloud")
+    return _merge(
+        local,
+        out,
+        ownership=context.ownership,
+        crs_epsg=context.crs_epsg,
+        progress=_on_progress("point_cloud"),
     )
-    return _as_dict(report)
 
 
 @task(name="check_coverage", cache_policy=NO_CACHE)
@@ -116,88 +126,158 @@ def check_coverage(
     inputs: Mapping[str, str],
     work: Path,
     planned_footprint: dict[str, Any] | None,
-) -> dict[str, Any]:
+) -> CoverageReport:
     """Coverage of the merged orthophoto against the inputs and the planned footprint.
 
     Fails (:class:`MergeError`) when the merged orthophoto is empty, covers less than 99.5% of
-    what the submodels cover, or less than half the planned footprint (an estimate from camera
+    what the submodels cover, or less than half the planned footprint
+    (:data:`prefect_odm.merge.coverage.MIN_COVERAGE_OF_PLANNED`: an estimate from camera
     positions and heights, so only a gross shortfall is an error; the figure is reported).
     """
     from prefect_odm.merge import coverage_report
 
     local = _local_inputs(inputs, work, "orthophoto")
     try:
-        report = coverage_report(
-            merged_orthophoto,
-            local,
-            planned_footprint,
-            min_coverage_of_planned=MIN_COVERAGE_OF_PLANNED,
-        )
+        return coverage_report(merged_orthophoto, local, planned_footprint)
     except MergeError as exc:
         raise MergeError(
             str(exc).replace(str(merged_orthophoto), "the merged orthophoto")
         ) from None
-    return _as_dict(report)
 
 
-MIN_COVERAGE_OF_PLANNED = 0.5
-"""Fraction of the planned footprint the merged orthophoto must cover."""
+@task(name="find_existing_outputs", cache_policy=NO_CACHE)
+def find_existing_outputs(inputs: list[str], work: Path) -> list[ExistingOutput]:
+    """Every OpenDroneMap output found at ``inputs`` (zip members extracted into ``work``),
+    sorted by id (see :func:`prefect_odm.merge.find_existing_outputs`)."""
+    from prefect_odm.merge import find_existing_outputs as _find
+
+    return _find(inputs, work)
+
+
+@dataclass(frozen=True)
+class MergedProducts:
+    """What :func:`merge_products` stored: product name -> URL, and the merge reports."""
+
+    stored: dict[str, str]
+    reports: MergeReports
+
+
+@dataclass
+class _MergeRun:
+    """One merge's context and its staged outputs."""
+
+    context: MergeContext
+    staged: dict[str, Path] = field(default_factory=dict)
+    reports: dict[str, Any] = field(default_factory=dict)
+
+    def merge(self, name: ProductName, method: MergeMethod, inputs: Mapping[str, str]) -> None:
+        """Merge one product into the staging folder with its registry method."""
+        out = self.context.work / PRODUCTS[name].file_name
+        if method == "orthophoto":
+            self.reports[name] = merge_orthophotos(inputs, out, self.context)
+        elif method == "dem":
+            self.reports[name] = merge_dems(inputs, out, self.context, product=name)
+        else:
+            self.reports[name] = merge_point_clouds(inputs, out, self.context)
+        self.staged[name] = out
+
+
+def _inputs_of(products: Mapping[str, Mapping[str, str]], name: str) -> dict[str, str]:
+    """Submodel id -> URL of product ``name``, for the inputs that have it."""
+    return {sid: p[name] for sid, p in sorted(products.items()) if name in p}
+
+
+def _derived_ownership(
+    products: Mapping[str, Mapping[str, str]], work: Path, crs_epsg: int | None
+) -> Ownership | None:
+    """The ownership of outputs merged without a plan, from each input's footprint in its first
+    raster product (its orthophoto when it has one); None without any raster (the point-cloud
+    merge then derives one from the clouds' bounds)."""
+    from prefect_odm.merge import ownership_from_rasters
+
+    rasters = [name for name, p in PRODUCTS.items() if p.kind == "raster"]
+    local: dict[str, Path] = {}
+    for sid, prods in sorted(products.items()):
+        name = next((n for n in rasters if n in prods), None)
+        if name is not None:
+            local |= _local_inputs({sid: prods[name]}, work, name)
+    return ownership_from_rasters(local, crs_epsg=crs_epsg) if local else None
+
+
+class MergeKeywords(TypedDict):
+    """The keywords of :func:`merge_products` and :func:`merge_all`.
+
+    Attributes:
+        ownership: who owns which ground position; ``None``: from each input's footprint (its
+            orthophoto, else its first raster product).
+        crs_epsg: CRS of the merged products (and of ``ownership``).
+        planned_footprint: GeoJSON polygon of the planned area in ``crs_epsg``, for coverage.
+        options: how the products are merged; None (or absent) for the defaults.
+    """
+
+    ownership: Ownership | None
+    crs_epsg: int | None
+    planned_footprint: dict[str, Any] | None
+    options: NotRequired[MergeOptions | None]
+
+
+def merge_products(
+    products: Mapping[str, Mapping[str, str]],
+    layout_merged: Callable[[str], str],
+    **kw: Unpack[MergeKeywords],
+) -> MergedProducts:
+    """Merge each product from the inputs that have it, check coverage, store the results.
+
+    Args:
+        products: submodel id -> product name -> URL.
+        layout_merged: product name -> URL where the merged product is stored.
+        **kw: ``ownership``, ``crs_epsg``, ``planned_footprint``, ``options`` (see
+            :class:`MergeKeywords`).
+
+    Returns:
+        The stored URLs and the reports (``coverage`` when an orthophoto was merged). Every
+        product is complete in a local staging folder before any is stored.
+
+    Raises:
+        MergeError: no input has any product, or a merge or the coverage check failed.
+    """
+    ownership, crs_epsg = kw["ownership"], kw["crs_epsg"]
+    if not any(name in p for p in products.values() for name in PRODUCTS):
+        raise MergeError("nothing to merge: no input has a product")
+    with tempfile.TemporaryDirectory(prefix="prefect-odm-merge-") as tmp:
+        work = Path(tmp)
+        if ownership is None:
+            ownership = _derived_ownership(products, work, crs_epsg)
+        run = _MergeRun(
+            MergeContext(work, ownership, crs_epsg, kw.get("options") or MergeOptions())
+        )
+        for name, product in PRODUCTS.items():
+            inputs = _inputs_of(products, name)
+            if inputs:
+                run.merge(name, product.merge, inputs)
+        if "orthophoto" in run.staged:
+            run.reports["coverage"] = check_coverage(
+                run.staged["orthophoto"],
+                _inputs_of(products, "orthophoto"),
+                work,
+                kw["planned_footprint"],
+            )
+        stored: dict[str, str] = {}
+        for staged, path in run.staged.items():
+            stored[staged] = layout_merged(staged)
+            storage.put_file(path, stored[staged])
+    return MergedProducts(stored=stored, reports=MergeReports(**run.reports))
 
 
 def merge_all(
     products: Mapping[str, Mapping[str, str]],
     layout_merged: Callable[[str], str],
-    *,
-    ownership: Ownership | None,
-    crs_epsg: int | None,
-    planned_footprint: dict[str, Any] | None,
+    **kw: Unpack[MergeKeywords],
 ) -> tuple[dict[str, str], dict[str, Any]]:
-    """Merge every product the inputs have and store the results.
-
-    Args:
-        products: submodel id -> product name -> URL (orthophoto and point cloud required).
-        layout_merged: product name -> URL where the merged product is stored.
-        ownership: who owns which ground position (``None``: from the orthophotos' footprints).
-        crs_epsg: CRS of the merged products (and of ``ownership``).
-        planned_footprint: GeoJSON polygon of the planned area in ``crs_epsg``, for coverage.
+    """:func:`merge_products`, with the reports as JSON data (the layout of ``merge.json``).
 
     Returns:
-        (product name -> stored URL, reports by product plus ``coverage``). Every product is
-        complete in a local staging folder before any is stored.
+        (product name -> stored URL, product or ``coverage`` -> report data).
     """
-    reports: dict[str, Any] = {}
-    stored: dict[str, str] = {}
-    with tempfile.TemporaryDirectory(prefix="prefect-odm-merge-") as tmp:
-        work = Path(tmp)
-        staged: dict[str, Path] = {}
-        ortho_in = {sid: p["orthophoto"] for sid, p in sorted(products.items())}
-        if ownership is None:
-            from prefect_odm.merge import ownership_from_rasters
-
-            ownership = ownership_from_rasters(
-                _local_inputs(ortho_in, work, "orthophoto"), crs_epsg=crs_epsg
-            )
-        staged["orthophoto"] = work / PRODUCT_FILES["orthophoto"]
-        reports["orthophoto"] = merge_orthophotos(
-            ortho_in, staged["orthophoto"], work, ownership, crs_epsg
-        )
-        for dem in ("dsm", "dtm"):
-            dem_in = {sid: p[dem] for sid, p in sorted(products.items()) if dem in p}
-            if dem_in:
-                staged[dem] = work / PRODUCT_FILES[dem]
-                reports[dem] = merge_dems(
-                    dem_in, staged[dem], work, ownership, crs_epsg, product=dem
-                )
-        pc_in = {sid: p["point_cloud"] for sid, p in sorted(products.items())}
-        staged["point_cloud"] = work / PRODUCT_FILES["point_cloud"]
-        reports["point_cloud"] = merge_point_clouds(
-            pc_in, staged["point_cloud"], work, ownership, crs_epsg
-        )
-        reports["coverage"] = check_coverage(
-            staged["orthophoto"], ortho_in, work, planned_footprint
-        )
-        for product, path in staged.items():
-            url = layout_merged(product)
-            storage.put_file(path, url)
-            stored[product] = url
-    return stored, reports
+    merged = merge_products(products, layout_merged, **kw)
+    return merged.stored, merged.reports.json_dict()

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect_odm.tasks.merge import MergedProducts
 
-from prefect_odm import storage
-from prefect_odm.layout import OutputLayout, join
-from prefect_odm.models import Manifest, SplitPlan, Survey
+from prefect_odm import __version__, storage
+from prefect_odm.layout import OutputLayout
+from prefect_odm.merge.existing import ExistingMerge
+from prefect_odm.merge.reports import MergeReports, OrthoMergeReport
+from prefect_odm.models import Manifest, SplitPlan, SubmodelResult, Survey
 
 
 def _key(prefix: str, fingerprint: str) -> str:
@@ -69,8 +74,44 @@ def _write_plan_files(
     storage.write_json_atomic(layout.plan_json, plan.model_dump(mode="json"))
 
 
-def report_markdown(manifest: Manifest, plan: SplitPlan, merge_reports: dict[str, Any]) -> str:
-    """The run report as markdown: products, submodels, coverage, rejected images, timings."""
+def as_merge_reports(merge_reports: MergeReports | Mapping[str, Any]) -> MergeReports:
+    """The typed reports of a merge, from the reports or their JSON data (``merge.json``).
+
+    Raises:
+        pydantic.ValidationError: data that is not a merge report.
+    """
+    if isinstance(merge_reports, MergeReports):
+        return merge_reports
+    return MergeReports.model_validate(dict(merge_reports))
+
+
+def seam_lines(ortho: OrthoMergeReport) -> list[str]:
+    """The report's seam section: the colour differences across seams before and after
+    balancing, overall and per seam (mean absolute RGB difference in the seam band, DN)."""
+    lines = [
+        "",
+        "## Seams",
+        "",
+        "Mean absolute colour difference across seams: "
+        f"{ortho.seam_mean_abs_diff_before:.2f} DN before colour balancing, "
+        f"{ortho.seam_mean_abs_diff_after:.2f} DN after.",
+    ]
+    if ortho.seams:
+        lines += ["", "| seam | pixels | before (DN) | after (DN) |", "|---|---|---|---|"]
+        lines += [
+            f"| {s.a} / {s.b} | {s.pixels} | {s.mean_abs_diff_before:.2f} "
+            f"| {s.mean_abs_diff_after:.2f} |"
+            for s in ortho.seams
+        ]
+    return lines
+
+
+def report_markdown(
+    manifest: Manifest, plan: SplitPlan, merge_reports: MergeReports | Mapping[str, Any]
+) -> str:
+    """The run report as markdown: products, submodels, coverage, seams, rejected images,
+    timings."""
+    reports = as_merge_reports(merge_reports)
     lines = [
         f"# Reconstruction of `{manifest.source}`",
         "",
@@ -101,12 +142,8 @@ def report_markdown(manifest: Manifest, plan: SplitPlan, merge_reports: dict[str
     if manifest.coverage:
         lines += ["", "## Coverage", ""]
         lines += [f"- {k}: {v:.4g}" for k, v in sorted(manifest.coverage.items())]
-    seams = merge_reports.get("orthophoto", {})
-    if isinstance(seams, dict) and "seam_mean_abs_diff" in seams:
-        lines += [
-            "",
-            f"Mean absolute colour difference across seams: {seams['seam_mean_abs_diff']}",
-        ]
+    if reports.orthophoto is not None:
+        lines += seam_lines(reports.orthophoto)
     if manifest.rejected_images:
         lines += ["", "## Rejected images", ""]
         lines += [f"- `{r.name}`: {r.reason} {r.detail}".rstrip() for r in manifest.rejected_images]
@@ -122,12 +159,16 @@ def publish_report(
     plan: SplitPlan,
     survey: Survey,
     layout: OutputLayout,
-    merge_reports: dict[str, Any],
+    merge_reports: MergeReports | Mapping[str, Any],
 ) -> None:
-    """Write report/report.md and merge.json beside the products; publish them as artifacts."""
-    markdown = report_markdown(manifest, plan, merge_reports)
-    storage.write_bytes_atomic(join(layout.report_dir, "report.md"), markdown.encode())
-    storage.write_json_atomic(join(layout.report_dir, "merge.json"), merge_reports)
+    """Write report/report.md and merge.json beside the products; publish them as artifacts.
+
+    ``merge_reports``: the merge's reports, or their JSON data (a stored ``merge.json``).
+    """
+    reports = as_merge_reports(merge_reports)
+    markdown = report_markdown(manifest, plan, reports)
+    storage.write_bytes_atomic(layout.report_md, markdown.encode())
+    storage.write_json_atomic(layout.merge_report, reports.json_dict())
     create_markdown_artifact(
         key=_key("report", survey.fingerprint), markdown=markdown, description="Run report"
     )
@@ -146,3 +187,41 @@ def publish_report(
         ],
         description="Submodels",
     )
+
+
+def _merged_crs_epsg(reports: MergeReports) -> int | None:
+    """The EPSG code of the first merged product's CRS (registry order)."""
+    for report in (reports.orthophoto, reports.dsm, reports.dtm, reports.point_cloud):
+        if report is not None and report.crs_epsg is not None:
+            return report.crs_epsg
+    return None
+
+
+@task(name="publish_existing_merge", cache_policy=NO_CACHE)
+def publish_existing_merge(
+    inputs: list[str], request: ExistingMerge, merged: MergedProducts, layout: OutputLayout
+) -> Manifest:
+    """Write merge.json and, last, manifest.json of a merge of outputs made elsewhere.
+
+    Returns:
+        The manifest (``crs_epsg`` that of the merged products, else the plan's, else 0).
+    """
+    reports = merged.reports
+    manifest = Manifest(
+        version=__version__,
+        created=datetime.now(UTC),
+        source=", ".join(inputs),
+        survey_fingerprint=request.identity,
+        plan_fingerprint=request.plan_fingerprint,
+        merge_fingerprint=request.identity,
+        crs_epsg=_merged_crs_epsg(reports) or request.crs_epsg or 0,
+        products=merged.stored,
+        submodels=[
+            SubmodelResult(submodel_id=sid, fingerprint="", status="reused", products=prods)
+            for sid, prods in sorted(request.products.items())
+        ],
+        coverage=reports.coverage.figures() if reports.coverage is not None else {},
+    )
+    storage.write_json_atomic(layout.merge_report, reports.json_dict())
+    storage.write_json_atomic(layout.manifest, manifest.model_dump(mode="json"))
+    return manifest

@@ -225,3 +225,11 @@ def test_cli_repeat_with_nothing_changed_runs_nothing(brighton_images, tmp_path)
     assert third.returncode == 0, third.stderr
     assert "nothing changed" not in third.stdout
     assert third.stdout.count(": reused") >= 2 and ": completed" not in third.stdout
+
+
+def test_brighton_report_shows_the_seam_figures(brighton_run):
+    _, manifest = brighton_run
+    report_md = Path(manifest.products["orthophoto"]).parents[1] / "report" / "report.md"
+    text = report_md.read_text()
+    assert "Mean absolute colour difference across seams: " in text
+    assert " DN before colour balancing, " in text and " DN after." in text

@@ -1,9 +1,13 @@
 """Merging per-submodel outputs: orthophotos, DEMs (DSM/DTM), point clouds, coverage checks.
 
-Pure mathematics lives in :mod:`.grid` and :mod:`.seams`; :mod:`.ortho`, :mod:`.dem`,
-:mod:`.pointcloud`, :mod:`.coverage` and :mod:`.existing` are the adapters over rasterio,
-laspy and fsspec. The public names below are imported lazily so that importing the pure
-modules does not import rasterio or laspy.
+Pure core: :mod:`.grid` (the snapped pixel grid), :mod:`.seams` (seam distances, the
+:class:`.seams.SeamMethod` strategies chosen by name), :mod:`.balance` (colour and vertical
+solves), :mod:`.blend` (per-block blending) and :mod:`.reports` (the typed merge reports).
+Adapters over rasterio, laspy and fsspec: :mod:`.sources` (inputs placed on the grid and read),
+:mod:`.footprints` (ownership without a plan), :mod:`.blocks` (block iteration), :mod:`.cog`
+(COG writing), :mod:`.ortho`, :mod:`.dem`, :mod:`.pointcloud` (the three merges),
+:mod:`.coverage` and :mod:`.existing` (ODM outputs made elsewhere). The public names below are
+imported lazily so that importing the pure modules does not import rasterio or laspy.
 """
 
 from __future__ import annotations
@@ -13,22 +17,26 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
     "merge_orthophotos": "ortho",
-    "ownership_from_rasters": "ortho",
-    "OrthoMergeReport": "ortho",
-    "SeamQuality": "ortho",
+    "ownership_from_rasters": "footprints",
+    "OrthoMergeReport": "reports",
+    "SeamQuality": "reports",
     "merge_dems": "dem",
-    "DemMergeReport": "dem",
+    "DemMergeReport": "reports",
     "DEM_NODATA": "dem",
     "merge_point_clouds": "pointcloud",
-    "PointCloudMergeReport": "pointcloud",
-    "SubmodelPoints": "pointcloud",
+    "PointCloudMergeReport": "reports",
+    "SubmodelPoints": "reports",
     "coverage_report": "coverage",
-    "CoverageReport": "coverage",
-    "SubmodelCoverage": "coverage",
+    "CoverageReport": "reports",
+    "SubmodelCoverage": "reports",
+    "MergeReports": "reports",
+    "MIN_COVERAGE_OF_PLANNED": "coverage",
+    "SeamMethod": "seams",
+    "seam_method": "seams",
     "find_existing_outputs": "existing",
     "ExistingOutput": "existing",
     "extract_products": "existing",
-    "GainOffset": "seams",
+    "GainOffset": "balance",
     "ownership_from_centres": "seams",
     "Grid": "grid",
     "snap_grid": "grid",
@@ -41,8 +49,11 @@ __all__ = [
     "ExistingOutput",
     "GainOffset",
     "Grid",
+    "MIN_COVERAGE_OF_PLANNED",
+    "MergeReports",
     "OrthoMergeReport",
     "PointCloudMergeReport",
+    "SeamMethod",
     "SeamQuality",
     "SubmodelCoverage",
     "SubmodelPoints",
@@ -54,30 +65,34 @@ __all__ = [
     "merge_point_clouds",
     "ownership_from_centres",
     "ownership_from_rasters",
+    "seam_method",
     "snap_grid",
 ]
 
 if TYPE_CHECKING:
-    from prefect_odm.merge.coverage import CoverageReport, SubmodelCoverage, coverage_report
-    from prefect_odm.merge.dem import DEM_NODATA, DemMergeReport, merge_dems
+    from prefect_odm.merge.balance import GainOffset
+    from prefect_odm.merge.coverage import MIN_COVERAGE_OF_PLANNED, coverage_report
+    from prefect_odm.merge.dem import DEM_NODATA, merge_dems
     from prefect_odm.merge.existing import (
         ExistingOutput,
         extract_products,
         find_existing_outputs,
     )
+    from prefect_odm.merge.footprints import ownership_from_rasters
     from prefect_odm.merge.grid import Grid, snap_grid
-    from prefect_odm.merge.ortho import (
+    from prefect_odm.merge.ortho import merge_orthophotos
+    from prefect_odm.merge.pointcloud import merge_point_clouds
+    from prefect_odm.merge.reports import (
+        CoverageReport,
+        DemMergeReport,
+        MergeReports,
         OrthoMergeReport,
-        SeamQuality,
-        merge_orthophotos,
-        ownership_from_rasters,
-    )
-    from prefect_odm.merge.pointcloud import (
         PointCloudMergeReport,
+        SeamQuality,
+        SubmodelCoverage,
         SubmodelPoints,
-        merge_point_clouds,
     )
-    from prefect_odm.merge.seams import GainOffset, ownership_from_centres
+    from prefect_odm.merge.seams import SeamMethod, ownership_from_centres, seam_method
 
 
 def __getattr__(name: str) -> Any:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,51 +23,18 @@ from rasterio.transform import Affine
 from rasterio.vrt import WarpedVRT
 
 from prefect_odm.errors import MergeError
-from prefect_odm.merge.grid import Grid, snap_grid
+from prefect_odm.merge.grid import Bounds, Grid, snap_grid
+from prefect_odm.merge.reports import CoverageReport, SubmodelCoverage
 
 MIN_COVERAGE_OF_UNION = 0.995
-"""Merged covered area / union of the inputs' covered areas below which the merge fails."""
+"""Merged covered area / union of the inputs' covered areas below which a merge fails (the
+block merges check their own pixels against it too, :func:`.blocks.check_coverage`)."""
 
-MIN_COVERAGE_OF_PLANNED = 0.75
+MIN_COVERAGE_OF_PLANNED = 0.5
 """Merged covered area inside the planned footprint / the footprint's area below which the
-merge fails ("half empty"). Engines rarely cover a planned footprint to its very edge, hence
-the margin; callers merging a partial run (``allow_partial``) pass a lower value."""
-
-
-@dataclass(frozen=True)
-class SubmodelCoverage:
-    """One input's covered area and how much of it the merged product covers."""
-
-    submodel_id: str
-    covered_area_m2: float
-    covered_by_merged_fraction: float
-
-
-@dataclass(frozen=True)
-class CoverageReport:
-    """Covered areas of a merged orthophoto against its inputs and the planned footprint.
-
-    Attributes:
-        merged_area_m2: area where the merged orthophoto has data, square CRS units.
-        union_area_m2: area where at least one input has data.
-        coverage_of_union: ``|merged ∩ union| / |union|``.
-        planned_area_m2, coverage_of_planned: the footprint's area and ``|merged ∩ planned| /
-            |planned|``, None without a footprint.
-        cell_size_m: side of the decimated cells the areas were counted on.
-    """
-
-    merged_area_m2: float
-    union_area_m2: float
-    coverage_of_union: float
-    planned_area_m2: float | None
-    coverage_of_planned: float | None
-    per_submodel: tuple[SubmodelCoverage, ...]
-    cell_size_m: float
-    elapsed_seconds: float
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready dict."""
-        return asdict(self)
+merge fails. The footprint is an estimate from camera positions and heights, and engines rarely
+cover it to its very edge, so only a gross shortfall (half empty) is an error; the figure is
+reported."""
 
 
 def _mask_on(path: Path, crs: CRS, grid: Grid) -> NDArray[np.bool_]:
@@ -94,6 +60,75 @@ def _mask_on(path: Path, crs: CRS, grid: Grid) -> NDArray[np.bool_]:
             if alpha:
                 return np.asarray(vrt.read(alpha) > 0)
             return np.asarray(vrt.dataset_mask() > 0)
+
+
+def _comparison_grid(
+    merged: Path, planned_footprint: dict[str, Any] | None, max_side_px: int
+) -> tuple[CRS, Grid]:
+    """The merged raster's CRS and the decimated grid (anchored on the merged grid's origin,
+    extended to cover the footprint) that every mask is sampled on."""
+    with rasterio.open(merged) as ds:
+        if ds.crs is None:
+            raise MergeError(f"{merged} has no CRS")
+        crs = ds.crs
+        res = abs(ds.transform.a)
+        bounds: Bounds = tuple(ds.bounds)
+    fine = snap_grid([bounds], res)
+    factor, _ = fine.decimated(max_side_px)
+    cell = res * factor
+    boxes = [bounds]
+    if planned_footprint is not None:
+        from shapely.geometry import shape
+
+        x0, y0, x1, y1 = shape(planned_footprint).bounds
+        boxes.append((x0, y0, x1, y1))
+    left = min(b[0] for b in boxes)
+    top = max(b[3] for b in boxes)
+    col0 = int(np.floor((left - fine.left) / cell))
+    row0 = int(np.floor((fine.top - top) / cell))
+    right = max(b[2] for b in boxes)
+    bottom = min(b[1] for b in boxes)
+    grid = Grid(
+        left=fine.left + col0 * cell,
+        top=fine.top - row0 * cell,
+        resolution_m=cell,
+        width=max(1, int(np.ceil((right - (fine.left + col0 * cell)) / cell))),
+        height=max(1, int(np.ceil(((fine.top - row0 * cell) - bottom) / cell))),
+    )
+    return crs, grid
+
+
+def _planned(
+    planned_footprint: dict[str, Any], grid: Grid, merged: NDArray[np.bool_]
+) -> tuple[float | None, float | None]:
+    """``(planned area, covered fraction of it)`` on ``grid``; Nones for an empty footprint."""
+    planned = rasterize(
+        [(planned_footprint, 1)],
+        out_shape=(grid.height, grid.width),
+        transform=Affine(*grid.transform),
+        fill=0,
+        dtype="uint8",
+    ).astype(bool)
+    planned_n = int(planned.sum())
+    if not planned_n:
+        return None, None
+    return planned_n * grid.pixel_area_m2, float((merged & planned).sum() / planned_n)
+
+
+def _check(
+    merged: Path, report: CoverageReport, min_of_union: float, min_of_planned: float
+) -> None:
+    if report.coverage_of_union < min_of_union:
+        raise MergeError(
+            f"{merged}: covers {report.coverage_of_union:.1%} of the submodels' union "
+            f"(minimum {min_of_union:.1%})"
+        )
+    planned = report.coverage_of_planned
+    if planned is not None and planned < min_of_planned:
+        raise MergeError(
+            f"{merged}: covers {planned:.1%} of the planned footprint "
+            f"(minimum {min_of_planned:.1%})"
+        )
 
 
 def coverage_report(
@@ -123,82 +158,38 @@ def coverage_report(
             the inputs' union, or less than ``min_coverage_of_planned`` of the footprint.
     """
     started = time.perf_counter()
-    with rasterio.open(merged_orthophoto) as ds:
-        if ds.crs is None:
-            raise MergeError(f"{merged_orthophoto} has no CRS")
-        crs = ds.crs
-        res = abs(ds.transform.a)
-        bounds = [tuple(ds.bounds)]
-    fine = snap_grid(bounds, res)
-    factor, _ = fine.decimated(max_side_px)
-    cell = res * factor
-    boxes = list(bounds)
-    if planned_footprint is not None:
-        from shapely.geometry import shape
-
-        boxes.append(tuple(shape(planned_footprint).bounds))
-    # Anchor the coarse grid on the merged grid's origin, extended to cover the footprint.
-    left = min(b[0] for b in boxes)
-    top = max(b[3] for b in boxes)
-    col0 = int(np.floor((left - fine.left) / cell))
-    row0 = int(np.floor((fine.top - top) / cell))
-    right = max(b[2] for b in boxes)
-    bottom = min(b[1] for b in boxes)
-    grid = Grid(
-        left=fine.left + col0 * cell,
-        top=fine.top - row0 * cell,
-        resolution_m=cell,
-        width=max(1, int(np.ceil((right - (fine.left + col0 * cell)) / cell))),
-        height=max(1, int(np.ceil(((fine.top - row0 * cell) - bottom) / cell))),
-    )
-    cell_area = cell * cell
-    merged = _mask_on(Path(merged_orthophoto), crs, grid)
+    merged_path = Path(merged_orthophoto)
+    crs, grid = _comparison_grid(merged_path, planned_footprint, max_side_px)
+    cell_area = grid.pixel_area_m2
+    merged = _mask_on(merged_path, crs, grid)
     union = np.zeros_like(merged)
     per = []
     for sid in sorted(inputs):
         mask = _mask_on(Path(inputs[sid]), crs, grid)
         union |= mask
         n = int(mask.sum())
+        fraction = float((mask & merged).sum() / n) if n else 0.0
         per.append(
-            SubmodelCoverage(sid, n * cell_area, float((mask & merged).sum() / n) if n else 0.0)
+            SubmodelCoverage(
+                submodel_id=sid, covered_area_m2=n * cell_area, covered_by_merged_fraction=fraction
+            )
         )
     merged_n = int(merged.sum())
     union_n = int(union.sum())
     if merged_n == 0:
         raise MergeError(f"{merged_orthophoto}: the merged result is empty")
-    of_union = float((merged & union).sum() / union_n) if union_n else 0.0
-    planned_area = None
-    of_planned = None
-    if planned_footprint is not None:
-        planned = rasterize(
-            [(planned_footprint, 1)],
-            out_shape=(grid.height, grid.width),
-            transform=Affine(*grid.transform),
-            fill=0,
-            dtype="uint8",
-        ).astype(bool)
-        planned_n = int(planned.sum())
-        if planned_n:
-            planned_area = planned_n * cell_area
-            of_planned = float((merged & planned).sum() / planned_n)
+    planned_area, of_planned = (
+        _planned(planned_footprint, grid, merged) if planned_footprint is not None else (None, None)
+    )
     report = CoverageReport(
         merged_area_m2=merged_n * cell_area,
         union_area_m2=union_n * cell_area,
-        coverage_of_union=of_union,
+        coverage_of_union=float((merged & union).sum() / union_n) if union_n else 0.0,
         planned_area_m2=planned_area,
         coverage_of_planned=of_planned,
         per_submodel=tuple(per),
-        cell_size_m=cell,
+        cell_size_m=grid.resolution_m,
         elapsed_seconds=time.perf_counter() - started,
     )
-    if of_union < min_coverage_of_union:
-        raise MergeError(
-            f"{merged_orthophoto}: covers {of_union:.1%} of the submodels' union "
-            f"(minimum {min_coverage_of_union:.1%})"
-        )
-    if of_planned is not None and of_planned < min_coverage_of_planned:
-        raise MergeError(
-            f"{merged_orthophoto}: covers {of_planned:.1%} of the planned footprint "
-            f"(minimum {min_coverage_of_planned:.1%})"
-        )
+    _check(merged_path, report, min_coverage_of_union, min_coverage_of_planned)
     return report

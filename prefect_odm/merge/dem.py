@@ -1,4 +1,5 @@
-"""DEM merge for DSMs and DTMs (adapter: rasterio, scipy; shares the grid code of :mod:`.ortho`).
+"""DEM merge for DSMs and DTMs (adapter: rasterio, scipy; the grid, blocks and COG of :mod:`.sources`,
+:mod:`.blocks` and :mod:`.cog`, the blend of :mod:`.blend`).
 
 Heights are blended with weights
 
@@ -7,24 +8,25 @@ Heights are blended with weights
 where ``edt_k`` is the distance in metres from the pixel to the edge of submodel ``k``'s data
 (``scipy.ndimage.distance_transform_edt`` on its valid mask, computed once per input at a
 decimated resolution whose longer side is at most ``edt_max_side_px`` and interpolated
-bilinearly) and ``taper_k`` is the seam feathering of :func:`.seams.blend_weights` over a band
+bilinearly) and ``taper_k`` is the seam weight of the seam method (``ownership``: the feathering of
+:func:`.seams.blend_weights`) over a band
 ``feather_m`` wide around the ownership seams. So the owner dominates its own cell, blending is
 smooth across seams, and a submodel fades out towards the edge of its own data. Where the
 weights vanish but some submodel has data, the one with data farthest from its edge is used.
 
 Vertical offsets between submodels are estimated in each overlap as the median height
 difference (sampled at a decimated resolution) and removed by a joint least-squares solve with
-the mean offset held at zero (:func:`.seams.solve_vertical_offsets`).
+the mean offset held at zero (:func:`.balance.solve_vertical_offsets`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 from numpy.typing import NDArray
@@ -32,30 +34,40 @@ from rasterio.enums import Resampling
 from rasterio.windows import Window
 from scipy.ndimage import distance_transform_edt, map_coordinates
 
+from prefect_odm.merge.balance import solve_vertical_offsets
+from prefect_odm.merge.blend import blend_heights
+from prefect_odm.merge.blocks import (
+    RasterMergeKeywords,
+    RasterRun,
+    raster_report_fields,
+    write_merged_raster,
+)
+from prefect_odm.merge.cog import with_gdal_cache
+from prefect_odm.merge.footprints import resolve_ownership
 from prefect_odm.merge.grid import Block
-from prefect_odm.merge.ortho import (
-    DEFAULT_GDAL_CACHE_MB,
+from prefect_odm.merge.reports import DemMergeReport
+from prefect_odm.merge.seams import SeamMethod, seam_method
+from prefect_odm.merge.sources import (
     GridPlan,
-    RasterMergeReport,
     RasterSource,
     SourceReader,
     ThreadReaders,
-    overlap_pairs,
+    Window4,
+    overlap_samples,
+    placed_reads,
     plan_grid,
-    raster_report_fields,
-    resolve_ownership,
-    sample_overlap,
     sources_in,
-    with_gdal_cache,
-    write_merged_raster,
 )
-from prefect_odm.merge.seams import SeamField, blend_weights, solve_vertical_offsets
+from prefect_odm.models import MergeOptions
 from prefect_odm.ownership import Ownership
 
 log = logging.getLogger(__name__)
 
 DEM_NODATA = -9999.0
 """Nodata value of merged DEMs (OpenDroneMap's)."""
+
+_DemBlock = tuple[NDArray[np.float32], int, int]
+"""One block's ``(heights, pixels, union_pixels)``."""
 
 
 @dataclass(frozen=True)
@@ -71,22 +83,30 @@ class EdgeDistance:
     factor_cols: float
     distance_m: NDArray[np.float32]
 
-    def sample(self, src: RasterSource, window: tuple[int, int, int, int]) -> NDArray[np.float32]:
+    def sample(self, src: RasterSource, window: Window4) -> NDArray[np.float32]:
         """Bilinear distance at the centres of a window of the output grid, ``(rows, cols)``."""
         rows = np.arange(window[0], window[0] + window[2]) - src.row_off + 0.5
         cols = np.arange(window[1], window[1] + window[3]) - src.col_off + 0.5
         rr = rows / self.factor_rows - 0.5 + 1.0
         cc = cols / self.factor_cols - 0.5 + 1.0
         r2, c2 = np.meshgrid(rr, cc, indexing="ij")
-        return map_coordinates(self.distance_m, [r2, c2], order=1, mode="nearest").astype(  # type: ignore[no-any-return]
-            np.float32
-        )
+        out: NDArray[np.float32] = map_coordinates(
+            self.distance_m, [r2, c2], order=1, mode="nearest"
+        ).astype(np.float32)
+        return out
 
 
 def edge_distance(
     reader: SourceReader, src: RasterSource, resolution_m: float, max_side_px: int
 ) -> EdgeDistance:
-    """Distance transform of a source's valid mask (padded so the raster edge is a data edge)."""
+    """Distance transform of a source's valid mask (padded so the raster edge is a data edge).
+
+    Args:
+        reader: a reader of the grid plan (nearest resampling).
+        src: the source.
+        resolution_m: output pixel size, metres.
+        max_side_px: longest side of the decimated mask.
+    """
     factor = max(1, -(-max(src.height, src.width) // max_side_px))
     shape = (max(1, src.height // factor), max(1, src.width // factor))
     _, valid = reader.read(src, src.window, out_shape=shape if factor > 1 else None)
@@ -98,21 +118,89 @@ def edge_distance(
     return EdgeDistance(fr, fc, np.asarray(dist, dtype=np.float32))
 
 
-@dataclass(frozen=True)
-class DemMergeReport(RasterMergeReport):
-    """What a DEM merge produced (figures for the manifest and report).
+def vertical_offsets(plan: GridPlan, remove: bool) -> tuple[dict[str, float], dict[str, float]]:
+    """Each submodel's vertical offset and the overlaps' median height differences.
 
-    Attributes:
-        vertical_offsets_m: offset removed from each submodel (subtracted), metres.
-        overlap_median_diff_m: ``"a|b"`` -> median of ``z_a - z_b`` in the overlap before the
-            correction, metres.
+    Args:
+        plan: the grid plan.
+        remove: solve the offsets (:func:`.balance.solve_vertical_offsets`); False: all 0.
+
+    Returns:
+        ``(offsets, medians)``: submodel id -> offset to subtract, metres; ``"a|b"`` -> median
+        of ``z_a - z_b`` over the overlap (sampled at a decimated resolution), metres.
     """
+    medians: dict[str, float] = {}
+    diffs: list[tuple[str, str, float, int]] = []
+    for a, b, va, vb in overlap_samples(plan):
+        med = float(np.median(va[0] - vb[0]))
+        diffs.append((a.submodel_id, b.submodel_id, med, int(va.shape[1])))
+        medians[f"{a.submodel_id}|{b.submodel_id}"] = med
+    ids = plan.submodel_ids
+    offsets = solve_vertical_offsets(ids, diffs) if remove else {sid: 0.0 for sid in ids}
+    return offsets, medians
 
-    vertical_offsets_m: dict[str, float]
-    overlap_median_diff_m: dict[str, float]
-    warped: tuple[str, ...]
-    ownership_from_footprints: bool
-    elapsed_seconds: float
+
+def edge_distances(plan: GridPlan, max_side_px: int) -> dict[str, EdgeDistance]:
+    """:func:`edge_distance` of every source, by submodel id."""
+    reader = SourceReader(plan, Resampling.nearest)
+    try:
+        res = plan.grid.resolution_m
+        return {s.submodel_id: edge_distance(reader, s, res, max_side_px) for s in plan.sources}
+    finally:
+        reader.close()
+
+
+class _DemBlocks:
+    """The DEM's :class:`.blocks.BlockMerge`: read, level and blend one block of heights."""
+
+    def __init__(
+        self,
+        plan: GridPlan,
+        readers: ThreadReaders,
+        seams: SeamMethod,
+        offsets: Mapping[str, float],
+        edges: Mapping[str, EdgeDistance],
+        feather_m: float,
+    ) -> None:
+        self.plan = plan
+        self.readers = readers
+        self.seams = seams
+        self.offsets = offsets
+        self.edges = edges
+        self.feather_m = feather_m
+
+    def work(self, block: Block) -> _DemBlock:
+        present = sources_in(self.plan, block)
+        h, w = block.height, block.width
+        dem = np.full((h, w), DEM_NODATA, dtype=np.float32)
+        if not present:
+            return dem, 0, 0
+        k = len(present)
+        z = np.zeros((k, h, w), dtype=np.float32)
+        valid = np.zeros((k, h, w), dtype=bool)
+        edt = np.zeros((k, h, w), dtype=np.float32)
+        for n, src, inter, sl, values, ok in placed_reads(self.readers.get(), present, block):
+            z[n][sl] = values[0] - np.float32(self.offsets[src.submodel_id])
+            valid[n][sl] = ok
+            if k > 1:
+                edt[n][sl] = self.edges[src.submodel_id].sample(src, inter)
+        any_valid = valid.any(axis=0)
+        union = int(any_valid.sum())
+        if union == 0:
+            return dem, 0, 0
+        if k == 1:
+            dem[any_valid] = z[0][any_valid]
+            return dem, union, union
+        e = self.seams.seam_distance(block, [s.submodel_id for s, _ in present])
+        taper = self.seams.weights(e, valid, self.feather_m)
+        blended = blend_heights(z, valid, edt, taper)
+        dem[any_valid] = blended[any_valid]
+        return dem, int(any_valid.sum()), union
+
+    def write(self, dst: Any, block: Block, result: _DemBlock) -> tuple[int, int]:
+        dem, pixels, union = result
+        dst.write(dem, 1, window=Window(block.col_off, block.row_off, block.width, block.height))
+        return pixels, union
 
 
 @with_gdal_cache
@@ -121,16 +209,9 @@ def merge_dems(
     out: Path,
     *,
     ownership: Ownership | None,
-    resolution_m: float | None = None,
-    remove_vertical_offsets: bool = True,
-    workers: int = 2,
-    block_size: int = 512,
-    progress: Callable[[int, int], None] | None = None,
-    crs_epsg: int | None = None,
-    feather_m: float = 10.0,
+    options: MergeOptions | None = None,
     edt_max_side_px: int = 1024,
-    lattice_step_px: int = 8,
-    gdal_cache_mb: int = DEFAULT_GDAL_CACHE_MB,
+    **raster: Unpack[RasterMergeKeywords],
 ) -> DemMergeReport:
     """Merge per-submodel DSMs (or DTMs) into one float32 COG with nodata -9999.
 
@@ -139,131 +220,49 @@ def merge_dems(
         out: output COG path (written through a temporary name).
         ownership: who owns each ground position, in the output CRS; None derives one from the
             centre of each input's data footprint.
-        resolution_m: output pixel size, CRS units; None: the finest resolution of the inputs
-            already in the output CRS (of the warped ones only when none is).
-        remove_vertical_offsets: estimate and remove vertical offsets between submodels.
-        workers: threads over blocks (and for COG compression).
-        block_size: block side, pixels.
-        progress: ``(blocks_done, blocks_total)`` callback, called in the calling thread.
-        crs_epsg: output CRS; None: the CRS of the first input by sorted id.
-        feather_m: width of the band around ownership seams where submodels blend, metres.
+        options: seam method, blending width around seams (``dem_feather_m``, metres) and
+            whether vertical offsets between submodels are estimated and removed; None for the
+            defaults.
         edt_max_side_px: longest side of the decimated masks for the edge distances (memory:
             about ``8 * edt_max_side_px**2`` bytes per input).
-        lattice_step_px: step of the exact seam-distance lattice.
-        gdal_cache_mb: GDAL block cache for this merge, MiB (see
-            :func:`.ortho.merge_orthophotos`).
+        **raster: ``resolution_m``, ``crs_epsg``, ``workers``, ``block_size``, ``progress``,
+            ``lattice_step_px``, ``gdal_cache_mb`` (see :class:`.blocks.RasterRun`).
 
     Returns:
-        A :class:`DemMergeReport`.
+        A :class:`.reports.DemMergeReport`.
 
     Raises:
         MergeError: no inputs, unreadable inputs, an input unknown to ``ownership``, an empty
             result or one covering less than 99.5 % of the inputs' union, an invalid COG.
+        InputError: an unknown seam method.
     """
+    opts, run = options or MergeOptions(), RasterRun(**raster)
     started = time.perf_counter()
     out = Path(out)
-    plan: GridPlan = plan_grid(inputs, resolution_m=resolution_m, crs_epsg=crs_epsg, value_bands=1)
-    derived = ownership is None
+    plan = plan_grid(inputs, resolution_m=run.resolution_m, crs_epsg=run.crs_epsg, value_bands=1)
     owners = resolve_ownership(plan, ownership)
-    ids = tuple(s.submodel_id for s in plan.sources)
-    res = plan.grid.resolution_m
-
-    reader = SourceReader(plan, Resampling.nearest)
-    medians: dict[str, float] = {}
-    try:
-        diffs: list[tuple[str, str, float, int]] = []
-        for a, b, inter in overlap_pairs(plan):
-            va, vb = sample_overlap(reader, a, b, inter)
-            if va.shape[1]:
-                med = float(np.median(va[0] - vb[0]))
-                diffs.append((a.submodel_id, b.submodel_id, med, int(va.shape[1])))
-                medians[f"{a.submodel_id}|{b.submodel_id}"] = med
-        offsets = (
-            solve_vertical_offsets(ids, diffs)
-            if remove_vertical_offsets
-            else {sid: 0.0 for sid in ids}
-        )
-        edges = {
-            s.submodel_id: edge_distance(reader, s, res, edt_max_side_px) for s in plan.sources
-        }
-    finally:
-        reader.close()
-
-    seam_field = SeamField(owners, plan.grid, lattice_step_px=lattice_step_px)
+    offsets, medians = vertical_offsets(plan, opts.remove_vertical_offsets)
+    edges = edge_distances(plan, edt_max_side_px)
+    seams = seam_method(opts.seam_method, owners, plan.grid, lattice_step_px=run.lattice_step_px)
     readers = ThreadReaders(plan)
-
-    def work(block: Block) -> tuple[NDArray[np.float32], int, int]:
-        present = sources_in(plan, block)
-        h, w = block.height, block.width
-        dem = np.full((h, w), DEM_NODATA, dtype=np.float32)
-        if not present:
-            return dem, 0, 0
-        rd = readers.get()
-        k = len(present)
-        z = np.zeros((k, h, w), dtype=np.float32)
-        valid = np.zeros((k, h, w), dtype=bool)
-        edt = np.zeros((k, h, w), dtype=np.float32)
-        for n, (src, inter) in enumerate(present):
-            values, ok = rd.read(src, inter)
-            r0, c0 = inter[0] - block.row_off, inter[1] - block.col_off
-            sl = (slice(r0, r0 + inter[2]), slice(c0, c0 + inter[3]))
-            z[n][sl] = values[0] - np.float32(offsets[src.submodel_id])
-            valid[n][sl] = ok
-            if k > 1:
-                edt[n][sl] = edges[src.submodel_id].sample(src, inter)
-        any_valid = valid.any(axis=0)
-        union = int(any_valid.sum())
-        if union == 0:
-            return dem, 0, 0
-        if k == 1:
-            dem[any_valid] = z[0][any_valid]
-            return dem, union, union
-        e = seam_field.seam_distance(block, [s.submodel_id for s, _ in present])
-        taper = blend_weights(e, valid, feather_m)
-        weights = taper * np.maximum(edt, np.float32(1e-6))
-        total = weights.sum(axis=0)
-        missing = (total <= 0) & any_valid
-        if missing.any():
-            fallback = valid * np.maximum(edt, np.float32(1e-6))
-            weights[:, missing] = fallback[:, missing]
-            total = weights.sum(axis=0)
-        np.divide(weights, total, out=weights, where=total > 0)
-        z[~valid] = 0.0
-        blended = (weights * z).sum(axis=0)
-        dem[any_valid] = blended[any_valid]
-        return dem, int(any_valid.sum()), union
-
-    def write(dst: Any, block: Block, result: Any) -> tuple[int, int]:
-        dem, pixels, union = result
-        dst.write(dem, 1, window=Window(block.col_off, block.row_off, block.width, block.height))
-        return pixels, union
-
     pixels, union_pixels = write_merged_raster(
         out,
         plan,
         {"count": 1, "dtype": "float32", "nodata": DEM_NODATA},
-        work,
-        write,
+        _DemBlocks(plan, readers, seams, offsets, edges, opts.dem_feather_m),
         readers,
-        block_size=block_size,
-        workers=workers,
-        progress=progress,
+        run,
         cog_options={"compress": "DEFLATE", "predictor": True},
     )
-
     report = DemMergeReport(
         **raster_report_fields(out, plan, pixels, union_pixels),
         vertical_offsets_m=dict(sorted(offsets.items())),
         overlap_median_diff_m=medians,
-        ownership_from_footprints=derived,
+        ownership_from_footprints=ownership is None,
         elapsed_seconds=time.perf_counter() - started,
     )
     log.info(
         "merged %d DEMs into %s: %d px, vertical offsets removed %s, in %.1f s",
-        len(ids),
-        out,
-        report.pixels,
-        report.vertical_offsets_m,
-        report.elapsed_seconds,
+        *(len(plan.sources), out, report.pixels, report.vertical_offsets_m, report.elapsed_seconds),
     )
     return report

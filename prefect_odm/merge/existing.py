@@ -12,11 +12,13 @@ Recognised layouts, local or at any fsspec URL (``s3://bucket/prefix``):
   into a local working folder given by the caller.
 
 Each found output gets an id: the folder's name (for ``all.zip``, the name of the folder holding
-it), made unique with a numeric suffix when two are equal.
+it), made unique with a numeric suffix when two are equal. :func:`plan_existing_merge` then
+matches them to a prefect-odm plan when one is given (:func:`match_plan`) and names the merge.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import posixpath
 import zipfile
@@ -24,8 +26,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from prefect_odm import storage
 from prefect_odm.errors import InputError
+from prefect_odm.fingerprints import fingerprint
 from prefect_odm.layout import ODM_PRODUCT_PATHS, PRODUCT_FILES, join
+from prefect_odm.models import MergeOptions, SplitPlan
+from prefect_odm.ownership import Ownership
+from prefect_odm.registry import REPORT_FILES, REPORT_FOLDER
 from prefect_odm.storage import filesystem, is_local
 
 log = logging.getLogger(__name__)
@@ -169,3 +176,102 @@ def find_existing_outputs(locations: Sequence[str], workdir: Path) -> list[Exist
         used.add(sid)
         out.append(ExistingOutput(sid, url, dict(sorted(prods.items()))))
     return sorted(out, key=lambda o: o.submodel_id)
+
+
+def _shot_names(location: str) -> set[str]:
+    """Image names in ``odm_report/shots.geojson`` of an ODM output folder (empty if absent)."""
+    for folder in (REPORT_FOLDER, "report"):  # ODM's layout; a prefect-odm submodel folder
+        try:
+            raw = storage.read_bytes(join(location, folder, REPORT_FILES["shots"]))
+            shots = json.loads(raw)
+            break
+        except (FileNotFoundError, OSError, ValueError):
+            continue
+    else:
+        return set()
+    names = {str(f.get("properties", {}).get("filename", "")) for f in shots.get("features", [])}
+    return names - {""}
+
+
+def match_plan(found: Sequence[ExistingOutput], plan: SplitPlan) -> dict[str, str]:
+    """Found output id -> plan submodel id: same id (or ``{id}-...``, a prefect-odm submodel
+    folder), else the submodel sharing most image names (``shots.geojson``).
+
+    Raises:
+        InputError: an output sharing no image with any submodel, or two outputs matching the
+            same submodel.
+    """
+    ids = {sm.id for sm in plan.submodels}
+    out: dict[str, str] = {}
+    for output in sorted(found, key=lambda o: o.submodel_id):
+        oid = output.submodel_id
+        named = [sid for sid in ids if oid == sid or oid.startswith(f"{sid}-")]
+        if len(named) == 1:  # e.g. a prefect-odm folder "submodel-003-<fingerprint>"
+            out[oid] = named[0]
+            continue
+        names = _shot_names(output.location)
+        best = max(plan.submodels, key=lambda sm: (len(names & set(sm.image_names)), sm.id))
+        if not names & set(best.image_names):
+            raise InputError(f"{output.location}: no image of it is in any submodel of the plan")
+        out[oid] = best.id
+    if len(set(out.values())) != len(out):
+        raise InputError("two inputs match the same submodel of the plan")
+    return out
+
+
+@dataclass(frozen=True)
+class ExistingMerge:
+    """What to merge of outputs made elsewhere, and under which identity.
+
+    Attributes:
+        products: submodel id (the plan's, or the output's own) -> product name -> URL.
+        ownership: the plan's ownership rule (its cameras in the plan CRS), None without a plan.
+        crs_epsg: the plan's CRS, None without a plan.
+        plan_fingerprint: the plan's fingerprint, empty without a plan.
+        identity: the fingerprint naming the merge's output folder.
+    """
+
+    products: dict[str, dict[str, str]]
+    ownership: Ownership | None
+    crs_epsg: int | None
+    plan_fingerprint: str
+    identity: str
+
+
+def plan_existing_merge(
+    found: Sequence[ExistingOutput], plan_url: str | None, options: MergeOptions | None = None
+) -> ExistingMerge:
+    """The products, ownership and identity of a merge of outputs made elsewhere.
+
+    Args:
+        found: the outputs (:func:`find_existing_outputs`).
+        plan_url: a prefect-odm ``plan.json`` the outputs come from (its ownership rule and CRS
+            are used, so the result equals that run's own merge), or None.
+        options: the merge options; fields that differ from the defaults enter the identity.
+
+    Raises:
+        InputError: the outputs do not match the plan (see :func:`match_plan`).
+    """
+    products = {o.submodel_id: dict(o.products) for o in found}
+    ownership: Ownership | None = None
+    crs_epsg: int | None = None
+    plan_fp = ""
+    if plan_url is not None:
+        split_plan = SplitPlan.model_validate(storage.read_json(plan_url))
+        mapping = match_plan(found, split_plan)
+        products = {mapping[oid]: prods for oid, prods in products.items()}
+        ownership = Ownership.from_cameras(
+            ((c.x_m, c.y_m, c.submodel_id) for c in split_plan.cameras), only=sorted(products)
+        )
+        crs_epsg = split_plan.crs_epsg
+        plan_fp = split_plan.fingerprint
+    value: dict[str, object] = {
+        "kind": "merge-existing",
+        "inputs": sorted(o.submodel_id for o in found),
+        "locations": sorted(o.location for o in found),
+        "plan": plan_fp,
+    }
+    changed = (options or MergeOptions()).model_dump(exclude_defaults=True)
+    if changed:
+        value["options"] = changed
+    return ExistingMerge(products, ownership, crs_epsg, plan_fp, fingerprint(value))

@@ -30,7 +30,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,54 +41,13 @@ from numpy.typing import NDArray
 from scipy.spatial import cKDTree
 
 from prefect_odm.errors import MergeError
+from prefect_odm.merge.reports import PointCloudMergeReport, SubmodelPoints
 from prefect_odm.merge.seams import ownership_from_centres
 from prefect_odm.ownership import Ownership
 
 log = logging.getLogger(__name__)
 
 _INT32_MAX = 2**31 - 1
-
-
-@dataclass(frozen=True)
-class SubmodelPoints:
-    """Points read from and kept of one submodel."""
-
-    submodel_id: str
-    points_in: int
-    points_kept: int
-
-
-@dataclass(frozen=True)
-class PointCloudMergeReport:
-    """What a point-cloud merge produced (figures for the manifest and report).
-
-    Attributes:
-        mins, maxs: header bounds ``(x, y, z)`` of the merged cloud, CRS units.
-        scales, offsets: header scales and offsets ``(x, y, z)``.
-    """
-
-    path: str
-    submodel_ids: tuple[str, ...]
-    points_in: int
-    points_kept: int
-    per_submodel: tuple[SubmodelPoints, ...]
-    crs_wkt: str
-    crs_epsg: int | None
-    point_format: int
-    las_version: str
-    scales: tuple[float, float, float]
-    offsets: tuple[float, float, float]
-    mins: tuple[float, float, float]
-    maxs: tuple[float, float, float]
-    reprojected: tuple[str, ...]
-    ownership_from_footprints: bool
-    copc: bool
-    elapsed_seconds: float
-    points_per_second: float
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready dict."""
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -281,6 +240,129 @@ def _centres(inputs: list[_Input], crs: pyproj.CRS) -> dict[str, tuple[float, fl
     return centres
 
 
+def _output_crs(infos: list[_Input], crs_epsg: int | None) -> pyproj.CRS:
+    """``crs_epsg``, else the CRS of the first input (sorted ids) that has one."""
+    if crs_epsg is not None:
+        return pyproj.CRS.from_epsg(crs_epsg)
+    with_crs = [i.crs for i in infos if i.crs is not None]
+    if not with_crs:
+        raise MergeError("no input point cloud carries a CRS and no crs_epsg was given")
+    return with_crs[0]
+
+
+def _resolve_owners(infos: list[_Input], crs: pyproj.CRS, ownership: Ownership | None) -> Ownership:
+    """The given ownership checked against the inputs, or one from their bounds' centres."""
+    owners = ownership if ownership is not None else ownership_from_centres(_centres(infos, crs))
+    unknown = sorted({i.submodel_id for i in infos} - set(owners.submodel_ids))
+    if unknown:
+        raise MergeError(f"point clouds {unknown} own no camera in the ownership rule")
+    return owners
+
+
+@dataclass
+class _Streamer:
+    """Streams the points each input owns into one open ``LasWriter``."""
+
+    writer: laspy.LasWriter
+    header: laspy.LasHeader
+    crs: pyproj.CRS
+    owners: Ownership
+    chunk_points: int
+    progress: Callable[[int, int], None] | None
+    total_in: int
+    done: int = 0
+
+    def write_input(self, inp: _Input) -> tuple[SubmodelPoints, bool]:
+        """Write the points of ``inp`` that it owns.
+
+        Returns:
+            ``(points, reprojected)``.
+
+        Raises:
+            MergeError: the input holds another number of points than its header says.
+        """
+        transformer = None
+        if inp.crs is not None and inp.crs != self.crs:
+            transformer = pyproj.Transformer.from_crs(inp.crs, self.crs, always_xy=True)
+        shift = None if transformer is not None else _integer_shift(inp.header, self.header)
+        label = self.owners.submodel_ids.index(inp.submodel_id)
+        lo, hi = _bounds_in(inp, self.crs)
+        cells = CellOwners(self.owners, (lo[0], lo[1], hi[0], hi[1]))
+        kept_n = 0
+        read_n = 0
+        with laspy.open(inp.path) as reader:
+            for chunk in reader.chunk_iterator(self.chunk_points):
+                kept_n += self._write_chunk(chunk, transformer, shift, cells, label)
+                read_n += len(chunk)
+                self.done += len(chunk)
+                if self.progress is not None:
+                    self.progress(self.done, self.total_in)
+        if read_n != int(inp.header.point_count):
+            raise MergeError(
+                f"input {inp.submodel_id} ({inp.path}): header says "
+                f"{inp.header.point_count} points, {read_n} were read"
+            )
+        log.info("point cloud %s: kept %d of %d points", inp.submodel_id, kept_n, read_n)
+        points = SubmodelPoints(submodel_id=inp.submodel_id, points_in=read_n, points_kept=kept_n)
+        return points, transformer is not None
+
+    def _write_chunk(
+        self,
+        chunk: laspy.ScaleAwarePointRecord,
+        transformer: pyproj.Transformer | None,
+        shift: tuple[int, int, int] | None,
+        cells: CellOwners,
+        label: int,
+    ) -> int:
+        """Write the points of one chunk that ``label`` owns; returns how many."""
+        if transformer is None:
+            x = np.asarray(chunk.x)
+            y = np.asarray(chunk.y)
+            xyz = None
+        else:
+            x, y, z = transformer.transform(
+                np.asarray(chunk.x), np.asarray(chunk.y), np.asarray(chunk.z)
+            )
+            xyz = (x, y, z)
+        keep = cells.label_of_points(x, y) == label
+        count = int(keep.sum())
+        if count:
+            if shift is not None:
+                self.writer.write_points(_shifted(chunk[keep], shift, self.header))
+            else:
+                sel = None if xyz is None else (xyz[0][keep], xyz[1][keep], xyz[2][keep])
+                self.writer.write_points(_convert(chunk[keep], self.header, sel))
+        return count
+
+
+def _check_written(
+    path: Path, out: Path, kept_total: int, crs: pyproj.CRS
+) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+    """The written file's header bounds ``(mins, maxs)``, after checking its count and CRS.
+
+    Raises:
+        MergeError: nothing kept, or a header that disagrees with what was written.
+    """
+    if kept_total == 0:
+        raise MergeError(f"{out}: the merged point cloud is empty")
+    with laspy.open(path) as check:
+        h = check.header
+        if int(h.point_count) != kept_total:
+            raise MergeError(
+                f"{out}: header counts {h.point_count} points, {kept_total} were written"
+            )
+        mins = (float(h.mins[0]), float(h.mins[1]), float(h.mins[2]))
+        maxs = (float(h.maxs[0]), float(h.maxs[1]), float(h.maxs[2]))
+        out_crs = h.parse_crs()
+    if out_crs is None or not out_crs.equals(crs):
+        raise MergeError(f"{out}: the written CRS {out_crs} is not {crs}")
+    return mins, maxs
+
+
+def _xyz(values: Any) -> tuple[float, float, float]:
+    return (float(values[0]), float(values[1]), float(values[2]))
+
+
 def merge_point_clouds(
     inputs: Mapping[str, Path],
     out: Path,
@@ -304,7 +386,7 @@ def merge_point_clouds(
         progress: ``(points_done, points_total)`` callback.
 
     Returns:
-        A :class:`PointCloudMergeReport`.
+        A :class:`.reports.PointCloudMergeReport`.
 
     Raises:
         MergeError: no inputs, an unreadable input, no CRS anywhere, an input unknown to the
@@ -318,90 +400,24 @@ def merge_point_clouds(
     if chunk_points <= 0:
         raise MergeError(f"chunk_points must be positive, got {chunk_points}")
     infos = _read_headers(inputs)
-    if crs_epsg is not None:
-        crs = pyproj.CRS.from_epsg(crs_epsg)
-    else:
-        with_crs = [i.crs for i in infos if i.crs is not None]
-        if not with_crs:
-            raise MergeError("no input point cloud carries a CRS and no crs_epsg was given")
-        crs = with_crs[0]
-    derived = ownership is None
-    owners = ownership if ownership is not None else ownership_from_centres(_centres(infos, crs))
-    unknown = sorted({i.submodel_id for i in infos} - set(owners.submodel_ids))
-    if unknown:
-        raise MergeError(f"point clouds {unknown} own no camera in the ownership rule")
-    label_of = {sid: n for n, sid in enumerate(owners.submodel_ids)}
+    crs = _output_crs(infos, crs_epsg)
+    owners = _resolve_owners(infos, crs, ownership)
     header = _output_header(infos, crs)
     total_in = sum(int(i.header.point_count) for i in infos)
-    per: list[SubmodelPoints] = []
-    reprojected = []
-    done = 0
+    per, reprojected = [], []
     tmp = out.with_name(f".{out.stem}.{uuid.uuid4().hex[:8]}.tmp{out.suffix}")
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with laspy.open(
-            tmp, mode="w", header=header, do_compress=out.suffix.lower() == ".laz"
-        ) as w:
+        compress = out.suffix.lower() == ".laz"
+        with laspy.open(tmp, mode="w", header=header, do_compress=compress) as writer:
+            streamer = _Streamer(writer, header, crs, owners, chunk_points, progress, total_in)
             for inp in infos:
-                transformer = None
-                if inp.crs is not None and inp.crs != crs:
-                    transformer = pyproj.Transformer.from_crs(inp.crs, crs, always_xy=True)
+                points, warped = streamer.write_input(inp)
+                per.append(points)
+                if warped:
                     reprojected.append(inp.submodel_id)
-                shift = None if transformer is not None else _integer_shift(inp.header, header)
-                kept_n = 0
-                read_n = 0
-                lo, hi = _bounds_in(inp, crs)
-                fast_owners = CellOwners(owners, (lo[0], lo[1], hi[0], hi[1]))
-                with laspy.open(inp.path) as reader:
-                    for chunk in reader.chunk_iterator(chunk_points):
-                        n = len(chunk)
-                        read_n += n
-                        if transformer is None:
-                            x = np.asarray(chunk.x)
-                            y = np.asarray(chunk.y)
-                            xyz = None
-                        else:
-                            x, y, z = transformer.transform(
-                                np.asarray(chunk.x), np.asarray(chunk.y), np.asarray(chunk.z)
-                            )
-                            xyz = (x, y, z)
-                        keep = fast_owners.label_of_points(x, y) == label_of[inp.submodel_id]
-                        count = int(keep.sum())
-                        if count:
-                            if shift is not None:
-                                w.write_points(_shifted(chunk[keep], shift, header))
-                            else:
-                                sel = (
-                                    None
-                                    if xyz is None
-                                    else (xyz[0][keep], xyz[1][keep], xyz[2][keep])
-                                )
-                                w.write_points(_convert(chunk[keep], header, sel))
-                        kept_n += count
-                        done += n
-                        if progress is not None:
-                            progress(done, total_in)
-                if read_n != int(inp.header.point_count):
-                    raise MergeError(
-                        f"input {inp.submodel_id} ({inp.path}): header says "
-                        f"{inp.header.point_count} points, {read_n} were read"
-                    )
-                per.append(SubmodelPoints(inp.submodel_id, read_n, kept_n))
-                log.info("point cloud %s: kept %d of %d points", inp.submodel_id, kept_n, read_n)
         kept_total = sum(p.points_kept for p in per)
-        if kept_total == 0:
-            raise MergeError(f"{out}: the merged point cloud is empty")
-        with laspy.open(tmp) as check:
-            h = check.header
-            if int(h.point_count) != kept_total:
-                raise MergeError(
-                    f"{out}: header counts {h.point_count} points, {kept_total} were written"
-                )
-            mins = tuple(float(v) for v in h.mins)
-            maxs = tuple(float(v) for v in h.maxs)
-            out_crs = h.parse_crs()
-        if out_crs is None or not out_crs.equals(crs):
-            raise MergeError(f"{out}: the written CRS {out_crs} is not {crs}")
+        mins, maxs = _check_written(tmp, out, kept_total, crs)
         os.replace(tmp, out)
     finally:
         if tmp.exists():
@@ -417,12 +433,12 @@ def merge_point_clouds(
         crs_epsg=crs.to_epsg(),
         point_format=int(header.point_format.id),
         las_version=f"{header.version.major}.{header.version.minor}",
-        scales=tuple(float(v) for v in header.scales),  # type: ignore[arg-type]
-        offsets=tuple(float(v) for v in header.offsets),  # type: ignore[arg-type]
-        mins=mins,  # type: ignore[arg-type]
-        maxs=maxs,  # type: ignore[arg-type]
+        scales=_xyz(header.scales),
+        offsets=_xyz(header.offsets),
+        mins=mins,
+        maxs=maxs,
         reprojected=tuple(reprojected),
-        ownership_from_footprints=derived,
+        ownership_from_footprints=ownership is None,
         copc=False,
         elapsed_seconds=elapsed,
         points_per_second=total_in / elapsed if elapsed > 0 else math.inf,

@@ -19,23 +19,22 @@ hole wherever any submodel has data.
 the grid origin and interpolated bilinearly in between. The lattice and the per-pixel arithmetic
 do not depend on the block layout, so any block size or worker count gives identical pixels.
 
-Colour balancing solves one gain and one offset per band and submodel jointly over all overlaps
-by linear least squares (mean and standard deviation matching in each overlap; cf. Brown & Lowe,
-"Automatic Panoramic Image Stitching using Invariant Features", IJCV 2007, section 6, which solves
-gains jointly the same way), with the mean gain fixed to 1 and the mean offset to 0 (or one
-reference submodel fixed). Vertical DEM offsets are solved the same way from the median height
-differences in the overlaps.
+Colour balancing and vertical offsets are in :mod:`.balance`. How seams are placed is a
+:class:`SeamMethod` chosen by name (:func:`seam_method`, from ``MergeOptions.seam_method``);
+``ownership`` (:class:`OwnershipSeams`) is the one above.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 from scipy.spatial import cKDTree
 
+from prefect_odm.errors import InputError
 from prefect_odm.merge.grid import Block, Grid
 from prefect_odm.ownership import Ownership
 
@@ -90,7 +89,7 @@ class SeamField:
         lx = self.grid.left + (lat_cols + 0.5) * res
         gx, gy = np.meshgrid(lx, ly)
         pts = np.column_stack([gx.ravel(), gy.ravel()])
-        d_min, _ = self._all.query(pts, k=1)
+        d_min = np.asarray(self._all.query(pts, k=1)[0], dtype=np.float64)
         rows = np.arange(block.row_off, block.row_off + block.height)
         cols = np.arange(block.col_off, block.col_off + block.width)
         ri = rows // s - i0
@@ -107,7 +106,7 @@ class SeamField:
         base = interp(d_min)
         out = np.empty((len(submodel_ids), block.height, block.width), dtype=np.float32)
         for n, sid in enumerate(submodel_ids):
-            d_k, _ = self._trees[sid].query(pts, k=1)
+            d_k = np.asarray(self._trees[sid].query(pts, k=1)[0], dtype=np.float64)
             out[n] = (0.5 * (interp(d_k) - base)).astype(np.float32)
         return out
 
@@ -147,194 +146,6 @@ def blend_weights(
     return weights
 
 
-@dataclass(frozen=True)
-class OverlapStats:
-    """Per-band statistics of two submodels over the pixels where both have data.
-
-    Attributes:
-        a, b: submodel ids.
-        pixels: number of common pixels (at whatever decimation they were sampled).
-        mean_a, std_a, mean_b, std_b: per band, digital numbers, shape ``(bands,)``.
-    """
-
-    a: str
-    b: str
-    pixels: int
-    mean_a: tuple[float, ...]
-    std_a: tuple[float, ...]
-    mean_b: tuple[float, ...]
-    std_b: tuple[float, ...]
-
-
-@dataclass(frozen=True)
-class GainOffset:
-    """Per-band linear colour correction ``value * gain + offset`` of one submodel."""
-
-    gain: tuple[float, ...]
-    offset: tuple[float, ...]
-
-    @staticmethod
-    def identity(bands: int) -> GainOffset:
-        return GainOffset(gain=(1.0,) * bands, offset=(0.0,) * bands)
-
-
-def overlap_stats(
-    a: str, b: str, values_a: NDArray[np.floating], values_b: NDArray[np.floating]
-) -> OverlapStats:
-    """Statistics of two co-located pixel sets.
-
-    Args:
-        values_a, values_b: ``(bands, n)`` values of the same ``n`` ground positions.
-    """
-    va = np.asarray(values_a, dtype=np.float64)
-    vb = np.asarray(values_b, dtype=np.float64)
-    return OverlapStats(
-        a=a,
-        b=b,
-        pixels=int(va.shape[1]),
-        mean_a=tuple(float(v) for v in va.mean(axis=1)),
-        std_a=tuple(float(v) for v in va.std(axis=1)),
-        mean_b=tuple(float(v) for v in vb.mean(axis=1)),
-        std_b=tuple(float(v) for v in vb.std(axis=1)),
-    )
-
-
-def solve_gain_offset(
-    submodel_ids: Sequence[str],
-    stats: Sequence[OverlapStats],
-    bands: int,
-    reference: str | None = None,
-) -> dict[str, GainOffset]:
-    """Gain and offset per band and submodel, solved jointly over all overlaps.
-
-    For each overlap ``(a, b)`` and band the equations ``g_a * std_a = g_b * std_b`` and
-    ``g_a * mean_a + o_a = g_b * mean_b + o_b`` are weighted by the square root of the number of
-    common pixels; ``mean(g) = 1`` and ``mean(o) = 0`` (or ``g_ref = 1, o_ref = 0``) fix the
-    reference; a weak prior ``g = 1, o = 0`` keeps submodels without overlaps unchanged.
-
-    Args:
-        submodel_ids: all submodels, sorted.
-        stats: overlap statistics (pairs with zero pixels are ignored).
-        bands: number of colour bands.
-        reference: a submodel held fixed, or None to hold the mean fixed.
-
-    Returns:
-        submodel id -> :class:`GainOffset`.
-    """
-    ids = list(submodel_ids)
-    index = {sid: i for i, sid in enumerate(ids)}
-    k = len(ids)
-    used = [s for s in stats if s.pixels > 0 and s.a in index and s.b in index]
-    if k < 2 or not used:
-        return {sid: GainOffset.identity(bands) for sid in ids}
-    gains = np.ones((k, bands))
-    offsets = np.zeros((k, bands))
-    for band in range(bands):
-        rows: list[NDArray[np.float64]] = []
-        rhs: list[float] = []
-        scale = 1.0
-        for s in used:
-            w = float(np.sqrt(s.pixels))
-            scale = max(scale, w * max(s.mean_a[band], s.mean_b[band], 1.0))
-            ia, ib = index[s.a], index[s.b]
-            r = np.zeros(2 * k)
-            r[ia], r[ib] = w * s.std_a[band], -w * s.std_b[band]
-            rows.append(r)
-            rhs.append(0.0)
-            r = np.zeros(2 * k)
-            r[ia], r[ib] = w * s.mean_a[band], -w * s.mean_b[band]
-            r[k + ia], r[k + ib] = w, -w
-            rows.append(r)
-            rhs.append(0.0)
-        big = 1e3 * scale
-        small = 1e-3 * scale / 100.0
-        if reference is None:
-            r = np.zeros(2 * k)
-            r[:k] = big
-            rows.append(r)
-            rhs.append(big * k)
-            r = np.zeros(2 * k)
-            r[k:] = big
-            rows.append(r)
-            rhs.append(0.0)
-        else:
-            ir = index[reference]
-            r = np.zeros(2 * k)
-            r[ir] = big
-            rows.append(r)
-            rhs.append(big)
-            r = np.zeros(2 * k)
-            r[k + ir] = big
-            rows.append(r)
-            rhs.append(0.0)
-        for i in range(k):
-            r = np.zeros(2 * k)
-            r[i] = small * 100.0
-            rows.append(r)
-            rhs.append(small * 100.0)
-            r = np.zeros(2 * k)
-            r[k + i] = small
-            rows.append(r)
-            rhs.append(0.0)
-        sol, *_ = np.linalg.lstsq(np.vstack(rows), np.asarray(rhs), rcond=None)
-        gains[:, band] = sol[:k]
-        offsets[:, band] = sol[k:]
-    return {
-        sid: GainOffset(
-            gain=tuple(float(v) for v in gains[i]), offset=tuple(float(v) for v in offsets[i])
-        )
-        for i, sid in enumerate(ids)
-    }
-
-
-def solve_vertical_offsets(
-    submodel_ids: Sequence[str],
-    differences: Sequence[tuple[str, str, float, int]],
-    reference: str | None = None,
-) -> dict[str, float]:
-    """Vertical offset of each submodel, solved jointly from pairwise overlap differences.
-
-    Args:
-        submodel_ids: all submodels, sorted.
-        differences: ``(a, b, median(z_a - z_b) in metres, common pixel count)`` per overlap.
-        reference: a submodel held at offset 0, or None to hold the mean offset at 0.
-
-    Returns:
-        submodel id -> offset in metres; subtract it from that submodel's heights.
-    """
-    ids = list(submodel_ids)
-    index = {sid: i for i, sid in enumerate(ids)}
-    k = len(ids)
-    used = [d for d in differences if d[3] > 0 and d[0] in index and d[1] in index]
-    if k < 2 or not used:
-        return {sid: 0.0 for sid in ids}
-    rows: list[NDArray[np.float64]] = []
-    rhs: list[float] = []
-    top = 1.0
-    for a, b, diff, n in used:
-        w = float(np.sqrt(n))
-        top = max(top, w)
-        r = np.zeros(k)
-        r[index[a]], r[index[b]] = w, -w
-        rows.append(r)
-        rhs.append(w * diff)
-    big = 1e3 * top
-    r = np.zeros(k)
-    if reference is None:
-        r[:] = big
-    else:
-        r[index[reference]] = big
-    rows.append(r)
-    rhs.append(0.0)
-    for i in range(k):
-        r = np.zeros(k)
-        r[i] = 1e-6 * top
-        rows.append(r)
-        rhs.append(0.0)
-    sol, *_ = np.linalg.lstsq(np.vstack(rows), np.asarray(rhs), rcond=None)
-    return {sid: float(sol[i]) for i, sid in enumerate(ids)}
-
-
 def ownership_from_centres(centres: Mapping[str, tuple[float, float]]) -> Ownership:
     """An ownership for inputs without a split plan: one pseudo-camera per input.
 
@@ -350,3 +161,89 @@ def ownership_from_centres(centres: Mapping[str, tuple[float, float]]) -> Owners
         raise ValueError("no input to derive an ownership from")
     ids = sorted(centres)
     return Ownership.from_cameras([(centres[s][0], centres[s][1], s) for s in ids])
+
+
+class SeamMethod(Protocol):
+    """Where the seams between submodels run and how submodels are weighted across them.
+
+    A seam method is made for one ownership and one output grid (see :data:`SEAM_METHODS`); the
+    merges ask it, block by block, for the seam distances and then for the blending weights. It
+    must give the same values for a pixel whatever the block layout, so any ``block_size`` and
+    worker count give identical products.
+    """
+
+    def seam_distance(self, block: Block, submodel_ids: Sequence[str]) -> NDArray[np.float32]:
+        """``(len(submodel_ids), rows, cols)`` float32 distance from each pixel to the seam of
+        each submodel, metres: 0 for the owner and on a seam, growing into the owner's cell.
+
+        Raises:
+            KeyError: a submodel the method does not know.
+        """
+        ...
+
+    def weights(
+        self, seam_distance_m: NDArray[np.float32], valid: NDArray[np.bool_], feather_m: float
+    ) -> NDArray[np.float32]:
+        """``(k, rows, cols)`` float32 weights from :meth:`seam_distance` and the data masks,
+        summing to 1 wherever any submodel has data and to 0 elsewhere."""
+        ...
+
+
+@dataclass(frozen=True)
+class OwnershipSeams:
+    """Seams on the ownership boundaries (nearest core camera), feathered linearly.
+
+    Seam distances are those of :class:`SeamField`; weights are :func:`blend_weights`.
+
+    Args:
+        ownership: the ownership rule, in the grid's CRS.
+        grid: the output grid.
+        lattice_step_px: step of the exact seam-distance lattice, pixels.
+    """
+
+    ownership: Ownership
+    grid: Grid
+    lattice_step_px: int = 8
+    _field: SeamField = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "_field", SeamField(self.ownership, self.grid, self.lattice_step_px)
+        )
+
+    def seam_distance(self, block: Block, submodel_ids: Sequence[str]) -> NDArray[np.float32]:
+        """See :meth:`SeamField.seam_distance`."""
+        return self._field.seam_distance(block, submodel_ids)
+
+    def weights(
+        self, seam_distance_m: NDArray[np.float32], valid: NDArray[np.bool_], feather_m: float
+    ) -> NDArray[np.float32]:
+        """See :func:`blend_weights`."""
+        return blend_weights(seam_distance_m, valid, feather_m)
+
+
+SEAM_METHODS: dict[str, Callable[[Ownership, Grid, int], SeamMethod]] = {
+    "ownership": OwnershipSeams,
+}
+"""Seam methods by name (``MergeOptions.seam_method``): ``(ownership, grid, lattice_step_px)``
+-> :class:`SeamMethod`."""
+
+
+def seam_method(
+    name: str, ownership: Ownership, grid: Grid, *, lattice_step_px: int = 8
+) -> SeamMethod:
+    """The seam method called ``name`` for one ownership and output grid.
+
+    Args:
+        name: a key of :data:`SEAM_METHODS` (``MergeOptions.seam_method``).
+        ownership: the ownership rule, in the grid's CRS.
+        grid: the output grid.
+        lattice_step_px: step of the exact seam-distance lattice, pixels (>= 1).
+
+    Raises:
+        InputError: no seam method has that name (the message lists the known ones).
+    """
+    make = SEAM_METHODS.get(name)
+    if make is None:
+        raise InputError(f"unknown seam method {name!r} (known: {', '.join(sorted(SEAM_METHODS))})")
+    return make(ownership, grid, lattice_step_px)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -34,6 +35,35 @@ def ground_texture(height: int, width: int, seed: int = 7) -> NDArray[np.uint8]:
     return np.clip(img, 30, 200).astype(np.uint8)
 
 
+def rgba_profile(
+    width: int,
+    height: int,
+    left: float,
+    top: float,
+    res: float,
+    epsg: int = EPSG,
+    block: int = 128,
+    **extra: Any,
+) -> dict[str, Any]:
+    """Creation options of a tiled RGBA GeoTIFF (alpha band 4) with square ``res`` pixels whose
+    top-left corner is ``(left, top)`` in ``EPSG:epsg`` (shared with the merge benchmarks)."""
+    return {
+        "driver": "GTiff",
+        "width": width,
+        "height": height,
+        "count": 4,
+        "dtype": "uint8",
+        "crs": f"EPSG:{epsg}",
+        "transform": from_origin(left, top, res, res),
+        "photometric": "RGB",
+        "ALPHA": "YES",
+        "tiled": True,
+        "blockxsize": block,
+        "blockysize": block,
+        **extra,
+    }
+
+
 def write_rgba(
     path: Path,
     rgb: NDArray[np.uint8],
@@ -50,24 +80,29 @@ def write_rgba(
         if alpha is None
         else np.where(alpha, 255, 0).astype(np.uint8)
     )
+    with rasterio.open(path, "w", **rgba_profile(w, h, left, top, res, epsg)) as dst:
+        dst.write(rgb, indexes=[1, 2, 3])
+        dst.write(a, 4)
+    return path
+
+
+def write_dem(
+    path: Path, z: NDArray[np.float32], left: float, top: float, res: float, epsg: int = EPSG
+) -> Path:
+    """Write a single-band float32 GeoTIFF with OpenDroneMap's nodata (-9999)."""
     with rasterio.open(
         path,
         "w",
         driver="GTiff",
-        width=w,
-        height=h,
-        count=4,
-        dtype="uint8",
+        width=z.shape[1],
+        height=z.shape[0],
+        count=1,
+        dtype="float32",
         crs=f"EPSG:{epsg}",
         transform=from_origin(left, top, res, res),
-        photometric="RGB",
-        ALPHA="YES",
-        tiled=True,
-        blockxsize=128,
-        blockysize=128,
+        nodata=-9999.0,
     ) as dst:
-        dst.write(rgb, indexes=[1, 2, 3])
-        dst.write(a, 4)
+        dst.write(z, 1)
     return path
 
 

@@ -51,8 +51,9 @@ def test_half_empty_result_raises(ortho_tiles: Callable, tmp_path: Path) -> None
         dst.write(data)
     with pytest.raises(MergeError, match="union"):
         coverage_report(half, tiles)
-    # the full merge against a plan twice its size is half empty too
-    plan = _box(LEFT, TOP - 60, LEFT + 40, TOP)
+    # the full merge against a plan over twice its size is less than half full
+    # (MIN_COVERAGE_OF_PLANNED = 0.5, the threshold the reconstruct flow has always applied)
+    plan = _box(LEFT, TOP - 70, LEFT + 40, TOP)
     with pytest.raises(MergeError, match="planned footprint"):
         coverage_report(out, tiles, plan)
     empty = tmp_path / "empty.tif"

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import rasterio
 from numpy.typing import NDArray
-from rasterio.transform import from_origin
 from rio_cogeo.cogeo import cog_validate
 
 from prefect_odm.errors import MergeError
 from prefect_odm.merge import DEM_NODATA, merge_dems
+from prefect_odm.models import MergeOptions
 from prefect_odm.ownership import Ownership
 
-from .conftest import LEFT, TOP
+from .conftest import LEFT, TOP, write_dem
 
 RES = 0.5
 H, W = 160, 240
@@ -29,20 +29,7 @@ def _surface() -> NDArray[np.float32]:
 
 
 def _write(path: Path, z: NDArray[np.float32], col0: int) -> Path:
-    with rasterio.open(
-        path,
-        "w",
-        driver="GTiff",
-        width=z.shape[1],
-        height=z.shape[0],
-        count=1,
-        dtype="float32",
-        crs="EPSG:32615",
-        transform=from_origin(LEFT + col0 * RES, TOP, RES, RES),
-        nodata=DEM_NODATA,
-    ) as dst:
-        dst.write(z, 1)
-    return path
+    return write_dem(path, z, LEFT + col0 * RES, TOP, RES)
 
 
 @pytest.fixture
@@ -80,7 +67,11 @@ def test_vertical_offset_removed_no_step_across_the_seam(two_dems, tmp_path: Pat
 def test_without_offset_removal_blending_is_smooth_but_biased(two_dems, tmp_path: Path) -> None:
     tiles, surf, own = two_dems
     merge_dems(
-        tiles, tmp_path / "dsm.tif", ownership=own, remove_vertical_offsets=False, block_size=64
+        tiles,
+        tmp_path / "dsm.tif",
+        ownership=own,
+        options=MergeOptions(remove_vertical_offsets=False),
+        block_size=64,
     )
     with rasterio.open(tmp_path / "dsm.tif") as ds:
         residual = ds.read(1) - surf

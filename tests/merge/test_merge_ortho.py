@@ -13,6 +13,7 @@ from rio_cogeo.cogeo import cog_validate
 
 from prefect_odm.errors import MergeError
 from prefect_odm.merge import merge_orthophotos
+from prefect_odm.models import MergeOptions
 from prefect_odm.ownership import Ownership
 
 from .conftest import CAMERAS, LEFT, TOP, write_rgba
@@ -45,7 +46,9 @@ def test_balancing_removes_a_20_dn_step(ortho_tiles: Callable, tmp_path: Path) -
 
 def test_without_balancing_the_step_stays(ortho_tiles: Callable, tmp_path: Path) -> None:
     tiles, _ = ortho_tiles(brighten={"b": 20})
-    report = merge_orthophotos(tiles, tmp_path / "o.tif", ownership=OWNERSHIP, colour_balance=False)
+    report = merge_orthophotos(
+        tiles, tmp_path / "o.tif", ownership=OWNERSHIP, options=MergeOptions(colour_balance=False)
+    )
     assert report.seam_mean_abs_diff_after > 10
 
 
@@ -191,7 +194,8 @@ def test_progress_is_reported(ortho_tiles: Callable, tmp_path: Path) -> None:
 
 
 def test_coverage_guard_and_overview_levels() -> None:
-    from prefect_odm.merge.ortho import check_coverage, overview_factors
+    from prefect_odm.merge.blocks import check_coverage
+    from prefect_odm.merge.cog import overview_factors
 
     check_coverage(Path("x.tif"), 995, 1000)
     with pytest.raises(MergeError, match="covers 99.4%"):

@@ -1,0 +1,260 @@
+"""Block iteration of the raster merges (adapter: rasterio; threads).
+
+The output grid is cut into ``block_size`` blocks processed by a thread pool (:func:`run_blocks`);
+each thread opens its own datasets; at most ``workers + 1`` blocks are in flight, so memory does
+not depend on the mosaic size. Results are written in the calling thread, in block order, to a
+tiled temporary GeoTIFF that becomes the COG (:func:`write_merged_raster`, :mod:`.cog`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, TypedDict, TypeVar
+
+import rasterio
+from rasterio.transform import Affine
+
+from prefect_odm.errors import MergeError
+from prefect_odm.merge.cog import (
+    DEFAULT_GDAL_CACHE_MB,
+    build_overviews,
+    temporary_sibling,
+    write_cog,
+)
+from prefect_odm.merge.coverage import MIN_COVERAGE_OF_UNION
+from prefect_odm.merge.grid import Block, iter_blocks
+from prefect_odm.merge.sources import GridPlan, ThreadReaders
+
+_R = TypeVar("_R")
+
+
+class RasterMergeKeywords(TypedDict, total=False):
+    """The keywords every raster merge takes; what they mean and their defaults: :class:`RasterRun`."""
+
+    resolution_m: float | None
+    crs_epsg: int | None
+    workers: int
+    block_size: int
+    progress: Callable[[int, int], None] | None
+    lattice_step_px: int
+    gdal_cache_mb: int
+
+
+@dataclass(frozen=True)
+class RasterRun:
+    """How a raster merge runs (the same for the orthophoto and the DEMs).
+
+    Attributes:
+        resolution_m: output pixel size in CRS units (metres); None: the finest resolution of
+            the inputs already in the output CRS (of the warped ones only when none is).
+        crs_epsg: output CRS; None: the CRS of the first input by sorted id.
+        workers: threads reading and blending blocks (and compressing the COG).
+        block_size: block side in pixels; memory is about ``workers + 1`` blocks of
+            ``inputs_in_block * 40`` bytes per pixel plus ``gdal_cache_mb``.
+        progress: called with ``(blocks_done, blocks_total)`` from the calling thread.
+        lattice_step_px: step of the exact seam-distance lattice (see :class:`.seams.SeamField`).
+        gdal_cache_mb: GDAL block cache for this merge, MiB (``GDAL_CACHEMAX`` in a
+            ``rasterio.Env`` around the whole merge, :func:`.cog.with_gdal_cache`; GDAL's block
+            cache is process-wide, so other rasterio work running at the same time shares it).
+    """
+
+    resolution_m: float | None = None
+    crs_epsg: int | None = None
+    workers: int = 2
+    block_size: int = 512
+    progress: Callable[[int, int], None] | None = None
+    lattice_step_px: int = 8
+    gdal_cache_mb: int = DEFAULT_GDAL_CACHE_MB
+
+
+class BlockMerge(Protocol[_R]):
+    """One raster merge's per-block work: blend on a worker thread, write in the caller's."""
+
+    def work(self, block: Block) -> _R:
+        """Read and blend one block (runs on a worker thread)."""
+        ...
+
+    def write(self, dst: Any, block: Block, result: _R) -> tuple[int, int]:
+        """Write one block's result to the open temporary dataset (calling thread).
+
+        Returns:
+            ``(pixels, union_pixels)``: the block's pixels with data and those where at least
+            one input has data.
+        """
+        ...
+
+
+def run_blocks(
+    blocks: Sequence[Block],
+    work: Callable[[Block], _R],
+    consume: Callable[[Block, _R], None],
+    *,
+    workers: int,
+    progress: Callable[[int, int], None] | None,
+) -> None:
+    """Run ``work`` over blocks on a thread pool, at most ``workers + 1`` in flight.
+
+    ``consume`` is called in the calling thread (so it may write to one dataset), for the blocks
+    finished together in row-major order.
+
+    Raises:
+        Whatever ``work`` raised, after cancelling the blocks not started.
+    """
+    total = len(blocks)
+    done = 0
+    pending: set[Future[_R]] = set()
+    owner: dict[Future[_R], Block] = {}
+    it = iter(blocks)
+    limit = max(1, workers) + 1
+    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="merge") as pool:
+        exhausted = False
+        while pending or not exhausted:
+            while not exhausted and len(pending) < limit:
+                block = next(it, None)
+                if block is None:
+                    exhausted = True
+                    break
+                fut = pool.submit(work, block)
+                pending.add(fut)
+                owner[fut] = block
+            if not pending:
+                break
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in sorted(finished, key=lambda f: (owner[f].row_off, owner[f].col_off)):
+                block = owner.pop(fut)
+                try:
+                    result = fut.result()
+                except BaseException:
+                    for other in pending:
+                        other.cancel()
+                    raise
+                consume(block, result)
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+
+
+def check_coverage(out: Path, pixels: int, union: int) -> None:
+    """Raise MergeError for an empty merge or one covering less than 99.5 % of the union.
+
+    Args:
+        out: the output (named in the message).
+        pixels: output pixels with data.
+        union: grid pixels where at least one input has data.
+    """
+    if union == 0 or pixels == 0:
+        raise MergeError(f"{out}: the merged result is empty (no input has data on the grid)")
+    fraction = pixels / union
+    if fraction < MIN_COVERAGE_OF_UNION:
+        raise MergeError(
+            f"{out}: the merged result covers {fraction:.1%} of the inputs' union "
+            f"(minimum {MIN_COVERAGE_OF_UNION:.1%})"
+        )
+
+
+def _blocks_profile(plan: GridPlan, creation_options: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "driver": "GTiff",
+        "width": plan.grid.width,
+        "height": plan.grid.height,
+        "crs": plan.crs,
+        "transform": Affine(*plan.grid.transform),
+        "tiled": True,
+        "blockxsize": 256,
+        "blockysize": 256,
+        "BIGTIFF": "IF_SAFER",
+        **creation_options,
+    }
+
+
+def write_merged_raster(
+    out: Path,
+    plan: GridPlan,
+    creation_options: Mapping[str, Any],
+    merge: BlockMerge[Any],
+    readers: ThreadReaders,
+    run: RasterRun,
+    *,
+    cog_options: Mapping[str, Any],
+    blocks_done: Callable[[], None] | None = None,
+) -> tuple[int, int]:
+    """Merge ``plan``'s grid block by block into a tiled GeoTIFF, check it, write the COG.
+
+    The blocks go to a temporary tiled GeoTIFF beside ``out`` (256-pixel tiles, BigTIFF if
+    needed), which gets overviews and is converted to the COG ``out`` by :func:`.cog.write_cog`;
+    the temporary file is removed in every case.
+
+    Args:
+        out: the output COG path.
+        plan: the output grid (size, CRS, transform).
+        creation_options: the product's own GeoTIFF options (``count``, ``dtype``, ``nodata``,
+            ``photometric``...), added to the common ones.
+        merge: the per-block work and writing (see :class:`BlockMerge`).
+        readers: closed once every block is done.
+        run: block size, threads over blocks (and for COG compression), progress callback.
+        cog_options: keyword arguments of :func:`.cog.write_cog` other than ``workers``.
+        blocks_done: called after the last block, before the coverage check (phase timing).
+
+    Returns:
+        ``(pixels, union_pixels)`` over the whole grid.
+
+    Raises:
+        MergeError: an empty result, one covering less than 99.5 % of the union (see
+            :func:`check_coverage`), or an invalid COG.
+    """
+    blocks = list(iter_blocks(plan.grid, run.block_size))
+    tmp_blocks = temporary_sibling(out, "blocks")
+    totals = [0, 0]
+
+    def consume(block: Block, result: Any) -> None:
+        pixels, union = merge.write(dst, block, result)
+        totals[0] += pixels
+        totals[1] += union
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with rasterio.open(tmp_blocks, "w", **_blocks_profile(plan, creation_options)) as dst:
+            try:
+                run_blocks(blocks, merge.work, consume, workers=run.workers, progress=run.progress)
+            finally:
+                readers.close()
+            if blocks_done is not None:
+                blocks_done()
+            check_coverage(out, totals[0], totals[1])
+            build_overviews(dst)
+        write_cog(tmp_blocks, out, workers=run.workers, **cog_options)
+    finally:
+        if tmp_blocks.exists():
+            tmp_blocks.unlink()
+    return totals[0], totals[1]
+
+
+def raster_report_fields(
+    out: Path, plan: GridPlan, pixels: int, union_pixels: int
+) -> dict[str, Any]:
+    """The :class:`.reports.RasterMergeReport` fields a grid plan and its pixel counts give.
+
+    Args:
+        out: the output COG.
+        plan: the grid the merge wrote.
+        pixels: output pixels with data.
+        union_pixels: grid pixels where at least one input has data (> 0, see
+            :func:`check_coverage`).
+    """
+    return {
+        "path": str(out),
+        "submodel_ids": plan.submodel_ids,
+        "crs_wkt": plan.crs.to_wkt(),
+        "crs_epsg": plan.crs.to_epsg(),
+        "resolution_m": plan.grid.resolution_m,
+        "width": plan.grid.width,
+        "height": plan.grid.height,
+        "pixels": pixels,
+        "union_pixels": union_pixels,
+        "covered_area_m2": pixels * plan.grid.pixel_area_m2,
+        "coverage_of_union": pixels / union_pixels,
+        "warped": tuple(s.submodel_id for s in plan.sources if s.warp),
+    }

@@ -1,0 +1,430 @@
+"""Input rasters placed on the output grid, and read onto its windows (adapter: rasterio).
+
+:func:`plan_grid` chooses one CRS (``crs_epsg`` or the CRS of the first input by sorted id) and
+one grid snapped to the resolution (default: the finest input resolution in that CRS). An input
+on that grid is read directly; any other one (another CRS, resolution or pixel phase) is warped
+onto it with :class:`rasterio.vrt.WarpedVRT` (bilinear). :class:`SourceReader` reads a source's
+values and validity over any window of the output grid; :class:`ThreadReaders` keeps one reader
+per worker thread (datasets are not shared between threads).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import rasterio
+from numpy.typing import NDArray
+from rasterio.crs import CRS
+from rasterio.enums import ColorInterp, Resampling
+from rasterio.transform import Affine
+from rasterio.vrt import WarpedVRT
+from rasterio.warp import calculate_default_transform, transform_bounds
+from rasterio.windows import Window
+
+from prefect_odm.errors import MergeError
+from prefect_odm.merge.grid import Block, Bounds, Grid, intersect, snap_grid
+
+log = logging.getLogger(__name__)
+
+Window4 = tuple[int, int, int, int]
+"""``(row_off, col_off, height, width)`` on the output grid, pixels."""
+
+_STATS_MAX_PIXELS = 250_000
+"""Largest number of pixels sampled from one overlap for colour or height statistics."""
+
+
+@dataclass(frozen=True)
+class RasterSource:
+    """One input raster placed on the output grid.
+
+    Attributes:
+        submodel_id: the input's id.
+        path: local GeoTIFF path.
+        row_off, col_off: offset of the input's (possibly warped) pixel (0, 0) in the grid.
+        height, width: the input's size on the grid, pixels.
+        value_bands: 1-based band indexes read as values (RGB: (1, 2, 3); DEM: (1,)).
+        alpha_band: 1-based alpha band on the grid (after warping), or None.
+        nodata: nodata value, or None.
+        warp: whether the input is warped onto the grid.
+        grid: the input's footprint on the output grid (the warp target when ``warp``).
+        src_alpha: the input's own alpha band (warped inputs), or None.
+        dtype: the input's data type (numpy name).
+    """
+
+    submodel_id: str
+    path: Path
+    row_off: int
+    col_off: int
+    height: int
+    width: int
+    value_bands: tuple[int, ...]
+    alpha_band: int | None
+    nodata: float | None
+    warp: bool
+    grid: Grid
+    src_alpha: int | None = None
+    dtype: str = "uint8"
+
+    @property
+    def window(self) -> Window4:
+        """``(row_off, col_off, height, width)`` on the output grid."""
+        return (self.row_off, self.col_off, self.height, self.width)
+
+
+@dataclass(frozen=True)
+class GridPlan:
+    """The output grid, its CRS and the placed sources (sorted by submodel id)."""
+
+    crs: CRS
+    grid: Grid
+    sources: tuple[RasterSource, ...]
+
+    @property
+    def submodel_ids(self) -> tuple[str, ...]:
+        """The sources' ids, sorted."""
+        return tuple(s.submodel_id for s in self.sources)
+
+
+@dataclass(frozen=True)
+class _InputInfo:
+    """What :func:`plan_grid` needs to know of one input raster."""
+
+    dtype: str
+    crs: CRS
+    transform: Affine
+    bounds: Bounds
+    width: int
+    height: int
+    res: tuple[float, float]
+    count: int
+    alpha: int | None
+    nodata: float | None
+
+
+def _read_info(sid: str, path: Path) -> _InputInfo:
+    try:
+        with rasterio.open(path) as ds:
+            if ds.crs is None:
+                raise MergeError(f"input {sid} ({path}) has no CRS")
+            interp = ds.colorinterp
+            alpha = next((i + 1 for i, c in enumerate(interp) if c == ColorInterp.alpha), None)
+            return _InputInfo(
+                dtype=ds.dtypes[0],
+                crs=ds.crs,
+                transform=ds.transform,
+                bounds=tuple(ds.bounds),
+                width=ds.width,
+                height=ds.height,
+                res=ds.res,
+                count=ds.count,
+                alpha=alpha,
+                nodata=ds.nodata,
+            )
+    except rasterio.errors.RasterioIOError as exc:
+        raise MergeError(f"input {sid} ({path}) cannot be opened: {exc}") from exc
+
+
+def _bounds_and_resolution(
+    infos: Mapping[str, _InputInfo], crs: CRS, resolution_m: float | None
+) -> tuple[dict[str, Bounds], float]:
+    """Each input's bounds in ``crs`` and the output resolution.
+
+    Without ``resolution_m``: the finest resolution of the inputs already in ``crs``; estimates
+    for warped inputs only when none is (they are approximate and would force everything to be
+    warped).
+    """
+    bounds: dict[str, Bounds] = {}
+    native: list[float] = []
+    estimated: list[float] = []
+    for sid, info in infos.items():
+        if info.crs == crs:
+            bounds[sid] = info.bounds
+            native.append(min(abs(info.res[0]), abs(info.res[1])))
+        else:
+            bounds[sid] = tuple(transform_bounds(info.crs, crs, *info.bounds, densify_pts=21))
+            tr, _, _ = calculate_default_transform(
+                info.crs, crs, info.width, info.height, *info.bounds
+            )
+            estimated.append(abs(tr.a))
+    res = float(resolution_m) if resolution_m is not None else min(native or estimated)
+    return bounds, res
+
+
+def _aligned_offset(info: _InputInfo, crs: CRS, grid: Grid) -> tuple[int, int] | None:
+    """The input's whole-pixel ``(row, col)`` on ``grid`` when it is on it (no warp needed)."""
+    t = info.transform
+    res = grid.resolution_m
+    if not (
+        info.crs == crs
+        and abs(t.b) < 1e-12
+        and abs(t.d) < 1e-12
+        and abs(t.a - res) <= 1e-9 * res
+        and abs(t.e + res) <= 1e-9 * res
+    ):
+        return None
+    return grid.offset_of(t.c, t.f)
+
+
+def _place(
+    sid: str,
+    path: Path,
+    info: _InputInfo,
+    crs: CRS,
+    grid: Grid,
+    bounds: Bounds,
+    value_bands: int | None,
+) -> RasterSource:
+    """One input placed on ``grid``: read directly when aligned, else warped onto a sub-grid."""
+    n_values = value_bands or (info.count - (1 if info.alpha else 0))
+    bands = tuple(b for b in range(1, info.count + 1) if b != info.alpha)[:n_values]
+    offset = _aligned_offset(info, crs, grid)
+    if offset is not None:
+        t = info.transform
+        own = Grid(t.c, t.f, grid.resolution_m, info.width, info.height)
+        row, col = offset
+        return RasterSource(
+            sid, path, row, col, info.height, info.width, bands, info.alpha, info.nodata,
+            False, own, dtype=info.dtype,
+        )  # fmt: skip
+    row, col, sub = grid.sub_grid(bounds)
+    if info.alpha:
+        alpha_band: int | None = info.alpha
+    elif info.nodata is not None:
+        alpha_band = None
+    else:
+        alpha_band = info.count + 1
+    log.info("input %s is warped onto the output grid", sid)
+    return RasterSource(
+        sid, path, row, col, sub.height, sub.width, bands, alpha_band, info.nodata, True, sub,
+        src_alpha=info.alpha, dtype=info.dtype,
+    )  # fmt: skip
+
+
+def plan_grid(
+    inputs: Mapping[str, Path],
+    *,
+    resolution_m: float | None,
+    crs_epsg: int | None,
+    value_bands: int | None,
+) -> GridPlan:
+    """Choose the output CRS and snapped grid and place every input on it.
+
+    Args:
+        inputs: submodel id -> local raster path.
+        resolution_m: output pixel size in CRS units; None: the finest resolution of the inputs
+            already in the output CRS (of the warped inputs only when none is).
+        crs_epsg: output CRS, None for the CRS of the first input by sorted id.
+        value_bands: number of value bands to read (3 for RGB(A), 1 for a DEM), None for all
+            non-alpha bands.
+
+    Raises:
+        MergeError: no inputs, an input without CRS, or an input that cannot be opened.
+    """
+    if not inputs:
+        raise MergeError("nothing to merge: no inputs")
+    ids = sorted(inputs)
+    infos = {sid: _read_info(sid, inputs[sid]) for sid in ids}
+    crs = CRS.from_epsg(crs_epsg) if crs_epsg is not None else infos[ids[0]].crs
+    bounds, res = _bounds_and_resolution(infos, crs, resolution_m)
+    grid = snap_grid(bounds.values(), res)
+    sources = tuple(
+        _place(sid, Path(inputs[sid]), infos[sid], crs, grid, bounds[sid], value_bands)
+        for sid in ids
+    )
+    return GridPlan(crs=crs, grid=grid, sources=sources)
+
+
+class SourceReader:
+    """Reads sources onto output-grid windows; one instance per thread (datasets are not shared).
+
+    Args:
+        plan: the grid plan.
+        resampling: resampling for warped sources.
+    """
+
+    def __init__(self, plan: GridPlan, resampling: Resampling = Resampling.bilinear) -> None:
+        self._plan = plan
+        self._resampling = resampling
+        self._open: dict[str, Any] = {}
+        self._handles: list[Any] = []
+
+    def _warp_options(self, src: RasterSource) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "crs": self._plan.crs,
+            "transform": Affine(*src.grid.transform),
+            "width": src.width,
+            "height": src.height,
+            "resampling": self._resampling,
+        }
+        if src.src_alpha:
+            kwargs.update(src_alpha=src.src_alpha, dst_alpha=src.src_alpha)
+        elif src.nodata is not None:
+            kwargs.update(src_nodata=src.nodata, nodata=src.nodata)
+        else:
+            kwargs.update(add_alpha=True)
+        return kwargs
+
+    def dataset(self, src: RasterSource) -> Any:
+        """The (possibly warped) dataset of a source, opened on first use."""
+        ds = self._open.get(src.submodel_id)
+        if ds is not None:
+            return ds
+        raw = rasterio.open(src.path)
+        self._handles.append(raw)
+        if src.warp:
+            ds = WarpedVRT(raw, **self._warp_options(src))
+            self._handles.append(ds)
+        else:
+            ds = raw
+        self._open[src.submodel_id] = ds
+        return ds
+
+    def read(
+        self,
+        src: RasterSource,
+        window: Window4,
+        out_shape: tuple[int, int] | None = None,
+    ) -> tuple[NDArray[np.float32], NDArray[np.bool_]]:
+        """Values and validity of ``src`` over a window of the output grid.
+
+        Args:
+            src: the source.
+            window: ``(row_off, col_off, height, width)`` on the output grid, inside the
+                source's window.
+            out_shape: ``(rows, cols)`` to decimate to (nearest), None for full resolution.
+
+        Returns:
+            ``(values, valid)``: ``(bands, rows, cols)`` float32 and ``(rows, cols)`` bool.
+        """
+        ds = self.dataset(src)
+        win = Window(window[1] - src.col_off, window[0] - src.row_off, window[3], window[2])
+        shape = out_shape or (window[2], window[3])
+        kw: dict[str, Any] = {"window": win}
+        if out_shape is not None:
+            kw.update(resampling=Resampling.nearest)
+        values = ds.read(
+            list(src.value_bands), out_shape=(len(src.value_bands), *shape), **kw
+        ).astype(np.float32, copy=False)
+        if src.alpha_band is not None:
+            alpha = ds.read(src.alpha_band, out_shape=shape, **kw)
+            valid = alpha > 0
+        elif src.nodata is not None:
+            nd = np.float32(src.nodata)
+            valid = np.any((values != nd) & np.isfinite(values), axis=0)
+        else:
+            valid = ds.read_masks(src.value_bands[0], out_shape=shape, **kw) > 0
+        return values, valid
+
+    def close(self) -> None:
+        """Close every dataset this reader opened."""
+        for handle in reversed(self._handles):
+            handle.close()
+        self._handles.clear()
+        self._open.clear()
+
+
+class ThreadReaders:
+    """One :class:`SourceReader` per worker thread, all closed together."""
+
+    def __init__(self, plan: GridPlan) -> None:
+        self._plan = plan
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._all: list[SourceReader] = []
+
+    def get(self) -> SourceReader:
+        """This thread's reader, made on first use."""
+        reader = getattr(self._local, "reader", None)
+        if reader is None:
+            reader = SourceReader(self._plan)
+            self._local.reader = reader
+            with self._lock:
+                self._all.append(reader)
+        return reader
+
+    def close(self) -> None:
+        """Close every thread's reader."""
+        with self._lock:
+            for reader in self._all:
+                reader.close()
+            self._all.clear()
+
+
+def sources_in(plan: GridPlan, block: Block) -> list[tuple[RasterSource, Window4]]:
+    """Sources intersecting a block (sorted by id) with the intersection windows."""
+    bw = (block.row_off, block.col_off, block.height, block.width)
+    out = []
+    for src in plan.sources:
+        inter = intersect(bw, src.window)
+        if inter is not None:
+            out.append((src, inter))
+    return out
+
+
+def placed_reads(
+    reader: SourceReader, present: list[tuple[RasterSource, Window4]], block: Block
+) -> Iterator[
+    tuple[int, RasterSource, Window4, tuple[slice, slice], NDArray[np.float32], NDArray[np.bool_]]
+]:
+    """Read each present source over its part of ``block``.
+
+    Yields:
+        ``(n, source, window, (rows, cols), values, valid)``: the source's index in
+        ``present``, its window on the output grid, the slices of that window in the block's
+        own coordinates, and what :meth:`SourceReader.read` returns.
+    """
+    for n, (src, inter) in enumerate(present):
+        values, ok = reader.read(src, inter)
+        r0, c0 = inter[0] - block.row_off, inter[1] - block.col_off
+        yield n, src, inter, (slice(r0, r0 + inter[2]), slice(c0, c0 + inter[3])), values, ok
+
+
+def overlap_pairs(plan: GridPlan) -> Iterator[tuple[RasterSource, RasterSource, Window4]]:
+    """Every pair of sources (sorted ids) whose windows intersect, with the intersection."""
+    srcs = plan.sources
+    for i, a in enumerate(srcs):
+        for b in srcs[i + 1 :]:
+            inter = intersect(a.window, b.window)
+            if inter is not None:
+                yield a, b, inter
+
+
+def sample_overlap(
+    reader: SourceReader,
+    a: RasterSource,
+    b: RasterSource,
+    window: Window4,
+    max_pixels: int = _STATS_MAX_PIXELS,
+) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
+    """Co-located values of two sources where both have data, sampled at a decimated resolution.
+
+    Returns:
+        ``(values_a, values_b)``, each ``(bands, n)`` float32.
+    """
+    factor = max(1, int(np.ceil(np.sqrt(window[2] * window[3] / max_pixels))))
+    shape = (max(1, window[2] // factor), max(1, window[3] // factor))
+    va, ma = reader.read(a, window, out_shape=shape if factor > 1 else None)
+    vb, mb = reader.read(b, window, out_shape=shape if factor > 1 else None)
+    both = ma & mb
+    return va[:, both], vb[:, both]
+
+
+def overlap_samples(
+    plan: GridPlan,
+) -> Iterator[tuple[RasterSource, RasterSource, NDArray[np.float32], NDArray[np.float32]]]:
+    """:func:`sample_overlap` of every overlapping pair (nearest resampling) that has common
+    data, in sorted id order: ``(a, b, values_a, values_b)`` with ``(bands, n)`` values."""
+    reader = SourceReader(plan, Resampling.nearest)
+    try:
+        for a, b, inter in overlap_pairs(plan):
+            va, vb = sample_overlap(reader, a, b, inter)
+            if va.shape[1] > 0:
+                yield a, b, va, vb
+    finally:
+        reader.close()
