@@ -126,11 +126,11 @@ def implausible_speeds(flight: Sequence[GpsFix], options: GpsQualityOptions) -> 
     bad = np.flatnonzero(speed > options.max_speed_m_s)
     if not len(bad):
         return None
-    names = [f"{flight[k].name}->{flight[k + 1].name}" for k in bad]
+    names = [f"{flight[k].name}->{flight[k + 1].name}" for k in bad.tolist()]
     worst = float(speed[bad].max())
     return GpsWarning(
         kind="implausible_speed",
-        images=[flight[k + 1].name for k in bad],
+        images=[flight[k + 1].name for k in bad.tolist()],
         value=worst,
         threshold=options.max_speed_m_s,
         message=f"{len(bad)} step(s) faster than {options.max_speed_m_s:g} m/s (up to "
@@ -172,7 +172,7 @@ def position_jumps(flight: Sequence[GpsFix], options: GpsQualityOptions) -> GpsW
     if share <= options.max_jump_share:
         return None
     worst = bad[np.argsort(-miss[bad])]
-    names = [flight[k].name for k in worst]
+    names = [flight[k].name for k in worst.tolist()]
     return GpsWarning(
         kind="position_jump",
         images=names,

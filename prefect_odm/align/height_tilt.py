@@ -20,8 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 from scipy.optimize import least_squares
-from scipy.sparse import csr_matrix
+from scipy.sparse import csr_matrix, diags, vstack
 from scipy.sparse.csgraph import connected_components
+from scipy.spatial.transform import Rotation
 
 from prefect_odm.align.report import (
     AlignmentOptions,
@@ -86,10 +87,10 @@ def _robust_linear(
     def fun(x: FloatArray) -> FloatArray:
         return np.concatenate([(a @ x - b) / sigma, ridge * x])
 
-    def jac(x: FloatArray) -> csr_matrix:
-        from scipy.sparse import diags, vstack
+    stacked = csr_matrix(vstack([a / sigma, diags(ridge)]))
 
-        return vstack([a / sigma, diags(ridge)]).tocsr()
+    def jac(x: FloatArray) -> csr_matrix:
+        return stacked
 
     fit = least_squares(
         fun, np.zeros(n), jac=jac, loss=options.loss, f_scale=options.loss_threshold_sigmas,
@@ -225,8 +226,6 @@ def _record(
         max_move = float(np.hypot(*shift))
     tilt = float(np.degrees(np.arctan(np.hypot(px, py))))
     # The tilt as a rotation (z' - z = wx*y - wy*x), for reports: wx = py, wy = -px.
-    from scipy.spatial.transform import Rotation
-
     rot = Rotation.from_rotvec([np.arctan(py), -np.arctan(px), 0.0]).as_matrix()
     return SubmodelTransform(
         submodel_id=sid,

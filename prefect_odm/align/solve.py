@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -82,8 +83,8 @@ def _stack_pairs(pairs: Sequence[Correspondence], index: Mapping[str, int]) -> _
         rb = np.concatenate([p.second_rotations for p in pairs if p.second_rotations is not None])
     empty = np.zeros((0, 3))
     return _Pairs(
-        a=np.array([index[pairs[k].first] for k in rep], dtype=np.intp),
-        b=np.array([index[pairs[k].second] for k in rep], dtype=np.intp),
+        a=np.array([index[pairs[k].first] for k in rep.tolist()], dtype=np.intp),
+        b=np.array([index[pairs[k].second] for k in rep.tolist()], dtype=np.intp),
         xa=np.concatenate([p.first_centres for p in pairs]) if pairs else empty,
         xb=np.concatenate([p.second_centres for p in pairs]) if pairs else empty,
         ra=ra,
@@ -256,7 +257,7 @@ def _mean_gauge(
     """
     out = list(transforms)
     for comp in np.unique(labels):
-        members = np.flatnonzero(labels == comp)
+        members = np.flatnonzero(labels == comp).tolist()
         weights = np.array([len(tables[i].names) for i in members], dtype=np.float64)
         rots = Rotation.from_matrix(np.stack([transforms[i].rotation_matrix for i in members]))
         mean_rot = rots.mean(weights=weights)
@@ -268,7 +269,8 @@ def _mean_gauge(
         after = np.concatenate(
             [m.apply(tables[i].centres) for m, i in zip(moved, members, strict=True)]
         )
-        shift = Similarity(translation=tuple(all_x.mean(axis=0) - after.mean(axis=0)))  # type: ignore[arg-type]
+        dx, dy, dz = (float(v) for v in all_x.mean(axis=0) - after.mean(axis=0))
+        shift = Similarity(translation=(dx, dy, dz))
         for m, i in zip(moved, members, strict=True):
             out[i] = m.then(shift).recentred(tables[i].centres.mean(axis=0))
     return out
@@ -353,7 +355,9 @@ def align_submodels(
     if not tables or any(len(t.names) == 0 for t in tables):
         raise ValueError("alignment needs at least one submodel, each with cameras")
     started = time.perf_counter()
-    gauge = "gps" if opts.gauge == "gps" or (opts.gauge == "auto" and gps) else "mean"
+    gauge: Literal["mean", "gps"] = (
+        "gps" if opts.gauge == "gps" or (opts.gauge == "auto" and gps) else "mean"
+    )
     index = {t.submodel_id: i for i, t in enumerate(tables)}
     pairs = shared_cameras(tables, min_shared=opts.min_shared_cameras)
     centres = np.stack([t.centres.mean(axis=0) for t in tables])
