@@ -33,6 +33,9 @@ from prefect_odm.align.report import (
 from prefect_odm.align.residuals import submodel_residuals
 
 FloatArray = NDArray[np.float64]
+# A ridge towards zero only fixes the gauge's free directions (fixed exactly afterwards); small
+# against the data (whitened by camera_sigma_m), large enough to keep the solve conditioned.
+RIDGE = 1e-2
 
 
 @dataclass(frozen=True)
@@ -55,9 +58,13 @@ class DemOverlap:
 
 
 def _design(
-    overlaps: Sequence[DemOverlap], index: dict[str, int], centres: FloatArray
+    overlaps: Sequence[DemOverlap], index: dict[str, int], centres: FloatArray, length_m: float
 ) -> csr_matrix:
-    """Rows ``p_first - p_second`` over parameters ``(h, gx, gy)`` per submodel."""
+    """Rows ``p_first - p_second`` over ``(h, gx * length_m, gy * length_m)`` per submodel.
+
+    The slopes are solved times ``length_m`` (metres of height change over it), so every column
+    has the size of a height and the trust region is well conditioned.
+    """
     rows, cols, vals = [], [], []
     start = 0
     for ov in overlaps:
@@ -65,7 +72,7 @@ def _design(
         r = start + np.arange(n)
         for sign, sid in ((1.0, ov.first), (-1.0, ov.second)):
             i = index[sid]
-            dx, dy = ov.x - centres[i, 0], ov.y - centres[i, 1]
+            dx, dy = (ov.x - centres[i, 0]) / length_m, (ov.y - centres[i, 1]) / length_m
             for k, v in enumerate((np.ones(n), dx, dy)):
                 rows.append(r)
                 cols.append(np.full(n, 3 * i + k))
@@ -82,7 +89,7 @@ def _robust_linear(
 ) -> FloatArray:
     """Robust ``a @ x ~ b`` with a vanishing ridge (the gauge is fixed afterwards)."""
     n = a.shape[1]
-    ridge = 1e-6 * np.ones(n)
+    ridge = RIDGE * np.ones(n)
 
     def fun(x: FloatArray) -> FloatArray:
         return np.concatenate([(a @ x - b) / sigma, ridge * x])
@@ -90,7 +97,7 @@ def _robust_linear(
     stacked = csr_matrix(vstack([a / sigma, diags(ridge)]))
 
     def jac(x: FloatArray) -> csr_matrix:
-        return stacked
+        return stacked.copy()  # least_squares rescales it in place for the robust loss
 
     fit = least_squares(
         fun, np.zeros(n), jac=jac, loss=options.loss, f_scale=options.loss_threshold_sigmas,
@@ -129,10 +136,23 @@ def align_heights(
     live = [ov for ov in overlaps if len(ov.x)]
     n = len(submodel_ids)
     if live:
-        a = _design(live, index, c)
-        p = _robust_linear(a, np.concatenate([ov.dz for ov in live]), opts.camera_sigma_m, opts)
+        xy = np.concatenate([np.stack([ov.x, ov.y], axis=1) for ov in live])
+        length = float(max(xy.std(axis=0).max(), 1.0))
+        a = _design(live, index, c, length)
+        b = np.concatenate([ov.dz for ov in live])
+        keep = np.ones(len(b), dtype=bool)
+        for _ in range(3):  # robust solve, reject samples off by far more than the rest, again
+            p = _robust_linear(csr_matrix(a[keep]), b[keep], opts.camera_sigma_m, opts)
+            err = np.abs(a @ p - b)
+            med = float(np.median(err[keep]))
+            mad = float(np.median(np.abs(err[keep] - med)))
+            limit = max(opts.outlier_min_m, med + opts.outlier_mad_factor * 1.4826 * mad)
+            if np.array_equal(keep, err <= limit):
+                break
+            keep = err <= limit
+        p = p.reshape(n, 3) / [1.0, length, length]
     else:
-        p = np.zeros(3 * n)
+        p, keep = np.zeros(3 * n), np.zeros(0, dtype=bool)
     planes = _planes_global(p.reshape(n, 3), c)
     shifts = _shifts(live, index, n, opts)
     counts = np.zeros(n)
@@ -146,7 +166,8 @@ def align_heights(
         w = counts[m] if counts[m].sum() > 0 else np.ones(int(m.sum()))
         planes[m] -= np.average(planes[m], axis=0, weights=w)
         shifts[m] -= np.average(shifts[m], axis=0, weights=w)
-    overlaps_out = _overlap_records(live, index, planes, shifts)
+    splits = np.cumsum([len(ov.x) for ov in live])[:-1]
+    overlaps_out = _overlap_records(live, index, planes, shifts, np.split(keep, splits))
     transforms = [
         _record(sid, planes[i], shifts[i], c[i], live, int(counts[i]))
         for i, sid in enumerate(submodel_ids)
@@ -183,10 +204,15 @@ def _shifts(
 
 
 def _overlap_records(
-    live: Sequence[DemOverlap], index: dict[str, int], planes: FloatArray, shifts: FloatArray
+    live: Sequence[DemOverlap],
+    index: dict[str, int],
+    planes: FloatArray,
+    shifts: FloatArray,
+    kept: Sequence[NDArray[np.bool_]],
 ) -> list[OverlapResidual]:
+    """Before (all samples) and after (the samples kept) disagreement of each overlap."""
     out = []
-    for ov in live:
+    for ov, keep in zip(live, kept, strict=True):
         i, j = index[ov.first], index[ov.second]
         pi = planes[i, 0] + planes[i, 1] * ov.x + planes[i, 2] * ov.y
         pj = planes[j, 0] + planes[j, 1] * ov.x + planes[j, 2] * ov.y
@@ -201,10 +227,10 @@ def _overlap_records(
                 first=ov.first,
                 second=ov.second,
                 n_shared=len(ov.x),
-                n_used=len(ov.x),
+                n_used=int(keep.sum()),
                 rms_before_m=float(np.sqrt(before_sq.mean())),
-                rms_after_m=float(np.sqrt(after_sq.mean())),
-                max_after_m=float(np.sqrt(after_sq.max())),
+                rms_after_m=float(np.sqrt(after_sq[keep].mean())) if keep.any() else 0.0,
+                max_after_m=float(np.sqrt(after_sq[keep].max())) if keep.any() else 0.0,
             )
         )
     return out
