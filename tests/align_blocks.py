@@ -63,17 +63,14 @@ def make_block(
         name = f"IMG_{k:05d}.JPG"
         truth[name] = ORIGIN + np.array([x, y, 100.0 + 0.1 * x])
         truth_rot[name] = rots[k]
+    names = list(truth)
+    xy = np.stack([gx.ravel(), gy.ravel()], axis=1)
     members: dict[str, list[str]] = {}
     for j in range(ny):
         for i in range(nx):
             lo = np.array([i * cell_m - overlap_m, j * cell_m - overlap_m])
-            hi = lo + cell_m + 2 * overlap_m
-            sid = f"submodel-{j * nx + i:03d}"
-            members[sid] = [
-                n
-                for n, p in truth.items()
-                if np.all(p[:2] - ORIGIN[:2] >= lo) and np.all(p[:2] - ORIGIN[:2] < hi)
-            ]
+            inside = np.all((xy >= lo) & (xy < lo + cell_m + 2 * overlap_m), axis=1)
+            members[f"submodel-{j * nx + i:03d}"] = [names[k] for k in np.flatnonzero(inside)]
     return Block(truth, truth_rot, members)
 
 
