@@ -1,0 +1,268 @@
+"""Height and tilt (and optionally a horizontal shift) per submodel from DSM differences.
+
+For inputs without cameras (orthophotos and DEMs made elsewhere). Each overlap gives samples
+``(x, y, dz)`` with ``dz = z_second(x, y) - z_first(x, y)`` (plan CRS, metres), and optionally
+``(dx, dy)``, the second's horizontal offset against the first from orthophoto matching. Each
+submodel gets a plane ``p_i(x, y) = h_i + gx_i (x - cx_i) + gy_i (y - cy_i)`` added to its heights
+and a shift ``(dx_i, dy_i)``, solved jointly and robustly so that ``p_first - p_second = dz`` and
+``shift_second - shift_first = -(dx, dy)``. The problem is linear; the robust loss and the
+gauge (the sample-weighted mean plane and mean shift are zero per connected block: the block
+keeps its average height and slope, so a survey on a slope keeps its relief) are as in
+:mod:`prefect_odm.align.solve`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy.optimize import least_squares
+from scipy.sparse import csr_matrix, diags, vstack
+from scipy.sparse.csgraph import connected_components
+from scipy.spatial.transform import Rotation
+
+from prefect_odm.align.report import (
+    AlignmentOptions,
+    AlignmentResult,
+    OverlapResidual,
+    SubmodelTransform,
+)
+from prefect_odm.align.residuals import submodel_residuals
+
+FloatArray = NDArray[np.float64]
+# A ridge towards zero only fixes the gauge's free directions (fixed exactly afterwards); small
+# against the data (whitened by camera_sigma_m), large enough to keep the solve conditioned.
+RIDGE = 1e-2
+
+
+@dataclass(frozen=True)
+class DemOverlap:
+    """DSM (and optionally orthophoto) differences sampled in one overlap.
+
+    Attributes:
+        first, second: submodel ids.
+        x, y: sample positions, shape ``(n,)``, plan CRS metres.
+        dz: ``z_second - z_first`` at the samples, metres, shape ``(n,)``.
+        dxy: the second's horizontal offset against the first, ``(n, 2)`` metres, or ``None``.
+    """
+
+    first: str
+    second: str
+    x: FloatArray
+    y: FloatArray
+    dz: FloatArray
+    dxy: FloatArray | None = None
+
+
+def _design(
+    overlaps: Sequence[DemOverlap], index: dict[str, int], centres: FloatArray, length_m: float
+) -> csr_matrix:
+    """Rows ``p_first - p_second`` over ``(h, gx * length_m, gy * length_m)`` per submodel.
+
+    The slopes are solved times ``length_m`` (metres of height change over it), so every column
+    has the size of a height and the trust region is well conditioned.
+    """
+    rows, cols, vals = [], [], []
+    start = 0
+    for ov in overlaps:
+        n = len(ov.x)
+        r = start + np.arange(n)
+        for sign, sid in ((1.0, ov.first), (-1.0, ov.second)):
+            i = index[sid]
+            dx, dy = (ov.x - centres[i, 0]) / length_m, (ov.y - centres[i, 1]) / length_m
+            for k, v in enumerate((np.ones(n), dx, dy)):
+                rows.append(r)
+                cols.append(np.full(n, 3 * i + k))
+                vals.append(sign * v)
+        start += n
+    return csr_matrix(
+        (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+        shape=(start, 3 * len(index)),
+    )
+
+
+def _robust_linear(
+    a: csr_matrix, b: FloatArray, sigma: float, options: AlignmentOptions
+) -> FloatArray:
+    """Robust ``a @ x ~ b`` with a vanishing ridge (the gauge is fixed afterwards)."""
+    n = a.shape[1]
+    ridge = RIDGE * np.ones(n)
+
+    def fun(x: FloatArray) -> FloatArray:
+        return np.concatenate([(a @ x - b) / sigma, ridge * x])
+
+    stacked = csr_matrix(vstack([a / sigma, diags(ridge)]))
+
+    def jac(x: FloatArray) -> csr_matrix:
+        return stacked.copy()  # least_squares rescales it in place for the robust loss
+
+    fit = least_squares(
+        fun, np.zeros(n), jac=jac, loss=options.loss, f_scale=options.loss_threshold_sigmas,
+        tr_solver="lsmr", method="trf", xtol=1e-12, ftol=1e-12, gtol=1e-12,
+    )  # fmt: skip
+    return np.asarray(fit.x, dtype=np.float64)
+
+
+def _planes_global(p: FloatArray, centres: FloatArray) -> FloatArray:
+    """``(N, 3)`` planes ``(p0, px, py)`` with ``z += p0 + px*x + py*y`` in plan coordinates."""
+    h, gx, gy = p[:, 0], p[:, 1], p[:, 2]
+    return np.stack([h - gx * centres[:, 0] - gy * centres[:, 1], gx, gy], axis=1)
+
+
+def align_heights(
+    submodel_ids: Sequence[str],
+    centres: FloatArray,
+    overlaps: Sequence[DemOverlap],
+    options: AlignmentOptions | None = None,
+) -> AlignmentResult:
+    """Height, tilt and (with ``dxy``) shift per submodel, solved jointly over all overlaps.
+
+    Args:
+        submodel_ids: every submodel, length ``N``.
+        centres: each submodel's centre ``(N, 2)`` (or ``(N, 3)``), plan CRS metres.
+        overlaps: the samples in each overlap.
+        options: robust loss and gate thresholds; ``camera_sigma_m`` is the sample sigma here.
+
+    Returns:
+        an :class:`AlignmentResult` with ``method='dem'``, ``kind='height_tilt'`` transforms.
+    """
+    opts = options or AlignmentOptions()
+    started = time.perf_counter()
+    index = {sid: i for i, sid in enumerate(submodel_ids)}
+    c = np.asarray(centres, dtype=np.float64)[:, :2]
+    live = [ov for ov in overlaps if len(ov.x)]
+    n = len(submodel_ids)
+    if live:
+        xy = np.concatenate([np.stack([ov.x, ov.y], axis=1) for ov in live])
+        length = float(max(xy.std(axis=0).max(), 1.0))
+        a = _design(live, index, c, length)
+        b = np.concatenate([ov.dz for ov in live])
+        keep = np.ones(len(b), dtype=bool)
+        for _ in range(3):  # robust solve, reject samples off by far more than the rest, again
+            p = _robust_linear(csr_matrix(a[keep]), b[keep], opts.camera_sigma_m, opts)
+            err = np.abs(a @ p - b)
+            med = float(np.median(err[keep]))
+            mad = float(np.median(np.abs(err[keep] - med)))
+            limit = max(opts.outlier_min_m, med + opts.outlier_mad_factor * 1.4826 * mad)
+            if np.array_equal(keep, err <= limit):
+                break
+            keep = err <= limit
+        p = p.reshape(n, 3) / [1.0, length, length]
+    else:
+        p, keep = np.zeros(3 * n), np.zeros(0, dtype=bool)
+    planes = _planes_global(p.reshape(n, 3), c)
+    shifts = _shifts(live, index, n, opts)
+    counts = np.zeros(n)
+    adj = np.zeros((n, n))
+    for ov in live:
+        counts[[index[ov.first], index[ov.second]]] += len(ov.x)
+        adj[index[ov.first], index[ov.second]] = 1
+    _, labels = connected_components(adj, directed=False)
+    for comp in np.unique(labels):  # gauge: sample-weighted mean plane and shift are zero
+        m = labels == comp
+        w = counts[m] if counts[m].sum() > 0 else np.ones(int(m.sum()))
+        planes[m] -= np.average(planes[m], axis=0, weights=w)
+        shifts[m] -= np.average(shifts[m], axis=0, weights=w)
+    splits = np.cumsum([len(ov.x) for ov in live])[:-1]
+    overlaps_out = _overlap_records(live, index, planes, shifts, np.split(keep, splits))
+    transforms = [
+        _record(sid, planes[i], shifts[i], c[i], live, int(counts[i]))
+        for i, sid in enumerate(submodel_ids)
+    ]
+    return AlignmentResult(
+        method="dem",
+        gauge="mean",
+        transforms=transforms,
+        overlaps=overlaps_out,
+        submodels=submodel_residuals(list(submodel_ids), overlaps_out),
+        solve_seconds=time.perf_counter() - started,
+        iterations=1,
+    )
+
+
+def _shifts(
+    live: Sequence[DemOverlap], index: dict[str, int], n: int, opts: AlignmentOptions
+) -> FloatArray:
+    """Per-submodel ``(dx, dy)`` from the orthophoto offsets: ``shift_first - shift_second = dxy``."""
+    with_xy = [ov for ov in live if ov.dxy is not None]
+    if not with_xy:
+        return np.zeros((n, 2))
+    out = np.zeros((n, 2))
+    for axis in range(2):
+        rows, cols, vals = [], [], []
+        for r, ov in enumerate(o for o in with_xy for _ in range(len(o.x))):
+            rows += [r, r]
+            cols += [index[ov.first], index[ov.second]]
+            vals += [1.0, -1.0]
+        a = csr_matrix((vals, (rows, cols)), shape=(len(rows) // 2, n))
+        b = np.concatenate([ov.dxy[:, axis] for ov in with_xy if ov.dxy is not None])
+        out[:, axis] = _robust_linear(a, b, opts.camera_sigma_m, opts)
+    return out
+
+
+def _overlap_records(
+    live: Sequence[DemOverlap],
+    index: dict[str, int],
+    planes: FloatArray,
+    shifts: FloatArray,
+    kept: Sequence[NDArray[np.bool_]],
+) -> list[OverlapResidual]:
+    """Before (all samples) and after (the samples kept) disagreement of each overlap."""
+    out = []
+    for ov, keep in zip(live, kept, strict=True):
+        i, j = index[ov.first], index[ov.second]
+        pi = planes[i, 0] + planes[i, 1] * ov.x + planes[i, 2] * ov.y
+        pj = planes[j, 0] + planes[j, 1] * ov.x + planes[j, 2] * ov.y
+        after = ov.dz + pj - pi
+        before_sq, after_sq = ov.dz**2, after**2
+        if ov.dxy is not None:
+            before_sq = before_sq + (ov.dxy**2).sum(axis=1)
+            after_sq = after_sq + ((ov.dxy - (shifts[i] - shifts[j])) ** 2).sum(axis=1)
+        out.append(
+            OverlapResidual(
+                overlap=f"{ov.first}|{ov.second}",
+                first=ov.first,
+                second=ov.second,
+                n_shared=len(ov.x),
+                n_used=int(keep.sum()),
+                rms_before_m=float(np.sqrt(before_sq.mean())),
+                rms_after_m=float(np.sqrt(after_sq[keep].mean())) if keep.any() else 0.0,
+                max_after_m=float(np.sqrt(after_sq[keep].max())) if keep.any() else 0.0,
+            )
+        )
+    return out
+
+
+def _record(
+    sid: str, plane: FloatArray, shift: FloatArray, centre: FloatArray, live: Sequence[DemOverlap],
+    n_samples: int,
+) -> SubmodelTransform:  # fmt: skip
+    p0, px, py = (float(v) for v in plane)
+    xs = [ov.x for ov in live if sid in (ov.first, ov.second)]
+    ys = [ov.y for ov in live if sid in (ov.first, ov.second)]
+    if xs:
+        x, y = np.concatenate(xs), np.concatenate(ys)
+        dz = p0 + px * x + py * y
+        moves = np.sqrt(dz**2 + float(shift @ shift))
+        max_move = float(moves.max())
+    else:
+        max_move = float(np.hypot(*shift))
+    tilt = float(np.degrees(np.arctan(np.hypot(px, py))))
+    # The tilt as a rotation (z' - z = wx*y - wy*x), for reports: wx = py, wy = -px.
+    rot = Rotation.from_rotvec([np.arctan(py), -np.arctan(px), 0.0]).as_matrix()
+    return SubmodelTransform(
+        submodel_id=sid,
+        kind="height_tilt",
+        rotation=tuple(float(v) for v in rot.ravel()),
+        translation_m=(float(shift[0]), float(shift[1]), p0 + px * centre[0] + py * centre[1]),
+        centre_m=(float(centre[0]), float(centre[1]), 0.0),
+        height_plane=(p0, px, py),
+        rotation_deg=tilt,
+        tilt_deg=tilt,
+        scale_change=0.0,
+        max_correction_m=max_move,
+        n_samples=n_samples,
+    )

@@ -1,0 +1,207 @@
+"""Plan-time checks of camera GPS along the capture sequence (pure core: numpy, scipy, pydantic).
+
+Wrong GPS is cheaper to catch before compute than after: a submodel placed by drifting GPS
+lands metres away from its neighbour. With the images sorted by capture time and split into
+flights at gaps longer than ``flight_gap_s``, three checks run per flight:
+
+* **altitude trend**: the Theil-Sen slope (robust to outliers; P. K. Sen, JASA 63:1379, 1968)
+  of the GPS altitude against the image number, minus the barometric relative altitude when
+  every image has one (DJI XMP ``RelativeAltitude``: then ``alt - rel_alt`` is the take-off height
+  and must stay constant whatever the flight does); without it a constant-height flight is
+  assumed. Warned when the drift over the flight exceeds ``max_altitude_drift_m`` and the 95 %
+  interval of the slope excludes zero.
+* **implausible speed**: distance between consecutive shots over the time between them plus the
+  clock's resolution (EXIF times have whole seconds), above ``max_speed_m_s``.
+* **position jumps** (GPS lag on turns): each shot is predicted at constant velocity from the two
+  shots before it and from the two after it; the smaller miss is its jump. A real turn is
+  predicted well from one side; a lagging fix from neither. Some misses are normal on curved
+  paths, so the warning is for a flight where more than ``max_jump_share`` of the shots miss by
+  more than ``jump_m``.
+
+Input is plain records (:class:`GpsFix`), independent of the Survey model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from numpy.typing import NDArray
+from pydantic import BaseModel, ConfigDict, Field
+from scipy.stats import theilslopes
+
+FloatArray = NDArray[np.float64]
+NAMES_SHOWN = 8
+
+
+@dataclass(frozen=True)
+class GpsFix:
+    """One image's capture time and GPS position.
+
+    Attributes:
+        name: the image name.
+        time_s: capture time, seconds (any origin, e.g. POSIX time).
+        x_m, y_m: position in a projected CRS (the plan's UTM zone), metres.
+        alt_m: GPS altitude, metres.
+        relative_alt_m: barometric altitude above take-off (DJI ``RelativeAltitude``), or None.
+    """
+
+    name: str
+    time_s: float
+    x_m: float
+    y_m: float
+    alt_m: float
+    relative_alt_m: float | None = None
+
+
+class GpsQualityOptions(BaseModel):
+    """Thresholds of the GPS checks."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_altitude_drift_m: float = Field(10.0, gt=0, description="Altitude trend over a flight.")
+    max_speed_m_s: float = Field(30.0, gt=0, description="Fastest plausible speed between shots.")
+    time_resolution_s: float = Field(1.0, ge=0, description="Resolution of the capture times.")
+    jump_m: float = Field(20.0, gt=0, description="A constant-velocity miss this large is a jump.")
+    max_jump_share: float = Field(0.1, ge=0, le=1, description="Share of jumping shots allowed.")
+    flight_gap_s: float = Field(120.0, gt=0, description="A longer pause starts a new flight.")
+    min_images: int = Field(8, ge=3, description="Shorter flights are not checked.")
+
+
+class GpsWarning(BaseModel):
+    """One problem the camera GPS shows before any compute."""
+
+    kind: Literal["altitude_trend", "implausible_speed", "position_jump"]
+    images: list[str] = Field(description="The images concerned (first and last for a trend).")
+    value: float = Field(description="Drift (m), speed (m/s) or share of jumping shots.")
+    threshold: float
+    message: str
+
+
+def _flights(fixes: Sequence[GpsFix], gap_s: float) -> list[list[GpsFix]]:
+    ordered = sorted(fixes, key=lambda f: (f.time_s, f.name))
+    flights: list[list[GpsFix]] = []
+    for fix in ordered:
+        if flights and fix.time_s - flights[-1][-1].time_s <= gap_s:
+            flights[-1].append(fix)
+        else:
+            flights.append([fix])
+    return flights
+
+
+def _shown(names: Sequence[str]) -> str:
+    more = f" and {len(names) - NAMES_SHOWN} more" if len(names) > NAMES_SHOWN else ""
+    return ", ".join(names[:NAMES_SHOWN]) + more
+
+
+def altitude_trend(flight: Sequence[GpsFix], options: GpsQualityOptions) -> GpsWarning | None:
+    """The altitude drift warning for one flight (sorted by time), or None."""
+    with_rel = all(f.relative_alt_m is not None for f in flight)
+    h = np.array([f.alt_m - (f.relative_alt_m or 0.0) if with_rel else f.alt_m for f in flight])
+    slope, _, low, high = theilslopes(h, np.arange(len(h)), alpha=0.95)
+    drift = float(slope) * (len(h) - 1)
+    if abs(drift) <= options.max_altitude_drift_m or low <= 0.0 <= high:
+        return None
+    first, last = flight[0].name, flight[-1].name
+    what = "GPS minus relative altitude" if with_rel else "GPS altitude (constant height assumed)"
+    return GpsWarning(
+        kind="altitude_trend",
+        images=[first, last],
+        value=drift,
+        threshold=options.max_altitude_drift_m,
+        message=f"{what} drifts {slope:+.2f} m per image, {drift:+.1f} m from {first} to {last} "
+        f"({len(h)} images)",
+    )
+
+
+def implausible_speeds(flight: Sequence[GpsFix], options: GpsQualityOptions) -> GpsWarning | None:
+    """The speed warning for one flight: consecutive shots farther apart than the drone can fly."""
+    p = np.array([(f.x_m, f.y_m, f.alt_m) for f in flight])
+    t = np.array([f.time_s for f in flight])
+    dist = np.linalg.norm(np.diff(p, axis=0), axis=1)
+    dt = np.maximum(np.diff(t), 0.0) + options.time_resolution_s
+    speed = dist / np.maximum(dt, 1e-3)
+    bad = np.flatnonzero(speed > options.max_speed_m_s)
+    if not len(bad):
+        return None
+    names = [f"{flight[k].name}->{flight[k + 1].name}" for k in bad.tolist()]
+    worst = float(speed[bad].max())
+    return GpsWarning(
+        kind="implausible_speed",
+        images=[flight[k + 1].name for k in bad.tolist()],
+        value=worst,
+        threshold=options.max_speed_m_s,
+        message=f"{len(bad)} step(s) faster than {options.max_speed_m_s:g} m/s (up to "
+        f"{worst:.0f} m/s): {_shown(names)}",
+    )
+
+
+def jump_distances(t: FloatArray, p: FloatArray, min_dt_s: float = 1.0) -> FloatArray:
+    """Per shot, the smaller constant-velocity miss from its two predecessors or two successors.
+
+    Args:
+        t: capture times, seconds, shape ``(n,)``, sorted.
+        p: positions, shape ``(n, 2)``, metres.
+        min_dt_s: the shortest time step used for a velocity (the clock's resolution).
+
+    Returns:
+        misses in metres, shape ``(n,)`` (``inf`` where neither side has two shots).
+    """
+    n = len(t)
+    out = np.full(n, np.inf)
+    dt = np.maximum(np.diff(t), max(min_dt_s, 1e-3))
+    if n < 3:
+        return out
+    v = np.diff(p, axis=0) / dt[:, None]  # velocity of step k -> k+1
+    fwd = p[1:-1] + v[:-1] * dt[1:, None]  # prediction of shot k+2 from shots k, k+1
+    out[2:] = np.minimum(out[2:], np.linalg.norm(p[2:] - fwd, axis=1))
+    bwd = p[1:-1] - v[1:] * dt[:-1, None]  # prediction of shot k from shots k+1, k+2
+    out[:-2] = np.minimum(out[:-2], np.linalg.norm(p[:-2] - bwd, axis=1))
+    return out
+
+
+def position_jumps(flight: Sequence[GpsFix], options: GpsQualityOptions) -> GpsWarning | None:
+    """The jump (lag on turns) warning for one flight, or None."""
+    t = np.array([f.time_s for f in flight])
+    p = np.array([(f.x_m, f.y_m) for f in flight])
+    miss = jump_distances(t, p, options.time_resolution_s)
+    bad = np.flatnonzero(np.isfinite(miss) & (miss > options.jump_m))
+    share = len(bad) / len(flight)
+    if share <= options.max_jump_share:
+        return None
+    worst = bad[np.argsort(-miss[bad])]
+    names = [flight[k].name for k in worst.tolist()]
+    return GpsWarning(
+        kind="position_jump",
+        images=names,
+        value=share,
+        threshold=options.max_jump_share,
+        message=f"{len(bad)} of {len(flight)} positions jump more than {options.jump_m:g} m off "
+        f"their track (GPS lag on turns?), worst first: {_shown(names)}",
+    )
+
+
+def check_gps(
+    fixes: Sequence[GpsFix], options: GpsQualityOptions | None = None
+) -> list[GpsWarning]:
+    """Every GPS warning for a survey's images, flight by flight.
+
+    Args:
+        fixes: one per image, any order (sorted here by capture time, then name).
+        options: thresholds (defaults when ``None``).
+
+    Returns:
+        warnings, in flight order; empty when the GPS looks right.
+    """
+    opts = options or GpsQualityOptions()
+    out: list[GpsWarning] = []
+    for flight in _flights(fixes, opts.flight_gap_s):
+        if len(flight) < opts.min_images:
+            continue
+        for check in (altitude_trend, implausible_speeds, position_jumps):
+            warning = check(flight, opts)
+            if warning is not None:
+                out.append(warning)
+    return out

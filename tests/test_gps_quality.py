@@ -1,0 +1,111 @@
+"""GPS checks along the capture sequence, on seneca's real EXIF and on copies made wrong on purpose."""
+
+from __future__ import annotations
+
+import csv
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pyproj import Transformer
+
+from prefect_odm.gps_quality import GpsFix, GpsQualityOptions, check_gps, jump_distances
+
+
+@pytest.fixture(scope="module")
+def seneca(data_dir: Path) -> list[GpsFix]:
+    """Seneca's EXIF (capture time, lat, lon, alt) projected to UTM 17N, sorted by time."""
+    with open(data_dir / "seneca_1200" / "manifest.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    to_utm = Transformer.from_crs(4326, 32617, always_xy=True)
+    fixes = []
+    for r in rows:
+        t = datetime.strptime(r["dt"], "%Y:%m:%d %H:%M:%S").replace(tzinfo=UTC)
+        x, y = to_utm.transform(float(r["lon"]), float(r["lat"]))
+        rel = float(r["rel_alt"]) if r["rel_alt"] else None
+        fixes.append(GpsFix(r["file"], t.timestamp(), x, y, float(r["alt"]), rel))
+    return sorted(fixes, key=lambda f: (f.time_s, f.name))
+
+
+def with_drift(fixes: list[GpsFix], m_per_image: float) -> list[GpsFix]:
+    return [
+        GpsFix(f.name, f.time_s, f.x_m, f.y_m, f.alt_m + m_per_image * k, f.relative_alt_m)
+        for k, f in enumerate(fixes)
+    ]
+
+
+def with_lag_on_turns(
+    fixes: list[GpsFix], lag_m: float = 20.0, turn_deg: float = 60.0
+) -> tuple[list[GpsFix], list[str]]:
+    """The first shot after each turn (heading change > ``turn_deg``) reported ``lag_m`` back
+    along the step that brought the drone there, as a lagging receiver reports it."""
+    p = np.array([(f.x_m, f.y_m) for f in fixes])
+    d = np.diff(p, axis=0)
+    heading = np.degrees(np.arctan2(d[:, 1], d[:, 0]))
+    out = list(fixes)
+    lagged = []
+    for k in range(1, len(d)):
+        if abs((heading[k] - heading[k - 1] + 180.0) % 360.0 - 180.0) > turn_deg:
+            j = k + 1
+            u = d[k] / np.linalg.norm(d[k])
+            f = fixes[j]
+            out[j] = GpsFix(f.name, f.time_s, f.x_m - lag_m * u[0], f.y_m - lag_m * u[1], f.alt_m)
+            lagged.append(f.name)
+    return out, lagged
+
+
+def test_seneca_gps_gives_no_warning(seneca: list[GpsFix]) -> None:
+    assert len(seneca) > 100
+    assert check_gps(seneca) == []
+
+
+def test_drift_and_lag_on_turns_both_warned(seneca: list[GpsFix]) -> None:
+    bad, lagged = with_lag_on_turns(with_drift(seneca, 0.5))
+    assert len(lagged) > 10
+    warnings = check_gps(bad)
+    kinds = {w.kind for w in warnings}
+    assert {"altitude_trend", "position_jump"} <= kinds
+    trend = next(w for w in warnings if w.kind == "altitude_trend")
+    assert trend.value == pytest.approx(0.5 * (len(seneca) - 1), rel=0.05)
+    assert trend.images == [seneca[0].name, seneca[-1].name]
+    assert seneca[0].name in trend.message and "+0.50 m per image" in trend.message
+    jump = next(w for w in warnings if w.kind == "position_jump")
+    assert len(set(jump.images) & set(lagged)) >= len(lagged) // 2
+    assert jump.images[0] in jump.message
+
+
+def test_each_fault_alone_gives_only_its_warning(seneca: list[GpsFix]) -> None:
+    assert [w.kind for w in check_gps(with_drift(seneca, 0.5))] == ["altitude_trend"]
+    lag_only, _ = with_lag_on_turns(seneca)
+    assert [w.kind for w in check_gps(lag_only)] == ["position_jump"]
+
+
+def test_relative_altitude_removes_a_real_climb() -> None:
+    """A drone climbing 0.5 m per image by the barometer too is not a GPS drift."""
+    fixes = [
+        GpsFix(f"I{k:03d}", 2.0 * k, 10.0 * k, 0.0, 300.0 + 0.5 * k, 50.0 + 0.5 * k)
+        for k in range(60)
+    ]
+    assert check_gps(fixes) == []
+    drifting = [GpsFix(f.name, f.time_s, f.x_m, f.y_m, f.alt_m, 50.0) for f in fixes]
+    (w,) = check_gps(drifting)
+    assert w.kind == "altitude_trend" and "relative altitude" in w.message
+
+
+def test_implausible_speed_names_the_step() -> None:
+    fixes = [GpsFix(f"I{k:03d}", 2.0 * k, 10.0 * k, 0.0, 300.0) for k in range(30)]
+    fixes[15] = GpsFix("I015", 30.0, 150.0, 400.0, 300.0)
+    warnings = check_gps(fixes, GpsQualityOptions(max_jump_share=0.5))
+    (speed,) = [w for w in warnings if w.kind == "implausible_speed"]
+    assert "I014->I015" in speed.message and "I015->I016" in speed.message
+    assert speed.value > 100.0
+
+
+def test_jump_distances_zero_on_a_straight_line_and_flights_split() -> None:
+    t = np.arange(10.0) * 3
+    p = np.stack([5.0 * t, 2.0 * t], axis=1)
+    assert np.allclose(jump_distances(t, p), 0.0)
+    a = [GpsFix(f"A{k}", k * 3.0, 0.0, 0.0, 100.0 + 5 * k) for k in range(4)]
+    b = [GpsFix(f"B{k}", 1000.0 + k * 3.0, 0.0, 0.0, 100.0) for k in range(10)]
+    assert check_gps(a + b) == []  # the drifting flight is too short to judge
