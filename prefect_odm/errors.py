@@ -113,3 +113,11 @@ class IncompleteRunError(PrefectODMError):
         self.failed = dict(failed)
         lines = "\n".join(f"  {sid}: {why}" for sid, why in sorted(self.failed.items()))
         super().__init__(f"{len(self.failed)} submodel(s) failed:\n{lines}")
+
+
+# -- Prefect deployments --
+
+
+class DeploymentRunError(PrefectODMError):
+    """A deployment run could not be created, retried or followed (e.g. the server rejected a
+    retry, or runs were still unfinished when the wait timed out)."""

@@ -34,7 +34,7 @@ def runs_of(deployment_name: str, output: Path) -> list:
 
 def wait_run(run_id, timeout_seconds: float = 240):
     """The flow run once it is final (polls every second)."""
-    from prefect_odm.flows.deployment import wait_for_runs
+    from prefect_odm.tasks.deployment import wait_for_runs
 
     return wait_for_runs(
         {"run": str(run_id)}, poll_interval_seconds=1, timeout_seconds=timeout_seconds

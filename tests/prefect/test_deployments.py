@@ -12,9 +12,9 @@ from odm_prefect_helpers import runs_of, wait_run
 pytestmark = pytest.mark.integration
 
 EXPECTED = {
-    "reconstruct": "flows/reconstruct.py:reconstruct",
-    "process-submodel": "flows/process_submodel.py:process_submodel",
-    "process-inbox": "flows/process_inbox.py:process_inbox",
+    "reconstruct": "prefect_odm.flows.reconstruct:reconstruct",
+    "process-submodel": "prefect_odm.flows.process_submodel:process_submodel",
+    "process-inbox": "prefect_odm.flows.process_inbox:process_inbox",
 }
 
 
@@ -26,11 +26,12 @@ def test_deploy_all_from_a_clean_copy_creates_every_deployment(prefect_server, d
         queues = {q.name: q.priority for q in client.read_work_queues(work_pool_name="odm")}
     expected = dict(EXPECTED)
     if (deployed / "flows" / "merge_existing.py").exists():
-        expected["merge-existing"] = "flows/merge_existing.py:merge_existing"
+        expected["merge-existing"] = "prefect_odm.flows.merge_existing:merge_existing"
     assert {name: d.entrypoint for name, d in deployments.items()} == expected
     for d in deployments.values():
         assert d.work_pool_name == "odm"
-        # workers load the flows from the folder `prefect deploy` ran in
+        # module entrypoints: workers import the installed package (from the folder `prefect
+        # deploy` ran in)
         assert d.pull_steps == [
             {"prefect.deployments.steps.set_working_directory": {"directory": str(deployed)}}
         ]

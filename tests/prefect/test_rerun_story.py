@@ -29,7 +29,7 @@ def test_failed_submodel_retried_from_ui_then_parent_reuses_everything(
 ):
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
-    from prefect_odm.flows.deployment import retry_flow_run
+    from prefect_odm.tasks.deployment import retry_flow_run
 
     engine_dir = tmp_path / "engine"
     output = tmp_path / "out"
@@ -130,7 +130,7 @@ def test_parent_retried_alone_retries_its_failed_child(
     """The operator retries only the parent: the idempotency key hands back the failed child,
     which the parent retries (no second run for any submodel)."""
     from prefect.deployments import run_deployment
-    from prefect_odm.flows.deployment import retry_flow_run
+    from prefect_odm.tasks.deployment import retry_flow_run
 
     engine_dir = tmp_path / "engine"
     output = tmp_path / "out"
