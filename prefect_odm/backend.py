@@ -16,7 +16,7 @@ import uuid as uuidlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, Required, TypedDict, Unpack
 
 from prefect_odm.errors import NodeError
 
@@ -142,6 +142,22 @@ class NodeSettings:
     max_parallel_tasks: int | None = None
 
 
+class NewTask(TypedDict, total=False):
+    """The keywords of :meth:`NodeBackend.create_task` besides the UUID, files and options.
+
+    Attributes:
+        name: the task name the node shows (required).
+        outputs: limit the task's all.zip to these folders (NodeODM ``outputs``).
+        deadline_seconds: the whole upload must finish within this time, seconds.
+        progress: called with (files uploaded, total files).
+    """
+
+    name: Required[str]
+    outputs: Sequence[str]
+    deadline_seconds: float
+    progress: Callable[[int, int], None] | None
+
+
 class NodeBackend(Protocol):
     """A processing node as the submodel runner uses it (NodeODM's task model).
 
@@ -174,15 +190,7 @@ class NodeBackend(Protocol):
         ...
 
     def create_task(
-        self,
-        uuid: str,
-        files: Sequence[str],
-        options: Mapping[str, Any],
-        *,
-        name: str,
-        outputs: Sequence[str] = (),
-        deadline_seconds: float = 1800.0,
-        progress: Callable[[int, int], None] | None = None,
+        self, uuid: str, files: Sequence[str], options: Mapping[str, Any], **new: Unpack[NewTask]
     ) -> str:
         """Create the task ``uuid`` (init, upload every file, commit); returns the UUID."""
         ...

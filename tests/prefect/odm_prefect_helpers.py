@@ -39,3 +39,23 @@ def wait_run(run_id, timeout_seconds: float = 240):
     return wait_for_runs(
         {"run": str(run_id)}, poll_interval_seconds=1, timeout_seconds=timeout_seconds
     )["run"]
+
+
+def run_deployment_and_wait(name: str, parameters: dict, timeout_seconds: float = 240):
+    """Start a run of deployment ``name`` (not as a subflow) and return it once final."""
+    from prefect.deployments import run_deployment
+
+    run = run_deployment(name, parameters=parameters, timeout=0, as_subflow=False)
+    return wait_run(run.id, timeout_seconds=timeout_seconds)
+
+
+def brighton_parameters(images: Path, output: Path, **extra) -> dict:
+    """``reconstruct`` parameters for brighton in 2+ submodels, direct pipeline."""
+    return {
+        "images": str(images),
+        "output": str(output),
+        "split": 10,
+        "split_overlap_m": 20,
+        "options": {"pipeline": "direct"},
+        **extra,
+    }

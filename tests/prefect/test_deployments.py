@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from odm_prefect_helpers import runs_of, wait_run
+from odm_prefect_helpers import brighton_parameters, run_deployment_and_wait, runs_of
 
 pytestmark = pytest.mark.integration
 
@@ -51,22 +51,12 @@ def test_deploy_all_from_a_clean_copy_creates_every_deployment(prefect_server, d
 def test_reconstruct_deployment_run_on_brighton_completes_on_a_worker(
     prefect_server, worker, brighton_images, tmp_path
 ):
-    from prefect.deployments import run_deployment
-
     output = tmp_path / "out"
-    run = run_deployment(
+    run = run_deployment_and_wait(
         "reconstruct/reconstruct",
-        parameters={
-            "images": str(brighton_images),
-            "output": str(output),
-            "split": 10,
-            "split_overlap_m": 20,
-            "options": {"pipeline": "direct"},
-        },
-        timeout=0,
-        as_subflow=False,
+        brighton_parameters(brighton_images, output),
+        timeout_seconds=300,
     )
-    run = wait_run(run.id, timeout_seconds=300)
     assert run.state.type.value == "COMPLETED", run.state.message
     children = runs_of("process-submodel", output)
     assert len(children) >= 2
