@@ -6,11 +6,16 @@ The defects handled here (see DESIGN.md, "NodeODM client"):
   token leaks to every later request of every ``Node`` object, other hosts included.
   :class:`_SafeNode` copies the query on every call.
 * ``Node.create_task`` can block for ever when an upload fails for good. Uploads here are our own
-  loop (init, per-file upload with retries and back-off, commit) with a deadline.
+  loop (init, per-file upload with retries and back-off in :mod:`prefect_odm.node_uploads`,
+  commit) with a deadline.
 * ``TaskInfo`` raises ``KeyError`` on a task without a name and ``TaskFailedError`` carries no
   message: task info is read as the raw JSON dictionary and failures are classified from the
   node's status, error message and last output lines.
 * Exceptions never carry the token: URLs in messages are stripped of their query.
+
+:class:`NodeClient` implements :class:`prefect_odm.backend.NodeBackend`, the interface the
+submodel runner uses; the status codes, :class:`~prefect_odm.backend.TaskState` and
+:func:`~prefect_odm.backend.task_uuid` live there and are re-exported here.
 
 Failures are classified into :class:`~prefect_odm.errors.TransientNodeError` (connection,
 timeouts, HTTP 5xx: retry, maybe elsewhere), :class:`~prefect_odm.errors.OutOfMemoryError` and
@@ -202,9 +207,11 @@ class NodeClient:
         return [str(x) for x in result] if isinstance(result, list) else []
 
     def cancel(self, uuid: str) -> bool:
+        """Cancel the task (``POST /task/cancel``); whether the node accepted."""
         return bool(self._post_form("/task/cancel", {"uuid": uuid}, uuid).get("success", False))
 
     def remove(self, uuid: str) -> bool:
+        """Remove the task and its files (``POST /task/remove``); whether the node accepted."""
         return bool(self._post_form("/task/remove", {"uuid": uuid}, uuid).get("success", False))
 
     def restart(self, uuid: str, options: Mapping[str, Any] | None = None) -> bool:
