@@ -48,20 +48,19 @@ def overhead(n_submodels: int, tmp: Path) -> None:
     plan = plan.model_copy(update={"submodels": plan.submodels[:n_submodels]})
     timed: dict[str, float] = {"upload": 0.0, "download": 0.0}
 
+    def timing(key: str, call):  # type: ignore[no-untyped-def]
+        t = time.perf_counter()
+        try:
+            return call()
+        finally:
+            timed[key] += time.perf_counter() - t
+
     class TimedClient(NodeClient):
         def create_task(self, *a, **k):  # type: ignore[no-untyped-def]
-            t = time.perf_counter()
-            try:
-                return super().create_task(*a, **k)
-            finally:
-                timed["upload"] += time.perf_counter() - t
+            return timing("upload", lambda: super(TimedClient, self).create_task(*a, **k))
 
         def download(self, *a, **k):  # type: ignore[no-untyped-def]
-            t = time.perf_counter()
-            try:
-                return super().download(*a, **k)
-            finally:
-                timed["download"] += time.perf_counter() - t
+            return timing("download", lambda: super(TimedClient, self).download(*a, **k))
 
     with start_engine(tmp / "node", max_parallel_tasks=1, method="direct") as engine:
         client = TimedClient(engine.url)

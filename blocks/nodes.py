@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr
+
+from prefect_odm.backend import NodeSettings
+from prefect_odm.errors import InputError
 
 
 class NodeODM(Block):
@@ -46,3 +51,36 @@ class NodeODMPool(Block):
         default="prefect-odm-memory-gib",
         description="Prefect global concurrency limit whose slots stand for the pool's memory in GiB.",
     )
+
+    def node_settings(self) -> dict[str, NodeSettings]:
+        """Node public URL -> what the block says of it (token, memory, task slots), in the
+        block's order."""
+        from prefect_odm.nodeodm import public_url
+
+        return {
+            public_url(n.url): NodeSettings(
+                token=n.token.get_secret_value() if n.token else None,
+                memory_gib=n.memory_gib,
+                max_parallel_tasks=n.max_parallel_tasks,
+            )
+            for n in self.nodes
+        }
+
+
+def load_pool_block(name: str) -> tuple[list[str], dict[str, NodeSettings]]:
+    """Node URLs and settings from a saved :class:`NodeODMPool` block.
+
+    Returns:
+        (node public URLs, URL -> settings), ready for :func:`prefect_odm.cluster.connect_nodes`.
+
+    Raises:
+        InputError: no such block.
+    """
+    try:
+        pool = NodeODMPool.load(name)
+    except ValueError as exc:
+        raise InputError(f"no NodeODM pool block named {name!r}") from exc
+    # Block.load is sync here (called outside an event loop); the union is Prefect's
+    # sync/async dispatch.
+    settings = cast(NodeODMPool, pool).node_settings()
+    return list(settings), settings

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import logging
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from prefect_odm.settings import get_settings
 
@@ -51,31 +51,36 @@ def create_crash_automation(
     from prefect.events.schemas.events import ResourceSpecification
 
     _delete_automations(name)
-    automation = Automation(
-        name=name,
-        description="Marks a flow run Crashed when its heartbeats stop (its process died).",
-        trigger=EventTrigger(
-            after={"prefect.flow-run.heartbeat"},
-            expect={
-                "prefect.flow-run.heartbeat",
-                "prefect.flow-run.Completed",
-                "prefect.flow-run.Failed",
-                "prefect.flow-run.Cancelled",
-                "prefect.flow-run.Crashed",
-            },
-            match=ResourceSpecification({"prefect.resource.id": ["prefect.flow-run.*"]}),
-            for_each={"prefect.resource.id"},
-            posture=Posture.Proactive,
-            threshold=1,
-            within=timedelta(seconds=within_seconds),
-        ),
-        actions=[
-            ChangeFlowRunState(
-                state=StateType.CRASHED,
-                message=f"Flow run marked crashed: no heartbeat for {within_seconds:.0f} s.",
-            )
-        ],
-    ).create()
+    # Called outside an event loop, create() runs its sync implementation; the union in its
+    # type is Prefect's sync/async dispatch.
+    automation = cast(
+        Automation,
+        Automation(
+            name=name,
+            description="Marks a flow run Crashed when its heartbeats stop (its process died).",
+            trigger=EventTrigger(
+                after={"prefect.flow-run.heartbeat"},
+                expect={
+                    "prefect.flow-run.heartbeat",
+                    "prefect.flow-run.Completed",
+                    "prefect.flow-run.Failed",
+                    "prefect.flow-run.Cancelled",
+                    "prefect.flow-run.Crashed",
+                },
+                match=ResourceSpecification({"prefect.resource.id": ["prefect.flow-run.*"]}),
+                for_each={"prefect.resource.id"},
+                posture=Posture.Proactive,
+                threshold=1,
+                within=timedelta(seconds=within_seconds),
+            ),
+            actions=[
+                ChangeFlowRunState(
+                    state=StateType.CRASHED,
+                    message=f"Flow run marked crashed: no heartbeat for {within_seconds:.0f} s.",
+                )
+            ],
+        ).create(),
+    )
     return str(automation.id)
 
 

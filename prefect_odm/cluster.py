@@ -1,6 +1,7 @@
 """The processing nodes a run uses: given NodeODM URLs, or the built-in engine started on demand.
 
-Tokens never travel in flow parameters: a node's token comes from a ``NodeODM`` block or from
+Tokens never travel in flow parameters: a node's token comes from a ``NodeODM`` block (the
+glue reads the block and passes its :class:`~prefect_odm.backend.NodeSettings` in) or from
 the environment (``PREFECT_ODM_NODE_TOKEN`` for every node, or ``PREFECT_ODM_NODE_TOKENS``, a JSON
 object mapping node URL to token). A ``?token=`` written into a URL on the command line is moved
 out of the URL before anything is logged.
@@ -13,7 +14,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,7 @@ from urllib.parse import parse_qs, urlparse
 import psutil
 
 from prefect_odm import __version__
+from prefect_odm.backend import NodeBackend, NodeSettings
 from prefect_odm.errors import InputError, NodeError
 from prefect_odm.nodeodm import NodeClient, public_url
 from prefect_odm.pool import NodePool, PoolNode
@@ -55,11 +57,23 @@ def token_for(url: str) -> str | None:
     return settings.node_token.get_secret_value() if settings.node_token else None
 
 
+__all__ = [
+    "EMBEDDED_ENGINE_IDENTITY",
+    "Cluster",
+    "NodeSettings",
+    "connect_nodes",
+    "embedded_engine",
+    "embedded_memory_gib",
+    "split_token",
+    "token_for",
+]
+
+
 @dataclass
 class Cluster:
     """Node clients plus the placement pool over them."""
 
-    clients: dict[str, NodeClient]
+    clients: dict[str, NodeBackend]
     pool: NodePool
     engine_identity: str
     node_memory_gib: list[float] = field(default_factory=list)
@@ -67,19 +81,12 @@ class Cluster:
     """Set when the run is cancelled: submodel runners cancel their remote tasks and stop."""
 
 
-@dataclass(frozen=True)
-class NodeSettings:
-    """What a pool block says of one node; ``None`` fields come from the node's ``/info``."""
-
-    token: str | None = None
-    memory_gib: float | None = None
-    max_parallel_tasks: int | None = None
-
-
 def connect_nodes(
     urls: Sequence[str],
     tokens: dict[str, str] | None = None,
     settings: dict[str, NodeSettings] | None = None,
+    *,
+    client_factory: Callable[[str, str | None], NodeBackend] = NodeClient,
 ) -> Cluster:
     """Check every node with ``/info`` and build the pool.
 
@@ -87,11 +94,16 @@ def connect_nodes(
         urls: node URLs (``http://host:port``; a ``?token=`` is taken as that node's token).
         tokens: node public URL -> token, overriding the environment.
         settings: node public URL -> settings from a pool block (token, memory, task slots).
+        client_factory: ``(url, token) -> node``; the NodeODM HTTP client by default.
+
+    Returns:
+        The cluster: a node per URL, each with 90% of its ``/info`` memory (or this machine's
+        when the node does not say) unless ``settings`` gives it.
 
     Raises:
         InputError: a URL is malformed or a node does not answer ``/info``.
     """
-    clients: dict[str, NodeClient] = {}
+    clients: dict[str, NodeBackend] = {}
     nodes: list[PoolNode] = []
     engines: set[str] = set()
     for raw in urls:
@@ -99,23 +111,22 @@ def connect_nodes(
         given = (settings or {}).get(url, NodeSettings())
         token = given.token or (tokens or {}).get(url) or url_token or token_for(url)
         try:
-            client = NodeClient(url, token)
+            client = client_factory(url, token)
             info = client.info()
         except (ValueError, NodeError) as exc:
             raise InputError(f"node {url} is not usable: {str(exc).splitlines()[0]}") from None
         if url in clients:
             raise InputError(f"node {url} is listed twice")
         clients[url] = client
-        total = float(info.get("totalMemory") or psutil.virtual_memory().total) / 2**30
+        total = float(info.total_memory_bytes or psutil.virtual_memory().total) / 2**30
         nodes.append(
             PoolNode(
                 key=url,
                 memory_gib=given.memory_gib or round(total * 0.9, 2),
-                max_parallel_tasks=given.max_parallel_tasks
-                or int(info.get("maxParallelTasks") or 1),
+                max_parallel_tasks=given.max_parallel_tasks or info.max_parallel_tasks or 1,
             )
         )
-        engines.add(f"{info.get('engine', 'odm')} {info.get('engineVersion', '?')}")
+        engines.add(info.identity)
     return Cluster(
         clients, NodePool(nodes), " | ".join(sorted(engines)), [n.memory_gib for n in nodes]
     )
@@ -124,29 +135,6 @@ def connect_nodes(
 def embedded_memory_gib() -> float:
     """Memory the embedded engine may use: 80% of this machine's RAM."""
     return round(psutil.virtual_memory().total / 2**30 * 0.8, 2)
-
-
-def load_pool_block(name: str) -> tuple[list[str], dict[str, NodeSettings]]:
-    """Node URLs and settings from a saved ``NodeODMPool`` block.
-
-    Raises:
-        InputError: no such block.
-    """
-    from prefect_odm.blocks import NodeODMPool
-
-    try:
-        pool = NodeODMPool.load(name)
-    except ValueError as exc:
-        raise InputError(f"no NodeODM pool block named {name!r}") from exc
-    settings = {
-        public_url(n.url): NodeSettings(
-            token=n.token.get_secret_value() if n.token else None,
-            memory_gib=n.memory_gib,
-            max_parallel_tasks=n.max_parallel_tasks,
-        )
-        for n in pool.nodes
-    }
-    return list(settings), settings
 
 
 _embedded_lock = threading.Lock()

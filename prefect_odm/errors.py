@@ -148,3 +148,11 @@ class EngineError(InputError):
     def __init__(self, message: str, *, no_retry: bool = False) -> None:
         super().__init__(message)
         self.no_retry = no_retry
+
+
+# -- Prefect deployments --
+
+
+class DeploymentRunError(PrefectODMError):
+    """A deployment run could not be created, retried or followed (e.g. the server rejected a
+    retry, or runs were still unfinished when the wait timed out)."""

@@ -6,11 +6,16 @@ The defects handled here (see DESIGN.md, "NodeODM client"):
   token leaks to every later request of every ``Node`` object, other hosts included.
   :class:`_SafeNode` copies the query on every call.
 * ``Node.create_task`` can block for ever when an upload fails for good. Uploads here are our own
-  loop (init, per-file upload with retries and back-off, commit) with a deadline.
+  loop (init, per-file upload with retries and back-off in :mod:`prefect_odm.node_uploads`,
+  commit) with a deadline.
 * ``TaskInfo`` raises ``KeyError`` on a task without a name and ``TaskFailedError`` carries no
   message: task info is read as the raw JSON dictionary and failures are classified from the
   node's status, error message and last output lines.
 * Exceptions never carry the token: URLs in messages are stripped of their query.
+
+:class:`NodeClient` implements :class:`prefect_odm.backend.NodeBackend`, the interface the
+submodel runner uses; the status codes, :class:`~prefect_odm.backend.TaskState` and
+:func:`~prefect_odm.backend.task_uuid` live there and are re-exported here.
 
 Failures are classified into :class:`~prefect_odm.errors.TransientNodeError` (connection,
 timeouts, HTTP 5xx: retry, maybe elsewhere), :class:`~prefect_odm.errors.OutOfMemoryError` and
@@ -21,16 +26,10 @@ from __future__ import annotations
 
 import json
 import logging
-import mimetypes
-import random
-import threading
 import time
-import uuid as uuidlib
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -44,7 +43,18 @@ from pyodm.exceptions import (
 )
 from pyodm.utils import MultipartEncoder, options_to_json
 
-from prefect_odm import storage
+from prefect_odm.backend import (
+    CANCELED,
+    COMPLETED,
+    FAILED,
+    QUEUED,
+    RUNNING,
+    TASK_UUID_NAMESPACE,
+    NodeInfo,
+    NodeOption,
+    TaskState,
+    task_uuid,
+)
 from prefect_odm.errors import (
     NodeError,
     OutOfMemoryError,
@@ -52,24 +62,24 @@ from prefect_odm.errors import (
     TransientNodeError,
 )
 from prefect_odm.node_messages import is_unknown_task_error
+from prefect_odm.node_uploads import Uploads
+
+__all__ = [
+    "CANCELED",
+    "COMPLETED",
+    "FAILED",
+    "QUEUED",
+    "RUNNING",
+    "TASK_UUID_NAMESPACE",
+    "NodeClient",
+    "TaskState",
+    "public_url",
+    "task_uuid",
+]
 
 logger = logging.getLogger(__name__)
 
-QUEUED, RUNNING, FAILED, COMPLETED, CANCELED = 10, 20, 30, 40, 50
-"""NodeODM task status codes."""
-
-TASK_UUID_NAMESPACE = uuidlib.UUID("6f1c2a52-3d7e-5b8e-9a41-0d2c6e5f7a10")
-
 OOM_MARKERS = ("not enough memory", "out of memory", "exit code 137", "returned 137", "killed")
-
-
-def task_uuid(submodel_fingerprint: str, attempt: int) -> str:
-    """The NodeODM task UUID of a submodel attempt: UUIDv5 of fingerprint and attempt number.
-
-    The same submodel and attempt always map to the same UUID, so a rerun finds the task a
-    killed run created instead of submitting a duplicate.
-    """
-    return str(uuidlib.uuid5(TASK_UUID_NAMESPACE, f"{submodel_fingerprint}:{attempt}"))
 
 
 def public_url(url: str) -> str:
@@ -93,25 +103,8 @@ class _SafeNode(Node):  # type: ignore[misc]
         return super().post(url, data=data, headers=dict(headers or {}))
 
 
-@dataclass(frozen=True)
-class TaskState:
-    """A task's status as the node reports it (raw JSON kept in ``info``)."""
-
-    uuid: str
-    status: int
-    progress: float
-    error_message: str
-    images_count: int
-    processing_time_ms: int
-    info: dict[str, Any]
-
-    @property
-    def finished(self) -> bool:
-        return self.status in (FAILED, COMPLETED, CANCELED)
-
-
 class NodeClient:
-    """One NodeODM-API node.
+    """One NodeODM-API node (implements :class:`prefect_odm.backend.NodeBackend`).
 
     Args:
         url: base URL, e.g. ``http://127.0.0.1:3000``; a ``?token=`` in it is taken as the token.
@@ -162,17 +155,17 @@ class NodeClient:
 
     # -- node level -----------------------------------------------------------------------
 
-    def info(self) -> dict[str, Any]:
-        """``/info`` as a dictionary (memory in bytes)."""
+    def info(self) -> NodeInfo:
+        """``/info`` (memory in bytes; the whole answer in ``raw``)."""
         result = self._call("GET /info", lambda: self._node.get("/info"))
         if not isinstance(result, dict):
             raise TransientNodeError("GET /info: not JSON", node_url=self.url)
-        return result
+        return NodeInfo.from_json(result)
 
-    def options(self) -> list[dict[str, Any]]:
+    def options(self) -> list[NodeOption]:
         """``/options``: the node's option list."""
         result = self._call("GET /options", lambda: self._node.get("/options"))
-        return list(result)
+        return [NodeOption.from_json(o) for o in result if isinstance(o, dict)]
 
     def task_list(self) -> list[str]:
         """UUIDs of the tasks the node knows."""
@@ -215,9 +208,11 @@ class NodeClient:
         return [str(x) for x in result] if isinstance(result, list) else []
 
     def cancel(self, uuid: str) -> bool:
+        """Cancel the task (``POST /task/cancel``); whether the node accepted."""
         return bool(self._post_form("/task/cancel", {"uuid": uuid}, uuid).get("success", False))
 
     def remove(self, uuid: str) -> bool:
+        """Remove the task and its files (``POST /task/remove``); whether the node accepted."""
         return bool(self._post_form("/task/remove", {"uuid": uuid}, uuid).get("success", False))
 
     def restart(self, uuid: str, options: Mapping[str, Any] | None = None) -> bool:
@@ -259,6 +254,7 @@ class NodeClient:
             outputs: limit all.zip to these paths (NodeODM ``outputs``).
             parallel_uploads: files uploaded at once.
             max_retries: attempts per file after the first one (back-off with jitter).
+            retry_base_seconds: the first back-off, seconds (doubled per attempt, 0.5x-1.5x jitter).
             deadline_seconds: the whole upload must finish within this time.
             progress: called with (files uploaded, total files).
 
@@ -269,7 +265,28 @@ class NodeClient:
             TransientNodeError: the node could not be reached, or the deadline passed.
             NodeError: the node refused the task (invalid options, duplicate UUID).
         """
-        deadline = time.monotonic() + deadline_seconds
+        uploads = Uploads(
+            node_url=self.url,
+            upload_url=self._upload_url(uuid),
+            uuid=uuid,
+            timeout_seconds=self.timeout_seconds,
+            scrub=self._scrub,
+            total=len(files),
+            deadline=time.monotonic() + deadline_seconds,
+            deadline_seconds=deadline_seconds,
+            max_retries=max_retries,
+            retry_base_seconds=retry_base_seconds,
+            progress=progress,
+        )
+        self._init_task(uuid, options, name=name, outputs=outputs)
+        uploads.run(files, parallel_uploads)
+        self._commit_task(uuid)
+        return uuid
+
+    def _init_task(
+        self, uuid: str, options: Mapping[str, Any], *, name: str, outputs: Sequence[str]
+    ) -> None:
+        """``POST /task/new/init`` with ``set-uuid``: the node must answer with that UUID."""
         fields = {"name": name, "options": options_to_json(dict(options))}
         if outputs:
             fields["outputs"] = json.dumps(list(outputs))
@@ -286,74 +303,17 @@ class NodeClient:
         if not isinstance(result, dict) or result.get("uuid") != uuid:
             raise NodeError(f"task init answered {result!r}", node_url=self.url, task_uuid=uuid)
 
-        done = 0
-        lock = threading.Lock()
-        stop = threading.Event()
+    def _upload_url(self, uuid: str) -> str:
+        """The upload route of task ``uuid``, with the token (never logged)."""
+        return str(self._node.url(f"/task/new/upload/{uuid}"))
 
-        def upload(path: str) -> None:
-            nonlocal done
-            data = storage.read_bytes(path)
-            base = PurePosixPath(path.split("?")[0]).name
-            mime = mimetypes.guess_type(base)[0] or "image/jpeg"
-            for attempt in range(max_retries + 1):
-                if stop.is_set():
-                    return
-                if time.monotonic() > deadline:
-                    raise TransientNodeError(
-                        f"upload of {base} did not finish within {deadline_seconds:.0f} s",
-                        node_url=self.url,
-                        task_uuid=uuid,
-                    )
-                try:
-                    enc = MultipartEncoder(fields={"images": (base, data, mime)})
-                    timeout = max(1.0, min(self.timeout_seconds, deadline - time.monotonic()))
-                    res = requests.post(
-                        self._node.url(f"/task/new/upload/{uuid}"),
-                        data=enc,
-                        headers={"Content-Type": enc.content_type},
-                        timeout=timeout,
-                    )
-                    body = _json_or_none(res)
-                    if res.status_code == 200 and isinstance(body, dict) and body.get("success"):
-                        with lock:
-                            done += 1
-                            if progress is not None:
-                                progress(done, len(files))
-                        return
-                    if isinstance(body, dict) and body.get("noRetry"):
-                        raise NodeError(
-                            f"upload of {base} refused: {body.get('error')}",
-                            node_url=self.url,
-                            task_uuid=uuid,
-                        )
-                    why = f"HTTP {res.status_code} {self._scrub(str(body))[:200]}"
-                except requests.RequestException as exc:
-                    why = type(exc).__name__
-                if attempt == max_retries:
-                    raise TransientNodeError(
-                        f"upload of {base} failed after {attempt + 1} attempts ({why})",
-                        node_url=self.url,
-                        task_uuid=uuid,
-                    )
-                pause = retry_base_seconds * (2**attempt) * (0.5 + random.random())
-                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-
-        with ThreadPoolExecutor(max_workers=max(1, parallel_uploads)) as pool:
-            futures = [pool.submit(upload, f) for f in files]
-            finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
-            errors = [f.exception() for f in finished if f.exception() is not None]
-            if errors:
-                stop.set()
-                for f in futures:
-                    f.cancel()
-                raise errors[0]  # type: ignore[misc]
-
+    def _commit_task(self, uuid: str) -> None:
+        """``POST /task/new/commit``: processing starts; the node must answer with the UUID."""
         result = self._call(
             "POST /task/new/commit", lambda: self._node.post(f"/task/new/commit/{uuid}"), uuid
         )
         if not isinstance(result, dict) or result.get("uuid") != uuid:
             raise NodeError(f"task commit answered {result!r}", node_url=self.url, task_uuid=uuid)
-        return uuid
 
     def wait(
         self,
@@ -472,13 +432,6 @@ class NodeClient:
         raise TransientNodeError(
             f"download failed: {last_error}", node_url=self.url, task_uuid=uuid
         )
-
-
-def _json_or_none(res: requests.Response) -> Any:
-    try:
-        return res.json()
-    except ValueError:
-        return None
 
 
 def _safe_extract(archive: zipfile.ZipFile, dest: Path) -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prefect_odm import progress, storage
+from prefect_odm.backend import CANCELED, COMPLETED, NodeBackend, TaskState, task_uuid
 from prefect_odm.errors import (
     NodeError,
     OutOfMemoryError,
@@ -27,17 +28,27 @@ from prefect_odm.errors import (
     TransientNodeError,
 )
 from prefect_odm.fingerprints import submodel_fingerprint
-from prefect_odm.layout import OutputLayout, join
-from prefect_odm.models import SplitPlan, Submodel, SubmodelResult, Survey
-from prefect_odm.nodeodm import CANCELED, COMPLETED, NodeClient, TaskState, task_uuid
-from prefect_odm.option_stages import early_options, rerun_from_stage
+from prefect_odm.layout import OutputLayout
+from prefect_odm.models import OptionValue, SplitPlan, Submodel, SubmodelResult, Survey
+from prefect_odm.option_stages import ODM_STAGES, early_options, rerun_from_stage
 from prefect_odm.pool import NodePool
 from prefect_odm.products import find_odm_products
+from prefect_odm.registry import PRODUCTS, REPORT_FOLDER
 
 logger = logging.getLogger(__name__)
 
-OUTPUTS = ["odm_orthophoto", "odm_dem", "odm_georeferencing", "odm_report"]
-"""Folders asked for in all.zip (NodeODM ``outputs``): the products and the report only."""
+OUTPUTS = [
+    *dict.fromkeys(p.odm_path.split("/", 1)[0] for p in PRODUCTS.values()),
+    REPORT_FOLDER,
+]
+"""Folders asked for in all.zip (NodeODM ``outputs``): the products' folders and the report
+(``odm_orthophoto``, ``odm_dem``, ``odm_georeferencing``, ``odm_report``)."""
+
+REQUIRED_PRODUCTS = tuple(name for name, p in PRODUCTS.items() if p.required)
+"""Products a finished submodel must return (orthophoto, DSM, point cloud)."""
+
+Options = dict[str, OptionValue]
+"""NodeODM option name -> value, as :meth:`ProcessingOptions.to_nodeodm` gives them."""
 
 
 def load_stored_result(layout: OutputLayout, submodel: Submodel) -> SubmodelResult | None:
@@ -58,7 +69,7 @@ def load_stored_result(layout: OutputLayout, submodel: Submodel) -> SubmodelResu
 
 def previous_results(layout: OutputLayout, submodel_id: str) -> list[SubmodelResult]:
     """Completed stored results of earlier fingerprints of this submodel id (any options)."""
-    pattern = join(layout.survey_dir, "submodels", f"{submodel_id}-*", "result.json")
+    pattern = layout.submodel_results_glob(submodel_id)
     try:
         fs, path = storage.filesystem(pattern)
         found = sorted(fs.glob(path))
@@ -88,7 +99,7 @@ class SubmodelRunner:
         survey: the scanned survey (image URLs by name).
         layout: where products and results are stored.
         pool: node placement.
-        clients: node key (public URL) -> client.
+        clients: node key (public URL) -> node (any :class:`~prefect_odm.backend.NodeBackend`).
         admit: context manager factory ``(submodel_id, memory_gib)`` held while a submodel runs
             (the Prefect global concurrency limit of memory slots); none by default.
         max_attempts: attempts per submodel (transient errors and out-of-memory retries).
@@ -103,7 +114,7 @@ class SubmodelRunner:
     survey: Survey
     layout: OutputLayout
     pool: NodePool
-    clients: Mapping[str, NodeClient]
+    clients: Mapping[str, NodeBackend]
     admit: Callable[[str, float], AbstractContextManager[object]] = _no_admission
     max_attempts: int = 4
     poll_interval_seconds: float = 1.0
@@ -113,8 +124,19 @@ class SubmodelRunner:
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def run(self, submodel_id: str, *, force: bool = False) -> SubmodelResult:
-        """Process one submodel, or reuse its stored result. Never raises for a node failure:
-        a failed submodel comes back with ``status="failed"`` and the reason."""
+        """Process one submodel, or reuse its stored result.
+
+        Order: a stored result of the same fingerprint is reused; else a finished task of an
+        earlier run with the same early fingerprint is restarted from the first changed stage
+        (``rerun-from``); else the submodel is processed from scratch, with retries.
+
+        Returns:
+            The result. Never raises for a node failure: a failed submodel comes back with
+            ``status="failed"`` and the reason.
+
+        Raises:
+            RunCancelledError: :attr:`cancelled` was set (the remote task was cancelled).
+        """
         submodel = self.plan.submodel(submodel_id)
         if not force:
             stored = load_stored_result(self.layout, submodel)
@@ -123,7 +145,7 @@ class SubmodelRunner:
                 progress.emit("submodel", id=submodel_id, state="reused", fraction=1.0)
                 return stored.model_copy(update={"status": "reused"})
         start = time.monotonic()
-        options = self.plan.options.to_nodeodm()
+        options: Options = self.plan.options.to_nodeodm()
         early_fp = self._early_fingerprint(submodel, options)
         if not force:
             for previous in previous_results(self.layout, submodel_id):
@@ -131,6 +153,15 @@ class SubmodelRunner:
                     result = self._try_rerun_from(submodel, previous, options, early_fp, start)
                     if result is not None:
                         return result
+        return self._process(submodel, options, early_fp, start)
+
+    def _process(
+        self, submodel: Submodel, options: Options, early_fp: str, start: float
+    ) -> SubmodelResult:
+        """Submit (or re-attach to) the submodel's task and collect it, retrying transient
+        failures (on another node when one is down) and out-of-memory failures (with a larger
+        reservation) up to :attr:`max_attempts` times."""
+        submodel_id = submodel.id
         memory_gib = submodel.estimated_memory_gib
         excluded: list[str] = []
         last: NodeError | None = None
@@ -183,14 +214,28 @@ class SubmodelRunner:
                 )
                 break
         assert last is not None
-        progress.emit("submodel", id=submodel_id, state="failed", fraction=1.0)
+        return self._failed(submodel, last, node_key, uuid, attempt + 1, start, options, early_fp)
+
+    def _failed(
+        self,
+        submodel: Submodel,
+        last: NodeError,
+        node_key: str | None,
+        uuid: str | None,
+        attempts: int,
+        start: float,
+        options: Options,
+        early_fp: str,
+    ) -> SubmodelResult:
+        """The failed result: the last error's first line and the node's last output lines."""
+        progress.emit("submodel", id=submodel.id, state="failed", fraction=1.0)
         return SubmodelResult(
-            submodel_id=submodel_id,
+            submodel_id=submodel.id,
             fingerprint=submodel.fingerprint,
             status="failed",
             node_url=last.node_url or node_key,
             task_uuid=last.task_uuid or uuid,
-            attempts=attempt + 1,
+            attempts=attempts,
             duration_seconds=round(time.monotonic() - start, 3),
             method=self._method(),
             options=options,
@@ -211,7 +256,7 @@ class SubmodelRunner:
         self,
         submodel: Submodel,
         previous: SubmodelResult,
-        options: dict[str, object],
+        options: Options,
         early_fp: str,
         start: float,
     ) -> SubmodelResult | None:
@@ -276,7 +321,7 @@ class SubmodelRunner:
         uuid: str,
         attempts: int,
         start: float,
-        options: dict[str, object],
+        options: Options,
         early_fp: str,
         rerun_from: str | None,
     ) -> SubmodelResult:
@@ -290,7 +335,7 @@ class SubmodelRunner:
             attempts=attempts,
             duration_seconds=round(time.monotonic() - start, 3),
             method=self._method(),
-            options=options,  # type: ignore[arg-type]
+            options=options,
             early_fingerprint=early_fp,
             rerun_from=rerun_from,
         )
@@ -315,7 +360,7 @@ class SubmodelRunner:
                 return key
         return None
 
-    def _cancel_remote(self, client: NodeClient, uuid: str) -> None:
+    def _cancel_remote(self, client: NodeBackend, uuid: str) -> None:
         try:
             client.cancel(uuid)
             self.log(f"cancelled task {uuid} on {client.url}")
@@ -332,7 +377,7 @@ class SubmodelRunner:
         except NodeError:
             return False
 
-    def _create_or_attach(self, client: NodeClient, submodel: Submodel, uuid: str) -> None:
+    def _create_or_attach(self, client: NodeBackend, submodel: Submodel, uuid: str) -> None:
         """Submit the task, or re-attach to the task a killed run left (same UUID)."""
         sid = submodel.id
         state = client.task_state(uuid)
@@ -365,7 +410,7 @@ class SubmodelRunner:
         else:
             self.log(f"{sid}: re-attached to running task {uuid} on {client.url}")
 
-    def _collect(self, client: NodeClient, submodel: Submodel, uuid: str) -> dict[str, str]:
+    def _collect(self, client: NodeBackend, submodel: Submodel, uuid: str) -> dict[str, str]:
         """Wait for the task, download, verify and store its products; product -> URL."""
         sid = submodel.id
 
@@ -380,27 +425,25 @@ class SubmodelRunner:
         progress.emit("submodel", id=sid, state="downloading", fraction=0.95)
         with tempfile.TemporaryDirectory(prefix=f"prefect-odm-{sid}-") as tmp:
             extracted = client.download(uuid, Path(tmp))
-            found = find_odm_products(extracted, require=("orthophoto", "dsm", "point_cloud"))
+            found = find_odm_products(extracted, require=REQUIRED_PRODUCTS)
             stored: dict[str, str] = {}
             for product, path in sorted(found.items()):
                 url = self.layout.submodel_product(sid, submodel.fingerprint, product)
                 storage.put_file(path, url)
                 stored[product] = url
-            report = extracted / "odm_report"
+            report = extracted / REPORT_FOLDER
             for extra in sorted(report.glob("*")) if report.is_dir() else []:
                 if extra.is_file():
                     storage.put_file(
                         extra,
-                        f"{self.layout.submodel_dir(sid, submodel.fingerprint)}/report/{extra.name}",
+                        self.layout.submodel_report_file(sid, submodel.fingerprint, extra.name),
                     )
         return stored
 
 
-def _node_stages(client: NodeClient) -> list[str]:
-    """The node's stage order: its ``rerun-from`` option's domain."""
+def _node_stages(client: NodeBackend) -> list[str]:
+    """The node's stage order: its ``rerun-from`` option's domain (ODM's stages when it has none)."""
     for option in client.options():
-        if option.get("name") == "rerun-from" and isinstance(option.get("domain"), list):
-            return [str(s) for s in option["domain"]]
-    from prefect_odm.option_stages import ODM_STAGES
-
+        if option.name == "rerun-from" and option.domain is not None:
+            return list(option.domain)
     return list(ODM_STAGES)

@@ -179,7 +179,7 @@ def slots_status(name: str) -> dict[str, Any]:
     with get_client(sync_client=True) as client:
         try:
             limit = client.read_global_concurrency_limit_by_name(name)
-            server = {
+            server: dict[str, int | bool | None] = {
                 "limit": limit.limit,
                 "active_slots": limit.active_slots,
                 "active": limit.active,

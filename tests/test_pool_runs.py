@@ -61,7 +61,9 @@ def count(engine: EngineProcess, method: str, prefix: str) -> int:
     )
 
 
-def run_flow(images: Path, out: Path, nodes: list[str], **kwargs):
+def run_flow(
+    images: Path, out: Path, nodes: list[str], options: ProcessingOptions = DIRECT, **kwargs
+):
     from prefect_odm.flows import reconstruct
 
     return reconstruct(
@@ -70,7 +72,7 @@ def run_flow(images: Path, out: Path, nodes: list[str], **kwargs):
         nodes=nodes,
         split=5,
         split_overlap_m=15,
-        options=DIRECT,
+        options=options,
         **kwargs,
     )
 
@@ -363,14 +365,10 @@ def test_changing_only_orthophoto_resolution_restarts_tasks_from_that_stage(
 ):
     with engines(tmp_path, [{}]) as (node,):
         first = run_flow(brighton_images, tmp_path / "out", [node.url])
-        from prefect_odm.flows import reconstruct
-
-        finer = reconstruct(
-            images=str(brighton_images),
-            output=str(tmp_path / "out"),
-            nodes=[node.url],
-            split=5,
-            split_overlap_m=15,
+        finer = run_flow(
+            brighton_images,
+            tmp_path / "out",
+            [node.url],
             options=ProcessingOptions(pipeline="direct", orthophoto_resolution_cm=10),
         )
         client = NodeClient(node.url)

@@ -34,8 +34,28 @@ def runs_of(deployment_name: str, output: Path) -> list:
 
 def wait_run(run_id, timeout_seconds: float = 240):
     """The flow run once it is final (polls every second)."""
-    from prefect_odm.flows.deployment import wait_for_runs
+    from prefect_odm.tasks.deployment import wait_for_runs
 
     return wait_for_runs(
         {"run": str(run_id)}, poll_interval_seconds=1, timeout_seconds=timeout_seconds
     )["run"]
+
+
+def run_deployment_and_wait(name: str, parameters: dict, timeout_seconds: float = 240):
+    """Start a run of deployment ``name`` (not as a subflow) and return it once final."""
+    from prefect.deployments import run_deployment
+
+    run = run_deployment(name, parameters=parameters, timeout=0, as_subflow=False)
+    return wait_run(run.id, timeout_seconds=timeout_seconds)
+
+
+def brighton_parameters(images: Path, output: Path, **extra) -> dict:
+    """``reconstruct`` parameters for brighton in 2+ submodels, direct pipeline."""
+    return {
+        "images": str(images),
+        "output": str(output),
+        "split": 10,
+        "split_overlap_m": 20,
+        "options": {"pipeline": "direct"},
+        **extra,
+    }

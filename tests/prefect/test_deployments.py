@@ -7,14 +7,14 @@ import json
 from pathlib import Path
 
 import pytest
-from odm_prefect_helpers import runs_of, wait_run
+from odm_prefect_helpers import brighton_parameters, run_deployment_and_wait, runs_of
 
 pytestmark = pytest.mark.integration
 
 EXPECTED = {
-    "reconstruct": "flows/reconstruct.py:reconstruct",
-    "process-submodel": "flows/process_submodel.py:process_submodel",
-    "process-inbox": "flows/process_inbox.py:process_inbox",
+    "reconstruct": "prefect_odm.flows.reconstruct:reconstruct",
+    "process-submodel": "prefect_odm.flows.process_submodel:process_submodel",
+    "process-inbox": "prefect_odm.flows.process_inbox:process_inbox",
 }
 
 
@@ -26,11 +26,12 @@ def test_deploy_all_from_a_clean_copy_creates_every_deployment(prefect_server, d
         queues = {q.name: q.priority for q in client.read_work_queues(work_pool_name="odm")}
     expected = dict(EXPECTED)
     if (deployed / "flows" / "merge_existing.py").exists():
-        expected["merge-existing"] = "flows/merge_existing.py:merge_existing"
+        expected["merge-existing"] = "prefect_odm.flows.merge_existing:merge_existing"
     assert {name: d.entrypoint for name, d in deployments.items()} == expected
     for d in deployments.values():
         assert d.work_pool_name == "odm"
-        # workers load the flows from the folder `prefect deploy` ran in
+        # module entrypoints: workers import the installed package (from the folder `prefect
+        # deploy` ran in)
         assert d.pull_steps == [
             {"prefect.deployments.steps.set_working_directory": {"directory": str(deployed)}}
         ]
@@ -50,22 +51,12 @@ def test_deploy_all_from_a_clean_copy_creates_every_deployment(prefect_server, d
 def test_reconstruct_deployment_run_on_brighton_completes_on_a_worker(
     prefect_server, worker, brighton_images, tmp_path
 ):
-    from prefect.deployments import run_deployment
-
     output = tmp_path / "out"
-    run = run_deployment(
+    run = run_deployment_and_wait(
         "reconstruct/reconstruct",
-        parameters={
-            "images": str(brighton_images),
-            "output": str(output),
-            "split": 10,
-            "split_overlap_m": 20,
-            "options": {"pipeline": "direct"},
-        },
-        timeout=0,
-        as_subflow=False,
+        brighton_parameters(brighton_images, output),
+        timeout_seconds=300,
     )
-    run = wait_run(run.id, timeout_seconds=300)
     assert run.state.type.value == "COMPLETED", run.state.message
     children = runs_of("process-submodel", output)
     assert len(children) >= 2

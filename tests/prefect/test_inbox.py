@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from odm_prefect_helpers import runs_of, wait_run
+from odm_prefect_helpers import run_deployment_and_wait, runs_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -25,7 +25,6 @@ def test_inbox_starts_exactly_one_reconstruction(
     prefect_server, worker, brighton_images, tmp_path, odm_home
 ):
     from prefect.client.orchestration import get_client
-    from prefect.deployments import run_deployment
     from prefect_odm.flows import reconstruct
     from prefect_odm.flows.process_inbox import SURVEY_TAG_PREFIX
 
@@ -47,18 +46,15 @@ def test_inbox_starts_exactly_one_reconstruction(
     new = _half(brighton_images, inbox / "b", 1)
     new_fp = scan_survey(str(new)).fingerprint
 
-    run = run_deployment(
-        "process_inbox/process-inbox",
-        parameters={
-            "inbox": str(inbox),
-            "output": str(output),
-            "max_concurrent": 2,
-            "settings": {"split": 10, "options": {"pipeline": "direct"}},
-        },
-        timeout=0,
-        as_subflow=False,
+    inbox_parameters = {
+        "inbox": str(inbox),
+        "output": str(output),
+        "max_concurrent": 2,
+        "settings": {"split": 10, "options": {"pipeline": "direct"}},
+    }
+    run = run_deployment_and_wait(
+        "process_inbox/process-inbox", inbox_parameters, timeout_seconds=300
     )
-    run = wait_run(run.id, timeout_seconds=300)
     assert run.state.type.value == "COMPLETED", run.state.message
 
     started = runs_of("reconstruct", output)

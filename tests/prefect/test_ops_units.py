@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from prefect_odm.flows.deployment import configured_submodel_deployment, work_queue_for
-from prefect_odm.flows.process_inbox import InboxEntry, InboxReport, survey_folders
 
 from prefect_odm.errors import InputError
+from prefect_odm.inbox import InboxEntry, InboxReport, survey_folders
+from prefect_odm.run_policy import configured_submodel_deployment, work_queue_for
 
 SUBMODEL_DEPLOYMENT_ENV = "PREFECT_ODM_SUBMODEL_DEPLOYMENT"
 URGENT_WORK_QUEUE_ENV = "PREFECT_ODM_URGENT_WORK_QUEUE"

@@ -14,7 +14,13 @@ import time
 from pathlib import Path
 
 import pytest
-from odm_prefect_helpers import engine_tasks, runs_of, wait_run
+from odm_prefect_helpers import (
+    brighton_parameters,
+    engine_tasks,
+    run_deployment_and_wait,
+    runs_of,
+    wait_run,
+)
 
 from prefect_odm.engine.launch import start_engine
 from prefect_odm.settings import FAULTS_ENV
@@ -24,35 +30,29 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 FAILING = "submodel-001"
 
 
+def _failing_engine(engine_dir: Path):
+    """The built-in engine on ``engine_dir``, failing every task of :data:`FAILING`."""
+    faults = json.dumps({"fail_task_name": f"^{FAILING}-"})
+    return start_engine(
+        engine_dir, method="direct", max_parallel_tasks=2, extra_env={FAULTS_ENV: faults}
+    )
+
+
 def test_failed_submodel_retried_from_ui_then_parent_reuses_everything(
     prefect_server, worker, brighton_images, tmp_path
 ):
     from prefect.client.orchestration import get_client
-    from prefect.deployments import run_deployment
-    from prefect_odm.flows.deployment import retry_flow_run
+    from prefect_odm.tasks.deployment import retry_flow_run
 
     engine_dir = tmp_path / "engine"
     output = tmp_path / "out"
-    faults = json.dumps({"fail_task_name": f"^{FAILING}-"})
-    engine = start_engine(
-        engine_dir, method="direct", max_parallel_tasks=2, extra_env={FAULTS_ENV: faults}
-    )
+    engine = _failing_engine(engine_dir)
     try:
         t0 = time.monotonic()
-        parent = run_deployment(
+        parent = run_deployment_and_wait(
             "reconstruct/reconstruct",
-            parameters={
-                "images": str(brighton_images),
-                "output": str(output),
-                "nodes": [engine.url],
-                "split": 10,
-                "split_overlap_m": 20,
-                "options": {"pipeline": "direct"},
-            },
-            timeout=0,
-            as_subflow=False,
+            brighton_parameters(brighton_images, output, nodes=[engine.url]),
         )
-        parent = wait_run(parent.id)
         first_round_seconds = time.monotonic() - t0
         assert parent.state.type.value == "FAILED", parent.state
         assert FAILING in (parent.state.message or "")
@@ -129,30 +129,17 @@ def test_parent_retried_alone_retries_its_failed_child(
 ):
     """The operator retries only the parent: the idempotency key hands back the failed child,
     which the parent retries (no second run for any submodel)."""
-    from prefect.deployments import run_deployment
-    from prefect_odm.flows.deployment import retry_flow_run
+    from prefect_odm.tasks.deployment import retry_flow_run
 
     engine_dir = tmp_path / "engine"
     output = tmp_path / "out"
-    faults = json.dumps({"fail_task_name": f"^{FAILING}-"})
-    engine = start_engine(
-        engine_dir, method="direct", max_parallel_tasks=2, extra_env={FAULTS_ENV: faults}
-    )
+    engine = _failing_engine(engine_dir)
     try:
-        parent = run_deployment(
+        parent = run_deployment_and_wait(
             "reconstruct/reconstruct",
-            parameters={
-                "images": str(brighton_images),
-                "output": str(output),
-                "nodes": [engine.url],
-                "split": 10,
-                "split_overlap_m": 20,
-                "options": {"pipeline": "direct"},
-            },
-            timeout=0,
-            as_subflow=False,
+            brighton_parameters(brighton_images, output, nodes=[engine.url]),
         )
-        assert wait_run(parent.id).state.type.value == "FAILED"
+        assert parent.state.type.value == "FAILED"
         failed_child = next(
             c for c in runs_of("process-submodel", output) if c.parameters["submodel_id"] == FAILING
         )

@@ -1,5 +1,9 @@
 """Submodels as deployment runs: each submodel is a ``process-submodel`` flow run a worker takes.
 
+The task :func:`start_submodel_run` and the Prefect-client helpers around it (retry, wait,
+result); which deployment and work queue to use is run policy
+(:func:`prefect_odm.run_policy.configured_submodel_deployment`, ``work_queue_for``).
+
 ``reconstruct`` uses this mode when it is given ``submodel_deployment`` or when
 ``PREFECT_ODM_SUBMODEL_DEPLOYMENT`` names one (the ``reconstruct`` deployment in ``prefect.yaml``
 sets the parameter). Every child is created by :func:`start_submodel_run`, a Prefect *task*,
@@ -21,20 +25,21 @@ and events stay small at 10,000 images. Results travel through the output storag
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 from uuid import UUID
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.client.schemas import OrchestrationResult
 from prefect.client.schemas.objects import FlowRun
 from prefect.context import get_run_context
 from prefect.deployments import run_deployment
 from prefect.states import AwaitingRetry
 
-from prefect_odm.errors import PrefectODMError
+from prefect_odm.errors import DeploymentRunError
 from prefect_odm.layout import OutputLayout
 from prefect_odm.models import SplitPlan, SubmodelResult
-from prefect_odm.settings import get_settings
 from prefect_odm.submodels import load_stored_result
 
 SUBMODEL_DEPLOYMENT = "process_submodel/process-submodel"
@@ -46,28 +51,15 @@ POLL_INTERVAL_SECONDS = 2.0
 
 _FINAL_FAILED = {"FAILED", "CRASHED", "CANCELLED"}
 
-
-class DeploymentRunError(PrefectODMError):
-    """A deployment run could not be created or followed."""
-
-
-def configured_submodel_deployment(explicit: str | None) -> str | None:
-    """The submodel deployment to use: the parameter, else the environment, else ``None`` (inline).
-
-    ``"inline"`` (either place) forces inline mode.
-    """
-    name = explicit or get_settings().submodel_deployment
-    if name is None or name.strip().lower() == "inline":
-        return None
-    return name
-
-
-def work_queue_for(priority: str) -> str | None:
-    """The work queue of a run's submodels: the urgent queue for ``"urgent"``, else the
-    deployment's default queue (``None``)."""
-    if priority == "urgent":
-        return get_settings().urgent_work_queue
-    return None
+__all__ = [
+    "POLL_INTERVAL_SECONDS",
+    "SUBMODEL_DEPLOYMENT",
+    "DeploymentRunError",
+    "result_of",
+    "retry_flow_run",
+    "start_submodel_run",
+    "wait_for_runs",
+]
 
 
 def retry_flow_run(flow_run_id: UUID | str, message: str = "Retry from the UI") -> str:
@@ -85,7 +77,9 @@ def retry_flow_run(flow_run_id: UUID | str, message: str = "Retry from the UI") 
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
-        result = client.set_flow_run_state(flow_run_id, AwaitingRetry(message=message))
+        result: OrchestrationResult[Any] = client.set_flow_run_state(
+            flow_run_id, AwaitingRetry(message=message)
+        )
     status = str(getattr(result.status, "value", result.status))
     if status != "ACCEPT":
         details = getattr(result.details, "reason", "")
@@ -125,22 +119,26 @@ def start_submodel_run(
         DeploymentRunError: the run could not be retried.
     """
     logger = get_run_logger()
-    ctx = get_run_context()
-    parent_id = ctx.task_run.flow_run_id  # type: ignore[union-attr]
-    parameters: dict[str, Any] = {
+    parent_id = _parent_flow_run_id()
+    parameters: dict[str, object] = {
         "plan_url": plan_url,
         "submodel_id": submodel_id,
         "output": output,
         "nodes": nodes,
         "force": force,
     }
-    child = run_deployment(
-        deployment,
-        parameters=parameters,
-        idempotency_key=f"{parent_id}-{submodel_id}",
-        work_queue_name=work_queue_name,
-        flow_run_name=submodel_id,
-        timeout=0,
+    # Called from a sync task, run_deployment runs its sync implementation; the union in its
+    # type is Prefect's sync/async dispatch.
+    child = cast(
+        FlowRun,
+        run_deployment(
+            deployment,
+            parameters=parameters,
+            idempotency_key=f"{parent_id}-{submodel_id}",
+            work_queue_name=work_queue_name,
+            flow_run_name=submodel_id,
+            timeout=0,
+        ),
     )
     state = child.state
     logger.info(
@@ -158,10 +156,23 @@ def start_submodel_run(
     return str(child.id)
 
 
+def _parent_flow_run_id() -> UUID:
+    """The flow run of the task this is called from.
+
+    Raises:
+        DeploymentRunError: not called from inside a Prefect task run.
+    """
+    ctx = get_run_context()
+    task_run = getattr(ctx, "task_run", None)
+    if task_run is None:
+        raise DeploymentRunError("start_submodel_run must run as a task inside a flow run")
+    return cast(UUID, task_run.flow_run_id)
+
+
 def wait_for_runs(
     run_ids: dict[str, str],
     poll_interval_seconds: float = POLL_INTERVAL_SECONDS,
-    on_final: Any = None,
+    on_final: Callable[[str, FlowRun], None] | None = None,
     timeout_seconds: float | None = None,
 ) -> dict[str, FlowRun]:
     """Poll the flow runs until every one is in a final state (one API call per poll).

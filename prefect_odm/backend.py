@@ -1,0 +1,226 @@
+"""What the submodel runner needs of a processing node (pure core: no HTTP, no pyodm).
+
+:class:`NodeBackend` is the interface between the runner (:mod:`prefect_odm.submodels`) and a
+node; :class:`prefect_odm.nodeodm.NodeClient` (NodeODM's HTTP API through pyodm) implements it,
+and tests may pass any object with the same methods. Results are typed: :class:`NodeInfo`,
+:class:`NodeOption`, :class:`TaskState`. Failures are the node errors of
+:mod:`prefect_odm.errors` (:class:`~prefect_odm.errors.TransientNodeError`: worth retrying, maybe
+elsewhere; :class:`~prefect_odm.errors.OutOfMemoryError`;
+:class:`~prefect_odm.errors.ProcessingFailedError`; any other
+:class:`~prefect_odm.errors.NodeError`: the node refused).
+"""
+
+from __future__ import annotations
+
+import uuid as uuidlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, Required, TypedDict, Unpack
+
+from prefect_odm.errors import NodeError
+
+QUEUED, RUNNING, FAILED, COMPLETED, CANCELED = 10, 20, 30, 40, 50
+"""NodeODM task status codes."""
+
+TASK_UUID_NAMESPACE = uuidlib.UUID("6f1c2a52-3d7e-5b8e-9a41-0d2c6e5f7a10")
+
+
+def task_uuid(submodel_fingerprint: str, attempt: int) -> str:
+    """The NodeODM task UUID of a submodel attempt: UUIDv5 of fingerprint and attempt number.
+
+    The same submodel and attempt always map to the same UUID, so a rerun finds the task a
+    killed run created instead of submitting a duplicate.
+    """
+    return str(uuidlib.uuid5(TASK_UUID_NAMESPACE, f"{submodel_fingerprint}:{attempt}"))
+
+
+@dataclass(frozen=True)
+class TaskState:
+    """A task's status as the node reports it (raw JSON kept in ``info``).
+
+    Attributes:
+        uuid: the task UUID.
+        status: one of the status codes (:data:`QUEUED` ... :data:`CANCELED`).
+        progress: percent done, 0 to 100.
+        error_message: the node's error message (empty when none).
+        images_count: images the task holds.
+        processing_time_ms: processing time so far, milliseconds (-1 when unknown).
+        info: the node's ``/task/{uuid}/info`` answer.
+    """
+
+    uuid: str
+    status: int
+    progress: float
+    error_message: str
+    images_count: int
+    processing_time_ms: int
+    info: dict[str, Any]
+
+    @property
+    def finished(self) -> bool:
+        """Whether the task ended (failed, completed or cancelled)."""
+        return self.status in (FAILED, COMPLETED, CANCELED)
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """A node's ``/info``.
+
+    Attributes:
+        engine: the processing engine's name (``odm``, ``prefect-odm``).
+        engine_version: its version (``?`` when the node does not say).
+        total_memory_bytes: the node's memory, bytes, as the node writes it (``None`` when it
+            does not say).
+        max_parallel_tasks: tasks the node runs at once (``None`` when the node does not say).
+        raw: the whole answer.
+    """
+
+    engine: str
+    engine_version: str
+    total_memory_bytes: float | None
+    max_parallel_tasks: int | None
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> NodeInfo:
+        """From NodeODM's ``/info`` JSON (``engine``, ``engineVersion``, ``totalMemory``,
+        ``maxParallelTasks``)."""
+        memory = raw.get("totalMemory")
+        tasks = raw.get("maxParallelTasks")
+        return cls(
+            engine=str(raw.get("engine", "odm")),
+            engine_version=str(raw.get("engineVersion", "?")),
+            total_memory_bytes=float(memory) if memory else None,
+            max_parallel_tasks=int(tasks) if tasks else None,
+            raw=dict(raw),
+        )
+
+    @property
+    def identity(self) -> str:
+        """``"{engine} {engine_version}"``, the engine part of a submodel fingerprint."""
+        return f"{self.engine} {self.engine_version}"
+
+
+@dataclass(frozen=True)
+class NodeOption:
+    """One option the node accepts (``/options``).
+
+    Attributes:
+        name: the ODM option name (``rerun-from``, ``orthophoto-resolution``).
+        domain: the allowed values when the node lists them (``rerun-from``: the stage order).
+        raw: the node's description of the option.
+    """
+
+    name: str
+    domain: tuple[str, ...] | None
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> NodeOption:
+        """From one entry of NodeODM's ``/options`` JSON."""
+        domain = raw.get("domain")
+        return cls(
+            name=str(raw.get("name", "")),
+            domain=tuple(str(d) for d in domain) if isinstance(domain, list) else None,
+            raw=dict(raw),
+        )
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """What a pool block says of one node; ``None`` fields come from the node's ``/info``.
+
+    Attributes:
+        token: the node's token (sent only to that node).
+        memory_gib: memory this library may use on the node, GiB.
+        max_parallel_tasks: tasks run at once on the node.
+    """
+
+    token: str | None = None
+    memory_gib: float | None = None
+    max_parallel_tasks: int | None = None
+
+
+class NewTask(TypedDict, total=False):
+    """The keywords of :meth:`NodeBackend.create_task` besides the UUID, files and options.
+
+    Attributes:
+        name: the task name the node shows (required).
+        outputs: limit the task's all.zip to these folders (NodeODM ``outputs``).
+        deadline_seconds: the whole upload must finish within this time, seconds.
+        progress: called with (files uploaded, total files).
+    """
+
+    name: Required[str]
+    outputs: Sequence[str]
+    deadline_seconds: float
+    progress: Callable[[int, int], None] | None
+
+
+class NodeBackend(Protocol):
+    """A processing node as the submodel runner uses it (NodeODM's task model).
+
+    Every method raises :class:`~prefect_odm.errors.TransientNodeError` when the node cannot be
+    reached (connection, timeout, HTTP 5xx) and :class:`~prefect_odm.errors.NodeError` when it
+    answers with a refusal.
+    """
+
+    url: str
+    """The node's URL without token or query: safe to log."""
+
+    def info(self) -> NodeInfo:
+        """The node's ``/info``."""
+        ...
+
+    def options(self) -> list[NodeOption]:
+        """The options the node accepts."""
+        ...
+
+    def task_list(self) -> list[str]:
+        """UUIDs of the tasks the node knows."""
+        ...
+
+    def task_state(self, uuid: str, *, with_output: int | None = None) -> TaskState | None:
+        """The task's state, or ``None`` when the node does not know the UUID."""
+        ...
+
+    def output(self, uuid: str, line: int = -30) -> list[str]:
+        """Console lines of the task (negative ``line``: the last lines)."""
+        ...
+
+    def create_task(
+        self, uuid: str, files: Sequence[str], options: Mapping[str, Any], **new: Unpack[NewTask]
+    ) -> str:
+        """Create the task ``uuid`` (init, upload every file, commit); returns the UUID."""
+        ...
+
+    def wait(
+        self,
+        uuid: str,
+        *,
+        poll_interval_seconds: float = 2.0,
+        on_progress: Callable[[TaskState], None] | None = None,
+    ) -> TaskState:
+        """Poll until the task completes; raises the classified error when it fails."""
+        ...
+
+    def classify_failure(self, state: TaskState) -> NodeError:
+        """The error for a failed or cancelled task, with the node's last output lines."""
+        ...
+
+    def download(self, uuid: str, dest: Path) -> Path:
+        """Download the task's outputs (all.zip), verified, extracted into ``dest``."""
+        ...
+
+    def cancel(self, uuid: str) -> bool:
+        """Cancel the task; whether the node accepted."""
+        ...
+
+    def remove(self, uuid: str) -> bool:
+        """Remove the task and its files; whether the node accepted."""
+        ...
+
+    def restart(self, uuid: str, options: Mapping[str, Any] | None = None) -> bool:
+        """Restart a finished task, optionally with new options; whether the node accepted."""
+        ...

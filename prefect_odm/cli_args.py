@@ -1,0 +1,178 @@
+"""The ``prefect-odm`` argument parser, and the processing options it reads."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING, Any
+
+from prefect_odm.errors import InputError
+from prefect_odm.layout import PLAN_FILES
+from prefect_odm.settings import DEFAULT_SPLIT, DEFAULT_SPLIT_OVERLAP_M
+
+if TYPE_CHECKING:
+    from prefect_odm.models import ProcessingOptions
+
+DESCRIPTION = "Command line: ``prefect-odm plan|reconstruct|merge|engine serve``."
+
+
+def _split_value(text: str) -> int | str:
+    if text == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--split must be a whole number or 'auto', not {text!r}"
+        ) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("--split must be at least 1")
+    return value
+
+
+def _overlap_value(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--split-overlap-m must be a number of metres, not {text!r}"
+        ) from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError("--split-overlap-m must be 0 or more metres")
+    return value
+
+
+def _add_split_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--split",
+        type=_split_value,
+        default=DEFAULT_SPLIT,
+        help=f"target images per submodel, or 'auto' (default {DEFAULT_SPLIT})",
+    )
+    p.add_argument(
+        "--split-overlap-m",
+        type=_overlap_value,
+        default=DEFAULT_SPLIT_OVERLAP_M,
+        help=f"overlap between submodels in metres (default {DEFAULT_SPLIT_OVERLAP_M:g})",
+    )
+
+
+def _add_option_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--orthophoto-resolution",
+        type=float,
+        default=5.0,
+        help="orthophoto resolution, cm/pixel (default 5)",
+    )
+    p.add_argument("--dtm", action="store_true", help="also build a digital terrain model")
+    p.add_argument(
+        "--pipeline",
+        choices=["sfm", "direct"],
+        default="sfm",
+        help="built-in engine method (default sfm)",
+    )
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="any other ODM option, repeatable",
+    )
+
+
+def processing_options(args: argparse.Namespace) -> ProcessingOptions:
+    """The processing options of ``--orthophoto-resolution``, ``--dtm``, ``--pipeline`` and
+    ``--option NAME=VALUE`` (a JSON value, else the text).
+
+    Raises:
+        InputError: an option is malformed or invalid (the message names the flag).
+    """
+    from prefect_odm.models import ProcessingOptions
+
+    extra: dict[str, Any] = {}
+    for item in args.option:
+        if "=" not in item:
+            raise InputError(f"--option {item!r}: expected NAME=VALUE")
+        name, value = item.split("=", 1)
+        try:
+            extra[name] = json.loads(value)
+        except json.JSONDecodeError:
+            extra[name] = value
+    from pydantic import ValidationError
+
+    try:
+        return ProcessingOptions(
+            orthophoto_resolution_cm=args.orthophoto_resolution,
+            dtm=args.dtm,
+            pipeline=args.pipeline,
+            extra=extra,
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = str(first["loc"][0]) if first["loc"] else "options"
+        flag = {"orthophoto_resolution_cm": "--orthophoto-resolution"}.get(
+            where, f"--option {where}"
+        )
+        raise InputError(f"{flag}: {first['msg']}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every ``prefect-odm`` sub-command."""
+    parser = argparse.ArgumentParser(prog="prefect-odm", description=DESCRIPTION)
+    parser.add_argument(
+        "--verbose", "-v", action="store_true", help="show Prefect's run logs on the console"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    rec = sub.add_parser("reconstruct", help="split, process and merge a survey")
+    rec.add_argument("images", help="folder or fsspec URL of geotagged images")
+    rec.add_argument("--output", "-o", required=True, help="output folder or fsspec URL")
+    rec.add_argument(
+        "--nodes", nargs="+", metavar="URL", help="NodeODM node URLs (default: the built-in engine)"
+    )
+    _add_split_args(rec)
+    _add_option_args(rec)
+    rec.add_argument(
+        "--allow-partial", action="store_true", help="merge what finished and list failed submodels"
+    )
+    rec.add_argument("--force", action="store_true", help="process every submodel again")
+
+    plan = sub.add_parser("plan", help="scan and plan a survey without processing it")
+    plan.add_argument("images", help="folder or fsspec URL of geotagged images")
+    plan.add_argument(
+        "--output",
+        "-o",
+        default="plan",
+        help=f"folder for {', '.join(PLAN_FILES[k] for k in ('plan', 'geojson', 'png'))}"
+        " (default ./plan)",
+    )
+    _add_split_args(plan)
+    _add_option_args(plan)
+
+    mrg = sub.add_parser("merge", help="merge OpenDroneMap outputs made elsewhere")
+    mrg.add_argument(
+        "inputs",
+        nargs="+",
+        help="ODM project folders, all.zip files or folders of them (paths or URLs)",
+    )
+    mrg.add_argument("--output", "-o", required=True, help="output folder or fsspec URL")
+    mrg.add_argument(
+        "--plan",
+        help="plan.json of the prefect-odm run that made the inputs (same seams as its merge)",
+    )
+
+    slots = sub.add_parser(
+        "slots", help="inspect or reset the memory slots (global concurrency limit)"
+    )
+    slots.add_argument("--name", default="prefect-odm-memory-gib", help="limit name")
+    slots.add_argument(
+        "--reset", action="store_true", help="set active slots to 0 (nothing may be running)"
+    )
+
+    from prefect_odm.cli_ops import add_parsers as _add_ops_parsers
+
+    _add_ops_parsers(sub)  # setup, automations create
+
+    eng = sub.add_parser("engine", help="the built-in NodeODM-compatible engine")
+    eng.add_argument("engine_args", nargs=argparse.REMAINDER, help="e.g. serve --port 3000")
+    return parser

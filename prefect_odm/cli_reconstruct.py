@@ -1,0 +1,246 @@
+"""``prefect-odm reconstruct``: the flow run with progress bars, and the no-change repeat.
+
+On the embedded API (no ``PREFECT_API_URL``), a repeat of the same command into the same output,
+with the inputs' listing unchanged and every product still there, is answered from the record of
+the last run (``layout.LAST_RUN_FILE`` in the output root) without starting Prefect.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import threading
+from typing import TYPE_CHECKING, Any
+
+from prefect_odm import __version__, storage
+from prefect_odm.cli_args import processing_options
+from prefect_odm.cli_console import quiet_prefect_console
+from prefect_odm.errors import InputError
+from prefect_odm.layout import LAST_RUN_FILE, OutputLayout, join
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
+
+    from prefect_odm.models import Manifest, ProcessingOptions
+
+
+def _check_output_writable(output: str) -> None:
+    """Fail early, before any scanning, when a local output location cannot be written.
+
+    Creates nothing: the nearest existing folder on the path must be a writable folder.
+    """
+    if not storage.is_local(output):
+        return
+    probe = storage.local_path(output).absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise InputError(f"{output}: cannot write the output here ({probe} is not a folder)")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise InputError(f"{output}: cannot write the output here ({probe} is not writable)")
+
+
+def _run_request(args: argparse.Namespace, options: ProcessingOptions) -> dict[str, Any]:
+    """What this command asks for, with a listing signature of the inputs (names, sizes and
+    modification times or ETags; no content is read)."""
+    fs, root = storage.filesystem(args.images)
+    try:
+        found = fs.find(root, detail=True) if fs.isdir(root) else {}
+    except OSError:
+        found = {}
+    rows = sorted(
+        (
+            name,
+            info.get("size"),
+            str(info.get("mtime") or info.get("ETag") or info.get("LastModified") or ""),
+        )
+        for name, info in found.items()
+    )
+    return {
+        "images": args.images,
+        "listing": hashlib.sha256(json.dumps(rows, default=str).encode()).hexdigest(),
+        "nodes": sorted(args.nodes or []),
+        "split": args.split,
+        "split_overlap_m": args.split_overlap_m,
+        "options": options.model_dump(mode="json"),
+        "allow_partial": args.allow_partial,
+        "version": __version__,
+    }
+
+
+def _unchanged_since_last_run(output: str, request: dict[str, Any]) -> Manifest | None:
+    """The manifest of the last run into ``output`` when it was asked exactly this, the inputs'
+    listing is unchanged and every product is still there; else ``None``."""
+    from prefect_odm.models import Manifest
+
+    try:
+        record = storage.read_json(join(output, LAST_RUN_FILE))
+        if record.get("request") != request:
+            return None
+        manifest = Manifest.model_validate(storage.read_json(record["manifest"]))
+    except (FileNotFoundError, OSError, ValueError, KeyError, TypeError):
+        return None
+    if manifest.failed_submodels or not all(storage.exists(u) for u in manifest.products.values()):
+        return None
+    return manifest.model_copy(
+        update={
+            "submodels": [r.model_copy(update={"status": "reused"}) for r in manifest.submodels]
+        }
+    )
+
+
+def _record_last_run(output: str, request: dict[str, Any], manifest: Manifest) -> None:
+    """Write the record of this run (what was asked, where its manifest is) into ``output``."""
+    manifest_url = OutputLayout(output, manifest.survey_fingerprint).manifest
+    storage.write_json_atomic(
+        join(output, LAST_RUN_FILE), {"request": request, "manifest": manifest_url}
+    )
+
+
+def _print_summary(output: str, manifest: Manifest, note: str = "") -> None:
+    """Each submodel's status, the products, gaps, rejected images, report and manifest."""
+    from rich.console import Console
+
+    out = Console()
+    for r in manifest.submodels:
+        detail = f" ({r.error})" if r.error else ""
+        out.print(f"{r.submodel_id}: {r.status}{detail}")
+    for name, url in sorted(manifest.products.items()):
+        out.print(f"{name}: {url}")
+    if manifest.failed_submodels:
+        out.print(
+            f"gaps: {len(manifest.failed_submodels)} submodel(s) failed, listed in the manifest"
+        )
+    if manifest.rejected_images:
+        out.print(f"rejected images: {len(manifest.rejected_images)} (reasons in the report)")
+    layout = OutputLayout(output, manifest.survey_fingerprint)
+    out.print(f"report: {layout.report_md}")
+    out.print(f"manifest: {layout.manifest}")
+    if note:
+        out.print(note)
+
+
+def _start_embedded_api_early() -> threading.Thread:
+    """Start Prefect's temporary API server in the background while the rest is imported.
+
+    The flow's client finds the same (singleton) server already running; the command saves the
+    few seconds its imports take. Joined before the flow starts.
+    """
+
+    def start() -> None:
+        from prefect.server.api.server import SubprocessASGIServer
+
+        SubprocessASGIServer().start()
+
+    thread = threading.Thread(target=start, name="prefect-api-start", daemon=True)
+    thread.start()
+    return thread
+
+
+def reconstruct_command(args: argparse.Namespace) -> int:
+    """``prefect-odm reconstruct``: check the inputs, answer an unchanged repeat from the last
+    run's record, else run the flow with progress bars and print the summary.
+
+    Raises:
+        InputError: the images do not exist, an option is bad, or the output is not writable.
+    """
+    if storage.is_local(args.images) and not storage.local_path(args.images).exists():
+        raise InputError(f"{args.images}: does not exist")
+    options = processing_options(args)
+    _check_output_writable(args.output)
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    # The embedded server would try to send telemetry; this machine may have no route out.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    embedded_api = not os.environ.get("PREFECT_API_URL")
+
+    request = _run_request(args, options)
+    unchanged = (
+        None if args.force or not embedded_api else _unchanged_since_last_run(args.output, request)
+    )
+    if unchanged is not None:
+        _print_summary(
+            args.output,
+            unchanged,
+            note="nothing changed since the last run into this output: nothing was run (--force runs again)",
+        )
+        return 0
+    manifest = _run_flow(args, options, embedded_api)
+    _record_last_run(args.output, request, manifest)
+    _print_summary(args.output, manifest)
+    return 0
+
+
+def _run_flow(args: argparse.Namespace, options: ProcessingOptions, embedded_api: bool) -> Manifest:
+    """The ``reconstruct`` flow run, with a progress bar per stage and submodel on a terminal."""
+    # Prefect fully imported in this thread (and its console quiet) before the API starts in
+    # the background: two threads importing prefect at once break its plugin start-up.
+    import prefect  # noqa: F401
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    quiet_prefect_console(args.verbose)
+    early_server = _start_embedded_api_early() if embedded_api else None
+
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from prefect_odm import progress as events
+    from prefect_odm.flows import reconstruct
+
+    quiet_prefect_console(args.verbose)
+    console = Console(stderr=True)
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[state]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+        disable=not console.is_terminal,
+    ) as bar:
+        unsubscribe = events.subscribe(_ProgressBars(bar).listen)
+        if early_server is not None:
+            early_server.join()
+        try:
+            # The heartbeat costs ~1 s per flow run; it only matters with a real server.
+            settings = {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None} if embedded_api else {}
+            with temporary_settings(settings):
+                manifest: Manifest = reconstruct(**_flow_parameters(args, options))
+                return manifest
+        finally:
+            unsubscribe()
+
+
+def _flow_parameters(args: argparse.Namespace, options: ProcessingOptions) -> dict[str, Any]:
+    """The ``reconstruct`` flow's parameters from the command line."""
+    names = ("images", "output", "nodes", "split", "split_overlap_m", "allow_partial", "force")
+    return {**{name: getattr(args, name) for name in names}, "options": options}
+
+
+class _ProgressBars:
+    """Progress events -> bars: one for the stage, one per submodel once the plan is known."""
+
+    def __init__(self, bar: Progress) -> None:
+        self.bar = bar
+        self.stage = bar.add_task("stage", total=None, state="starting Prefect")
+        self.submodels: dict[str, TaskID] = {}
+        self.lock = threading.Lock()
+
+    def listen(self, event: dict[str, Any]) -> None:
+        with self.lock:
+            kind = event["kind"]
+            if kind == "stage":
+                self.bar.update(self.stage, state=event["name"])
+            elif kind == "plan":
+                for sid in event["submodels"]:
+                    self.submodels[sid] = self.bar.add_task(sid, total=1.0, state="waiting")
+            elif kind == "submodel" and event["id"] in self.submodels:
+                self.bar.update(
+                    self.submodels[event["id"]],
+                    completed=event.get("fraction", 0.0),
+                    state=event["state"],
+                )
+            elif kind == "merge":
+                done = f"{event['done']}/{event['total']}"
+                self.bar.update(self.stage, state=f"merge {event['product']} {done}")

@@ -1,0 +1,147 @@
+"""Run policy of a reconstruction: what a run does with what is already stored (no Prefect).
+
+Which submodels are pending (a stored result of the same fingerprint is reused), how a failed
+submodel is described, which submodels are merged, whether a stored merge can be reused (the
+stored manifest has the same merge fingerprint and its products still exist), the manifest of the
+run, and where the submodels run (inline, or as runs of a deployment, on which work queue). The
+flows in ``prefect_odm.flows`` are sequences of Prefect tasks around these decisions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from prefect_odm import __version__, progress, storage
+from prefect_odm.layout import OutputLayout
+from prefect_odm.models import Manifest, SplitPlan, SubmodelResult, Survey
+from prefect_odm.settings import get_settings
+from prefect_odm.submodels import load_stored_result
+
+MIN_SURVEY_IMAGES = 3
+"""Fewer usable images than this cannot be reconstructed (structure from motion needs overlap)."""
+
+FAILURE_OUTPUT_LINES = 5
+"""Last node output lines kept in a failed submodel's description."""
+
+
+def reused_and_pending(
+    plan: SplitPlan, layout: OutputLayout, *, force: bool
+) -> tuple[dict[str, SubmodelResult], list[str]]:
+    """Split the plan's submodels into those with a stored result and those to process.
+
+    Args:
+        plan: the split plan.
+        layout: where the results are stored.
+        force: process every submodel again (nothing is reused).
+
+    Returns:
+        (submodel id -> stored result marked ``reused``, ids to process in plan order). A
+        ``submodel`` progress event ``reused`` is sent for each reused one.
+    """
+    reused: dict[str, SubmodelResult] = {}
+    pending: list[str] = []
+    for sm in plan.submodels:
+        stored = None if force else load_stored_result(layout, sm)
+        if stored is not None:
+            reused[sm.id] = stored.model_copy(update={"status": "reused"})
+            progress.emit("submodel", id=sm.id, state="reused", fraction=1.0)
+        else:
+            pending.append(sm.id)
+    return reused, pending
+
+
+def failure_text(result: SubmodelResult) -> str:
+    """The error and the node's last output lines, one string (for the error and the manifest)."""
+    text = result.error or "failed"
+    if result.last_output:
+        text += "\n    " + "\n    ".join(result.last_output[-FAILURE_OUTPUT_LINES:])
+    return text
+
+
+def failed_submodels(results: Mapping[str, SubmodelResult]) -> dict[str, str]:
+    """Submodel id -> :func:`failure_text` for every failed result."""
+    return {sid: failure_text(r) for sid, r in results.items() if r.status == "failed"}
+
+
+def mergeable(results: Iterable[SubmodelResult]) -> list[SubmodelResult]:
+    """The results that finished (completed or reused), by submodel id."""
+    return sorted((r for r in results if r.status != "failed"), key=lambda r: r.submodel_id)
+
+
+def stored_manifest(layout: OutputLayout, merge_fingerprint: str) -> Manifest | None:
+    """The stored manifest when its merge can be reused: same merge fingerprint and every
+    product still stored; else ``None``."""
+    try:
+        if not storage.exists(layout.manifest):
+            return None
+        manifest = Manifest.model_validate(storage.read_json(layout.manifest))
+    except (ValueError, OSError):
+        return None
+    if manifest.merge_fingerprint != merge_fingerprint:
+        return None
+    if not all(storage.exists(u) for u in manifest.products.values()):
+        return None
+    return manifest
+
+
+def stored_merge_reports(layout: OutputLayout) -> dict[str, Any]:
+    """The merge reports a previous run stored beside the products (empty when missing)."""
+    try:
+        reports = storage.read_json(layout.merge_report)
+    except (FileNotFoundError, OSError, ValueError):
+        return {}
+    return reports if isinstance(reports, dict) else {}
+
+
+def run_manifest(
+    *,
+    source: str,
+    survey: Survey,
+    plan: SplitPlan,
+    merge_fingerprint: str,
+    products: dict[str, str],
+    results: Mapping[str, SubmodelResult],
+    failed: dict[str, str],
+    merge_reports: Mapping[str, Any],
+    timings_seconds: Mapping[str, float],
+) -> Manifest:
+    """The manifest of a run: its inputs' fingerprints, products, every planned submodel's
+    result (plan order), the failed ones with their reasons, rejected images, the coverage
+    figures of the merge reports and the stage timings (seconds, rounded to ms)."""
+    coverage = merge_reports.get("coverage", {})
+    return Manifest(
+        version=__version__,
+        created=datetime.now(UTC),
+        source=source,
+        survey_fingerprint=survey.fingerprint,
+        plan_fingerprint=plan.fingerprint,
+        merge_fingerprint=merge_fingerprint,
+        crs_epsg=plan.crs_epsg,
+        products=products,
+        submodels=[results[s.id] for s in plan.submodels],
+        failed_submodels=failed,
+        rejected_images=survey.rejected,
+        coverage={k: float(v) for k, v in coverage.items() if isinstance(v, int | float)},
+        timings_seconds={k: round(v, 3) for k, v in timings_seconds.items()},
+    )
+
+
+def configured_submodel_deployment(explicit: str | None) -> str | None:
+    """The submodel deployment to use: the parameter, else the environment, else ``None`` (inline).
+
+    ``"inline"`` (either place) forces inline mode.
+    """
+    name = explicit or get_settings().submodel_deployment
+    if name is None or name.strip().lower() == "inline":
+        return None
+    return name
+
+
+def work_queue_for(priority: str) -> str | None:
+    """The work queue of a run's submodels: the urgent queue for ``"urgent"``, else the
+    deployment's default queue (``None``)."""
+    if priority == "urgent":
+        return get_settings().urgent_work_queue
+    return None
