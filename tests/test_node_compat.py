@@ -70,9 +70,9 @@ def test_restart_accepts_a_json_body(start_node: NodeFactory) -> None:
     client = node.client()
     uuid = _raw_task(node)
     client.wait(uuid, poll_interval_seconds=POLL_SECONDS)
-    stage = [
-        s for s in next(o for o in client.options() if o["name"] == "rerun-from")["domain"] if s
-    ][-1]
+    stages = next(o for o in client.options() if o.name == "rerun-from").domain
+    assert stages is not None
+    stage = [s for s in stages if s][-1]
     body = {"uuid": uuid, "options": json.dumps([{"name": "rerun-from", "value": stage}])}
     res = requests.post(f"{node.url}/task/restart", json=body, params=node.params, timeout=10)
     assert res.json() == {"success": True}
@@ -80,13 +80,16 @@ def test_restart_accepts_a_json_body(start_node: NodeFactory) -> None:
     assert {"name": "rerun-from", "value": stage} in state.info["options"]
 
 
+@pytest.mark.parametrize("encoding", ["urlencoded", "json"])
 @pytest.mark.parametrize("route", ["cancel", "remove", "restart"])
-def test_unknown_task_answers_success_false(start_node: NodeFactory, route: str) -> None:
+def test_unknown_task_answers_success_false(
+    start_node: NodeFactory, route: str, encoding: str
+) -> None:
+    """Both body encodings NodeODM reads (pyodm sends urlencoded)."""
     node = start_node()
     unknown = new_uuid()
-    res = requests.post(
-        f"{node.url}/task/{route}", data={"uuid": unknown}, params=node.params, timeout=10
-    )
+    body_arg = {"json": {"uuid": unknown}} if encoding == "json" else {"data": {"uuid": unknown}}
+    res = requests.post(f"{node.url}/task/{route}", params=node.params, timeout=10, **body_arg)
     body = res.json()
     assert body["success"] is False, body
     assert is_unknown_task_error(body["error"], unknown), body
@@ -137,7 +140,7 @@ def test_cancel_of_a_cancelled_task_succeeds(start_node: NodeFactory) -> None:
 def test_options_domains_are_nodeodm_domains(start_node: NodeFactory) -> None:
     """Every ``/options`` domain is one NodeODM's (and ClusterODM's) validator can check, so
     ClusterODM can front the node and a NodeODM client can validate against the list."""
-    options = start_node().client().options()
+    options = [o.raw for o in start_node().client().options()]
     odd = {o["name"]: o["domain"] for o in options if not nodeodm_understands_domain(o["domain"])}
     assert odd == {}
 

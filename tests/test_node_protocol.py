@@ -58,11 +58,13 @@ def test_info_fields(start_node: NodeFactory) -> None:
         "engine",
         "engineVersion",
     ):
-        assert key in info, (key, info)
-    assert info["maxParallelTasks"] == 3
-    assert info["maxImages"] is None
-    assert info["taskQueueCount"] == 0
-    capacity = node_capacity(info)
+        assert key in info.raw, (key, info)
+    assert info.max_parallel_tasks == 3
+    assert info.raw["maxParallelTasks"] == 3
+    assert info.raw["maxImages"] is None
+    assert info.raw["taskQueueCount"] == 0
+    assert info.total_memory_bytes is not None and info.total_memory_bytes > 0
+    capacity = node_capacity(info.raw)
     assert capacity.total_memory_bytes is not None and capacity.total_memory_bytes > 0
     assert capacity.max_parallel_tasks == 3
     assert capacity.cpu_cores is not None and capacity.cpu_cores >= 1
@@ -70,14 +72,13 @@ def test_info_fields(start_node: NodeFactory) -> None:
 
 def test_options_list_is_checkable(start_node: NodeFactory) -> None:
     """Every entry of /options has a shape our option check understands."""
-    options = start_node().client().options()
+    options = [o.raw for o in start_node().client().options()]
     assert options
     # NodeODM puts every enum's default into its domain (odmInfo.js: domain.unshift(value))
-    outside = {o["name"]: o["value"] for o in options if o["type"] == "enum"}
     outside = {
-        k: v
-        for k, v in outside.items()
-        if v not in next(o["domain"] for o in options if o["name"] == k)
+        o["name"]: o["value"]
+        for o in options
+        if o["type"] == "enum" and o["value"] not in o["domain"]
     }
     assert outside == {}, "enum defaults missing from their domain"
     defaults = {o["name"]: o["value"] for o in options if o["type"] != "string" or o["value"]}
@@ -107,7 +108,7 @@ def test_create_upload_commit_poll_download(start_node: NodeFactory, tmp_path: P
 
 def test_token_is_required_and_never_echoed(start_node: NodeFactory) -> None:
     node = start_node(token="s3cret-token")
-    assert node.client().info()["version"]
+    assert node.client().info().raw["version"]
     with pytest.raises(NodeError) as refused:
         node.client(token="wrong-token").task_list()
     assert "Invalid authentication token" in str(refused.value)
@@ -210,7 +211,8 @@ def test_restart_with_rerun_from(start_node: NodeFactory) -> None:
     client = start_node().client()
     uuid = create(client, 2)
     client.wait(uuid, poll_interval_seconds=POLL_SECONDS)
-    stages = next(o for o in client.options() if o["name"] == "rerun-from")["domain"]
+    stages = next(o for o in client.options() if o.name == "rerun-from").domain
+    assert stages is not None
     stage = [s for s in stages if s][-1]
     assert client.restart(uuid, {"rerun-from": stage}) is True
     state = client.wait(uuid, poll_interval_seconds=POLL_SECONDS)
@@ -249,7 +251,7 @@ def test_killed_node_forgets_or_keeps_the_task(start_node: NodeFactory) -> None:
 
 def test_bad_option_is_refused_before_upload(start_node: NodeFactory) -> None:
     client = start_node().client()
-    options = client.options()
+    options = [o.raw for o in client.options()]
     enum = next(o for o in options if o["type"] == "enum")
     bad = {enum["name"]: "no-such-choice"}
     errors = check_options(bad, options)

@@ -188,7 +188,7 @@ _STAND_IN_OPTIONS: list[dict[str, Any]] = [
         "orthophoto-resolution",
         "float",
         "5",
-        "positive float",
+        "float > 0.0",
         "Orthophoto resolution in cm/pixel.",
     ),
     bool_option("dsm", "Build a DSM."),
@@ -203,7 +203,7 @@ _STAND_IN_OPTIONS: list[dict[str, Any]] = [
     ),
     stage_option("end-with", "odm_report", "End processing at this stage."),
     stage_option("rerun-from", "", "Rerun processing from this stage."),
-    option("max-concurrency", "int", "2", "positive integer", "Maximum number of threads."),
+    option("max-concurrency", "int", "2", "integer > 0", "Maximum number of threads."),
 ]
 
 

@@ -21,7 +21,6 @@ import threading
 import time
 import uuid as uuid_module
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -48,6 +47,7 @@ from prefect_odm.engine.store import (
     TaskRecord,
     TaskStore,
 )
+from prefect_odm.engine.task_fields import parse_task_fields
 from prefect_odm.engine.uploads import (
     count_images,
     fetch_zip_into,
@@ -251,13 +251,16 @@ class Engine:
         return [spec.to_dict() for spec in self.specs]
 
     def init_task(self, fields: dict[str, str], set_uuid: str | None) -> dict[str, Any]:
-        """``/task/new/init``: validate the fields and create a task waiting for uploads."""
-        if set_uuid is not None:
-            uuid = set_uuid.strip()
-            if not UUID_PATTERN.match(uuid) or uuid in self.store:
-                raise EngineError(f"Invalid set-uuid: {set_uuid}")
-        else:
-            uuid = str(uuid_module.uuid4())
+        """``/task/new/init``: validate the fields and create a task waiting for uploads.
+
+        As on NodeODM, a ``set-uuid`` whose task is still waiting for uploads (not committed)
+        is initialised again: its name and options are replaced and the files uploaded so far
+        are kept. That is what lets a client that died during an upload (kill -9) resume it
+        under the same UUID (issue 15, item 1). A committed UUID is refused.
+        """
+        uuid = str(uuid_module.uuid4()) if set_uuid is None else set_uuid.strip()
+        if set_uuid is not None and not UUID_PATTERN.match(uuid):
+            raise EngineError(f"Invalid set-uuid: {set_uuid}")
         try:
             given = parse_options_text(fields.get("options"))
         except InputError as exc:
@@ -265,46 +268,30 @@ class Engine:
         validated = validate_options(given, self.specs)
         if validated.errors:
             raise EngineError(json.dumps(validated.errors))
-        outputs: list[str] | None = None
-        if fields.get("outputs"):
-            try:
-                outputs = json.loads(fields["outputs"])
-            except json.JSONDecodeError as exc:
-                raise EngineError(f"Invalid outputs parameter: {exc}") from exc
-            if not isinstance(outputs, list) or not all(isinstance(o, str) for o in outputs):
-                raise EngineError("Invalid outputs parameter: expected a JSON list of paths")
-        webhook = (fields.get("webhook") or "").strip() or None
-        if webhook is not None and not re.match(r"^https?://", webhook):
-            raise EngineError(f"Invalid webhook URL: {webhook}")
-        date_created = task_files.now_ms()
-        if fields.get("dateCreated"):
-            with contextlib.suppress(ValueError):
-                date_created = int(float(fields["dateCreated"]))
-        name = (fields.get("name") or "").strip()
-        if not name:
-            name = "Task of " + datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-        skip = str(fields.get("skipPostProcessing", "")).strip().lower() in ("true", "1")
+        parsed = parse_task_fields(fields)
         record = TaskRecord(
             uuid=uuid,
-            name=name,
-            date_created_ms=date_created,
+            name=parsed.name,
+            date_created_ms=parsed.date_created_ms,
             status=PENDING,
             options=validated.given,
             typed_options=validated.typed,
             ignored_options=validated.ignored,
-            webhook=webhook,
-            outputs=outputs,
-            skip_post_processing=skip,
+            webhook=parsed.webhook,
+            outputs=parsed.outputs,
+            skip_post_processing=parsed.skip_post_processing,
             rerun_from=validated.typed.get("rerun-from") or None,
         )
-        task_dir = self.store.task_dir(uuid)
-        if task_dir.exists():  # a leftover folder without a table row: start clean
-            shutil.rmtree(task_dir, ignore_errors=True)
-        (task_dir / "images").mkdir(parents=True)
-        try:
+        with self.store.lock:
+            existing = self.store.get(uuid)
+            if existing is not None and existing.status != PENDING:
+                raise EngineError(f"Invalid set-uuid: {set_uuid}")
+            task_dir = self.store.task_dir(uuid)
+            if existing is None and task_dir.exists():  # a folder without a table row
+                shutil.rmtree(task_dir, ignore_errors=True)
+            (task_dir / "images").mkdir(parents=True, exist_ok=True)
+            self.store.remove(uuid)
             self.store.add(record)
-        except KeyError as exc:
-            raise EngineError(f"Invalid set-uuid: {set_uuid}") from exc
         return {"uuid": uuid}
 
     def next_upload_ordinal(self) -> int:
@@ -416,36 +403,53 @@ class Engine:
             raise EngineError("Asset not ready")
         return path
 
+    def _action_target(self, uuid: str) -> TaskRecord | dict[str, Any]:
+        """The task a cancel/remove/restart acts on, or NodeODM's answer for an unknown one."""
+        try:
+            return self._visible(uuid)
+        except EngineError as exc:
+            return {"success": False, "error": str(exc)}
+
     def cancel(self, uuid: str) -> dict[str, Any]:
-        """``/task/cancel``."""
-        record = self._visible(uuid)
-        if self.supervisor.cancel(record.uuid):
+        """``/task/cancel``; cancelling a cancelled task succeeds, as on NodeODM.
+
+        Unlike NodeODM, a COMPLETED (or FAILED) task is not turned into a cancelled one: its
+        products stay, and the answer is ``success: false``.
+        """
+        record = self._action_target(uuid)
+        if isinstance(record, dict):
+            return record
+        if self.supervisor.cancel(record.uuid) or record.status == CANCELED:
             return {"success": True}
-        if record.status == CANCELED:
-            return {"success": False, "error": "Task already canceled"}
         return {"success": False, "error": "Task already finished"}
 
     def remove(self, uuid: str) -> dict[str, Any]:
         """``/task/remove``: cancel when active, delete the folder and the table row."""
-        record = self._visible(uuid)
+        record = self._action_target(uuid)
+        if isinstance(record, dict):
+            return record
         self.supervisor.cancel(record.uuid)
         self.store.remove(record.uuid)
         shutil.rmtree(self.store.task_dir(record.uuid), ignore_errors=True)
         return {"success": True}
 
-    def restart(self, uuid: str, options_text: str | None) -> dict[str, Any]:
+    def restart(
+        self, uuid: str, options: str | list[Any] | dict[str, Any] | None
+    ) -> dict[str, Any]:
         """``/task/restart``: run a finished task again in the same folder.
 
-        ``options`` (when given) replace all options; ``rerun-from`` among them resumes from
-        that stage so the earlier stages' files are reused.
+        ``options`` (JSON text or, from a JSON body, a list; when given) replace all options;
+        ``rerun-from`` among them resumes from that stage so the earlier stages' files are reused.
         """
-        record = self._visible(uuid)
+        record = self._action_target(uuid)
+        if isinstance(record, dict):
+            return record
         if record.status in (QUEUED, RUNNING) or self.supervisor.is_running(record.uuid):
             return {"success": False, "error": "Task cannot be restarted"}
         changes: dict[str, Any] = {}
-        if options_text is not None and options_text.strip():
+        if options is not None and (not isinstance(options, str) or options.strip()):
             try:
-                given = parse_options_text(options_text)
+                given = parse_options_text(options)
             except InputError as exc:
                 return {"success": False, "error": str(exc)}
             validated = validate_options(given, self.specs)

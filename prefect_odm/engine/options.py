@@ -11,12 +11,12 @@ from __future__ import annotations
 import importlib
 import json
 import math
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from prefect_odm.errors import InputError
+from prefect_odm.option_check import BOOL_TEXT, OptionValueError, check_domain
 
 PIPELINE_MODULE = "prefect_odm.engine.pipeline"
 
@@ -127,20 +127,24 @@ def _to_text(value: Any) -> str:
     return str(value)
 
 
-def parse_options_text(text: str | None) -> list[dict[str, Any]]:
-    """Parse the ``options`` form field (JSON text of ``[{"name": .., "value": ..}]``).
+def parse_options_text(text: str | list[Any] | dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Parse the ``options`` field (JSON text of ``[{"name": .., "value": ..}]``).
 
-    An empty field means no options. A JSON object ``{"name": value}`` is accepted too.
+    An empty field means no options. A JSON object ``{"name": value}`` is accepted too, and so
+    is the already parsed list (or object) a JSON request body carries.
 
     Raises:
         InputError: the text is not JSON or not a list of ``{"name", "value"}`` objects.
     """
-    if text is None or not str(text).strip():
+    if isinstance(text, list | dict):
+        data: Any = text
+    elif text is None or not str(text).strip():
         return []
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"Invalid options: {exc}") from exc
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"Invalid options: {exc}") from exc
     if isinstance(data, dict):
         data = [{"name": k, "value": v} for k, v in data.items()]
     if not isinstance(data, list) or not all(
@@ -150,28 +154,16 @@ def parse_options_text(text: str | None) -> list[dict[str, Any]]:
     return [{"name": str(item["name"]), "value": item.get("value")} for item in data]
 
 
-_RANGE = re.compile(
-    r"(?P<lo>-?\d+(?:\.\d+)?)\s*(?P<lop><=|<)\s*x\s*(?P<hip><=|<)\s*(?P<hi>-?\d+(?:\.\d+)?)"
-)
-
-
 def _check_number_domain(value: float, domain: str) -> str | None:
-    """Return an error text when ``value`` is outside a NodeODM number domain, else None."""
-    text = domain.lower()
-    if "non-negative" in text or ("positive" in text and "zero" in text):
-        if value < 0:
-            return "must be zero or greater"
-    elif "positive" in text and value <= 0:
-        return "must be greater than zero"
-    if "percent" in text and not 0 <= value <= 100:
-        return "must be between 0 and 100"
-    match = _RANGE.search(text)
-    if match:
-        lo, hi = float(match["lo"]), float(match["hi"])
-        low_ok = value > lo if match["lop"] == "<" else value >= lo
-        high_ok = value < hi if match["hip"] == "<" else value <= hi
-        if not (low_ok and high_ok):
-            return f"must be in {match.group(0)}"
+    """Return an error text when ``value`` is outside a NodeODM number domain, else None.
+
+    NodeODM's rules (:func:`prefect_odm.option_check.check_domain`): ``positive`` means >= 0,
+    ``float > 0.0`` and the other comparisons, ``integer: A <= x <= B``, ``percent``.
+    """
+    try:
+        check_domain(domain, value)
+    except OptionValueError as exc:
+        return str(exc)
     return None
 
 
@@ -185,8 +177,8 @@ def coerce_value(spec: OptionSpec, value: Any) -> Any:
     if spec.type == "bool":
         if isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-            return value.strip().lower() == "true"
+        if isinstance(value, str) and value.strip().lower() in BOOL_TEXT:
+            return BOOL_TEXT[value.strip().lower()]
         raise InputError(f"Invalid boolean value: {value!r}")
     if spec.type in ("int", "float"):
         if isinstance(value, bool):

@@ -45,8 +45,8 @@ def option(
 
 
 def bool_option(name: str, help_: str) -> dict[str, Any]:
-    """A boolean option, false by default."""
-    return option(name, "bool", "false", "bool", help_)
+    """A boolean option, false by default (domain ``""``: no check, as NodeODM lists them)."""
+    return option(name, "bool", "false", "", help_)
 
 
 def enum_option(name: str, value: str, domain: list[str], help_: str) -> dict[str, Any]:
@@ -55,8 +55,13 @@ def enum_option(name: str, value: str, domain: list[str], help_: str) -> dict[st
 
 
 def stage_option(name: str, value: str, help_: str) -> dict[str, Any]:
-    """An option naming one of :data:`STAGES` (``end-with``, ``rerun-from``)."""
-    return enum_option(name, value, list(STAGES), help_)
+    """An option naming one of :data:`STAGES` (``end-with``, ``rerun-from``).
+
+    A default outside the stages (``rerun-from``'s ``""``) is put first in the domain, as NodeODM
+    does (``odmInfo.js``: ``domain.unshift(value)``), so every default is valid.
+    """
+    domain = list(STAGES) if value in STAGES else [value, *STAGES]
+    return enum_option(name, value, domain, help_)
 
 
 OPTIONS: list[dict[str, Any]] = [
@@ -64,14 +69,14 @@ OPTIONS: list[dict[str, Any]] = [
         "orthophoto-resolution",
         "float",
         "5",
-        "positive float",
+        "float > 0.0",
         "Orthophoto resolution in cm/pixel; never finer than the estimated GSD. Default: 5",
     ),
     option(
         "dem-resolution",
         "float",
         "5",
-        "positive float",
+        "float > 0.0",
         "DSM/DTM resolution in cm/pixel; at least 4 orthophoto cells. Default: 5",
     ),
     bool_option("dsm", "Build a digital surface model. Default: false"),
@@ -104,7 +109,7 @@ OPTIONS: list[dict[str, Any]] = [
         "matcher-neighbors",
         "int",
         "0",
-        "non-negative integer",
+        "positive integer",
         "Match each image with this many nearest images by GPS (0: 20). Default: 0",
     ),
     stage_option("end-with", "odm_report", "End processing at this stage. Default: odm_report"),
@@ -115,11 +120,16 @@ OPTIONS: list[dict[str, Any]] = [
         "max-concurrency",
         "int",
         str(os.cpu_count() or 1),
-        "positive integer",
+        "integer > 0",
         "Maximum number of threads. Default: number of CPUs",
     ),
 ]
-"""The options of the pipeline, in the order ``/options`` lists them."""
+"""The options of the pipeline, in the order ``/options`` lists them.
+
+Domains are in NodeODM's vocabulary (``libs/odmInfo.js`` ``filterOptions``), which ClusterODM and
+NodeODM clients check values with: ``positive integer|float`` means >= 0 (ODM's own wording), an
+option that needs more says so as ``float > 0.0`` / ``integer > 0``, booleans have domain ``""``.
+"""
 
 _IGNORED_HELP = "Accepted for ODM compatibility; ignored."
 
@@ -139,10 +149,10 @@ OPTIONS += [
     for name, type_, value, domain in (
         ("min-num-features", "int", "10000", "integer"),
         ("mesh-size", "int", "200000", "positive integer"),
-        ("crop", "float", "3", "non-negative float"),
+        ("crop", "float", "3", "positive float"),
         ("gps-accuracy", "float", "3", "positive float"),
         ("split", "int", "999999", "positive integer"),
-        ("split-overlap", "float", "150", "non-negative float"),
+        ("split-overlap", "float", "150", "positive float"),
         ("sm-cluster", "string", "", "string"),
     )
 ]

@@ -68,15 +68,32 @@ async def read_form(request: Request) -> Form:
     return fields, files
 
 
-async def _uuid_field(request: Request) -> tuple[str, dict[str, str]]:
-    """The ``uuid`` form field and all the fields.
+async def read_action_fields(request: Request) -> dict[str, Any]:
+    """The fields of a cancel/remove/restart body: JSON, multipart or urlencoded.
+
+    NodeODM (and pyodm, which sends urlencoded) reads these from urlencoded or JSON bodies; our
+    client once sent multipart, which the engine keeps accepting. A JSON body's values are kept
+    as they are (restart's ``options`` may be JSON text or a list).
+    """
+    if request.headers.get("content-type", "").split(";")[0].strip() == "application/json":
+        try:
+            body = await request.json()
+        except ValueError:
+            return {}
+        return dict(body) if isinstance(body, dict) else {}
+    fields, _ = await read_form(request)
+    return dict(fields)
+
+
+async def _uuid_field(request: Request) -> tuple[str, dict[str, Any]]:
+    """The ``uuid`` field and all the fields of a cancel/remove/restart body.
 
     Raises:
         EngineError: no ``uuid`` field.
     """
-    fields, _ = await read_form(request)
+    fields = await read_action_fields(request)
     uuid = fields.get("uuid")
-    if not uuid:
+    if not uuid or not isinstance(uuid, str):
         raise EngineError("uuid param missing.")
     return uuid, fields
 
@@ -267,4 +284,7 @@ def _add_task_action_routes(app: FastAPI, engine: Engine, auth: list[Any]) -> No
     @app.post("/task/restart", dependencies=auth)
     async def task_restart(request: Request) -> JSONResponse:
         uuid, fields = await _uuid_field(request)
-        return _json(await run_in_threadpool(engine.restart, uuid, fields.get("options")))
+        options = fields.get("options")
+        if options is not None and not isinstance(options, str | list | dict):
+            options = json.dumps(options)
+        return _json(await run_in_threadpool(engine.restart, uuid, options))
