@@ -58,6 +58,7 @@ def process_submodel(
     )
     layout = OutputLayout(output, plan.survey_fingerprint)
     with cluster_for(nodes, plan.options.pipeline, node_pool) as cluster:
+        cluster.check_options(plan.options.to_nodeodm())
         ensure_memory_limit(memory_limit_name, max(1, int(sum(cluster.node_memory_gib))))
 
         def admit(sid: str, memory_gib: float) -> AbstractContextManager[object]:

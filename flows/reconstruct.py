@@ -43,9 +43,11 @@ from prefect_odm.models import (
     SubmodelResult,
     Survey,
 )
+from prefect_odm.node_capacity import memory_for_auto_split
 from prefect_odm.ownership import Ownership
 from prefect_odm.run_policy import (
     MIN_SURVEY_IMAGES,
+    asked_products,
     configured_submodel_deployment,
     failed_submodels,
     mergeable,
@@ -149,7 +151,9 @@ def reconstruct(
     with timer.stage("plan"):
         plan, layout = _plan(survey, output, split, split_overlap_m, options, cluster)
     with timer.stage("process"):
-        results = _process(plan, layout, nodes, cluster, force, submodel_deployment, priority)
+        results, health = _process(
+            plan, layout, nodes, cluster, force, submodel_deployment, priority
+        )
     failed = failed_submodels(results)
     if failed and not allow_partial:
         raise IncompleteRunError(failed)
@@ -165,6 +169,7 @@ def reconstruct(
         failed=failed,
         merge_reports=merge_reports,
         timings_seconds=timer.finish(),
+        node_health=health,
     )
     publish_report(manifest, plan, survey, layout, merge_reports)
     storage.write_json_atomic(layout.manifest, manifest.model_dump(mode="json"))
@@ -210,7 +215,12 @@ def _plan(
 ) -> tuple[SplitPlan, OutputLayout]:
     """Plan the submodels for the nodes' memory and publish the plan beside the outputs."""
     identity = cluster.engine_identity if cluster else EMBEDDED_ENGINE_IDENTITY
-    memory = cluster.node_memory_gib if cluster else [embedded_memory_gib()]
+    if cluster is None:
+        memory = [embedded_memory_gib()]
+    elif split == "auto":
+        memory = memory_for_auto_split(cluster.memory_by_node)
+    else:
+        memory = cluster.node_memory_gib
     progress.emit("stage", name="plan")
     options = options or ProcessingOptions()
     plan: SplitPlan = plan_submodels(survey, split, split_overlap_m, options, identity, memory)
@@ -218,6 +228,8 @@ def _plan(
     publish_plan(plan, survey, layout)
     progress.emit("plan", submodels=[s.id for s in plan.submodels])
     get_run_logger().info("planned %d submodels", len(plan.submodels))
+    for warning in plan.warnings:
+        get_run_logger().warning("plan: %s", warning)
     return plan, layout
 
 
@@ -229,30 +241,31 @@ def _process(
     force: bool,
     submodel_deployment: str | None,
     priority: str,
-) -> dict[str, SubmodelResult]:
+) -> tuple[dict[str, SubmodelResult], list[dict[str, object]]]:
     """Every submodel's result: stored ones reused, the pending ones run as deployment runs when
     a submodel deployment is configured, else as concurrent inline subflows sharing one
-    placement pool."""
+    placement pool; and each node's health record when they ran inline (empty otherwise)."""
     logger = get_run_logger()
     results, pending = reused_and_pending(plan, layout, force=force)
     for sid, result in results.items():
         logger.info("%s: reused (fingerprint %s)", sid, result.fingerprint[:12])
     if not pending:
-        return results
+        return results, []
     progress.emit("stage", name="process")
     # Deployment mode (issue 7, tasks/deployment.py): keep this branch when editing _process.
     deployment = configured_submodel_deployment(submodel_deployment)
     if deployment is not None:
         queue = work_queue_for(priority)
         results.update(_run_as_deployments(deployment, pending, plan, layout, nodes, force, queue))
-    elif cluster is not None:
+        return results, []
+    if cluster is not None:
         assert nodes is not None
         results.update(_run_inline(cluster, list(nodes), pending, plan, layout, force))
-    else:
-        with embedded_engine(plan.options.pipeline) as engine:
-            urls = list(engine.clients)
-            results.update(_run_inline(engine, urls, pending, plan, layout, force))
-    return results
+        return results, cluster.pool.health.report()
+    with embedded_engine(plan.options.pipeline) as engine:
+        urls = list(engine.clients)
+        results.update(_run_inline(engine, urls, pending, plan, layout, force))
+        return results, engine.pool.health.report()
 
 
 def _run_inline(
@@ -263,7 +276,12 @@ def _run_inline(
     layout: OutputLayout,
     force: bool,
 ) -> dict[str, SubmodelResult]:
-    """One ``run_submodel`` task per pending submodel, all placing work through ``cluster``."""
+    """One ``run_submodel`` task per pending submodel, all placing work through ``cluster``.
+
+    Raises:
+        InputError: an option is not accepted by some node (checked before any upload).
+    """
+    cluster.check_options(plan.options.to_nodeodm())
     with sharing_cluster(cluster):
         futures = [
             run_submodel.submit(layout.plan_json, sid, layout.root, urls, force) for sid in pending
@@ -356,8 +374,9 @@ def _merge(
     ownership = Ownership.from_cameras(
         ((c.x_m, c.y_m, c.submodel_id) for c in plan.cameras), only=ids
     )
+    asked = plan.options.to_nodeodm()
     return merge_all(
-        {r.submodel_id: r.products for r in merged},
+        {r.submodel_id: asked_products(r.products, asked) for r in merged},
         layout.merged_product,
         ownership=ownership,
         crs_epsg=plan.crs_epsg,

@@ -99,6 +99,8 @@ def _plan(args: argparse.Namespace) -> int:
     for r in survey.rejected:
         console.print(f"rejected {r.name}: {r.reason} {r.detail}")
     written = ", ".join(PLAN_FILES[k] for k in ("geojson", "png"))
+    for warning in plan.warnings:
+        console.print(f"warning: {warning}")
     console.print(f"plan written to {plan_file(str(out), 'plan')}, {written}")
     return 0
 

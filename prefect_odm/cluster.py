@@ -12,9 +12,11 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import math
 import os
+import re
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,8 +26,11 @@ import psutil
 
 from prefect_odm import __version__
 from prefect_odm.backend import NodeBackend, NodeSettings
-from prefect_odm.errors import InputError, NodeError
+from prefect_odm.errors import InputError, NodeError, TransientNodeError
+from prefect_odm.node_capacity import node_capacity, node_memory_gib, node_task_slots
+from prefect_odm.node_messages import is_bad_token_error
 from prefect_odm.nodeodm import NodeClient, public_url
+from prefect_odm.option_check import check_options, format_option_errors
 from prefect_odm.pool import NodePool, PoolNode
 from prefect_odm.settings import get_settings, prefect_odm_home
 
@@ -33,6 +38,8 @@ logger = logging.getLogger(__name__)
 
 EMBEDDED_ENGINE_IDENTITY = f"prefect-odm-engine {__version__}"
 EMBEDDED_MAX_PARALLEL_TASKS = 2
+ENGINE_ONLY_OPTIONS = frozenset({"pipeline"})
+"""Options of the built-in engine that a NodeODM may leave out of its ``/options``."""
 
 
 def split_token(url: str) -> tuple[str, str | None]:
@@ -61,6 +68,7 @@ __all__ = [
     "EMBEDDED_ENGINE_IDENTITY",
     "Cluster",
     "NodeSettings",
+    "check_node_options",
     "connect_nodes",
     "embedded_engine",
     "embedded_memory_gib",
@@ -77,8 +85,19 @@ class Cluster:
     pool: NodePool
     engine_identity: str
     node_memory_gib: list[float] = field(default_factory=list)
+    """The memory of the nodes that reported a plausible one (or have it in the pool block)."""
+    memory_by_node: dict[str, float | None] = field(default_factory=dict)
+    """Node URL -> planning memory, GiB; ``None`` where unknown (``--split auto`` refuses it)."""
     cancelled: threading.Event = field(default_factory=threading.Event)
     """Set when the run is cancelled: submodel runners cancel their remote tasks and stop."""
+    _checked: list[dict[str, Any]] = field(default_factory=list, init=False, repr=False)
+
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        """:func:`check_node_options` on this cluster's nodes, once per set of options (the
+        submodel runs of one parent share the cluster and would ask each node again)."""
+        if dict(options) not in self._checked:
+            check_node_options(self.clients, options)
+            self._checked.append(dict(options))
 
 
 def connect_nodes(
@@ -97,15 +116,18 @@ def connect_nodes(
         client_factory: ``(url, token) -> node``; the NodeODM HTTP client by default.
 
     Returns:
-        The cluster: a node per URL, each with 90% of its ``/info`` memory (or this machine's
-        when the node does not say) unless ``settings`` gives it.
+        The cluster: a node per URL, each with the pool block's memory, else 90% of the memory
+        its ``/info`` reports when that is plausible (:func:`~prefect_odm.node_capacity.node_capacity`:
+        ClusterODM's ``99999999999`` placeholders and zero or negative values are unknown),
+        else unknown (no memory limit in placement; ``--split auto`` refuses it).
 
     Raises:
-        InputError: a URL is malformed or a node does not answer ``/info``.
+        InputError: a URL is malformed, a node does not answer ``/info``, or refuses the token.
     """
     clients: dict[str, NodeBackend] = {}
     nodes: list[PoolNode] = []
     engines: set[str] = set()
+    memory: dict[str, float | None] = {}
     for raw in urls:
         url, url_token = split_token(raw)
         given = (settings or {}).get(url, NodeSettings())
@@ -114,22 +136,63 @@ def connect_nodes(
             client = client_factory(url, token)
             info = client.info()
         except (ValueError, NodeError) as exc:
-            raise InputError(f"node {url} is not usable: {str(exc).splitlines()[0]}") from None
+            raise InputError(_unusable(url, exc)) from None
         if url in clients:
             raise InputError(f"node {url} is listed twice")
         clients[url] = client
-        total = float(info.total_memory_bytes or psutil.virtual_memory().total) / 2**30
+        capacity = node_capacity(info.raw)
+        if capacity.unknown:
+            logger.info("node %s: /info %s not plausible, taken as unknown", url, capacity.unknown)
+        gib = memory[url] = node_memory_gib(capacity, given.memory_gib)
         nodes.append(
             PoolNode(
                 key=url,
-                memory_gib=given.memory_gib or round(total * 0.9, 2),
-                max_parallel_tasks=given.max_parallel_tasks or info.max_parallel_tasks or 1,
+                memory_gib=math.inf if gib is None else gib,
+                max_parallel_tasks=node_task_slots(capacity, given.max_parallel_tasks),
             )
         )
         engines.add(info.identity)
-    return Cluster(
-        clients, NodePool(nodes), " | ".join(sorted(engines)), [n.memory_gib for n in nodes]
-    )
+    known = [gib for gib in memory.values() if gib is not None]
+    return Cluster(clients, NodePool(nodes), " | ".join(sorted(engines)), known, memory)
+
+
+def _unusable(url: str, exc: Exception) -> str:
+    """One line on why the node at ``url`` cannot be used (the node named once)."""
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    first = first.replace(f"; node {url}", "")
+    # The node's own words are quoted ("GET /info: node answered '...'") or follow a colon.
+    said = [*re.findall(r"'([^']*)'", first), *first.split(": ")]
+    if any(is_bad_token_error(part) for part in said):
+        return (
+            f"node {url} refused the token (wrong or missing): set the node's token in the "
+            "pool block, or PREFECT_ODM_NODE_TOKEN / PREFECT_ODM_NODE_TOKENS"
+        )
+    return f"node {url} is not usable: {first}"
+
+
+def check_node_options(clients: Mapping[str, NodeBackend], options: Mapping[str, Any]) -> None:
+    """Check the run's node options against each node's ``/options``, before anything is sent.
+
+    A node that does not answer ``/options`` is left to the runner (which takes a dead node out
+    of the pool); every node that answers is checked.
+
+    Raises:
+        InputError: some option is unknown to a node or its value does not fit (one line per
+            bad option, naming the node whose list was used).
+    """
+    for url, client in sorted(clients.items()):
+        try:
+            listed = [option.raw for option in client.options()]
+        except TransientNodeError as exc:
+            logger.warning("options not checked on %s: %s", url, str(exc).splitlines()[0])
+            continue
+        names = {str(entry.get("name")) for entry in listed}
+        # ``pipeline`` picks the built-in engine's method; a NodeODM that does not list it
+        # ignores it, and the fingerprint keeps it so that the two engines never share results.
+        asked = {k: v for k, v in options.items() if k in names or k not in ENGINE_ONLY_OPTIONS}
+        errors = check_options(asked, listed)
+        if errors:
+            raise InputError(format_option_errors(errors, url))
 
 
 def embedded_memory_gib() -> float:
@@ -170,5 +233,9 @@ def embedded_engine(method: str | None = None) -> Iterator[Cluster]:
             max_parallel_tasks=EMBEDDED_MAX_PARALLEL_TASKS,
         )
         yield Cluster(
-            {client.url: client}, NodePool([node]), EMBEDDED_ENGINE_IDENTITY, [node.memory_gib]
+            {client.url: client},
+            NodePool([node]),
+            EMBEDDED_ENGINE_IDENTITY,
+            [node.memory_gib],
+            {client.url: node.memory_gib},
         )

@@ -232,6 +232,9 @@ class SplitPlan(BaseModel):
     submodels: list[Submodel]
     cameras: list[CameraPosition]
     fingerprint: str
+    warnings: list[str] = Field(default_factory=list, exclude=True)
+    """What the planner found wasteful (overlap, merged duplicate submodels); not stored in
+    ``plan.json`` nor in the fingerprint, shown by the command line and the flow's log."""
 
     def submodel(self, submodel_id: str) -> Submodel:
         """The submodel with this id; raises KeyError naming it when absent."""
@@ -285,6 +288,9 @@ class Manifest(BaseModel):
     rejected_images: list[RejectedImage] = Field(default_factory=list)
     coverage: dict[str, float] = Field(default_factory=dict)
     timings_seconds: dict[str, float] = Field(default_factory=dict)
+    node_health: list[dict[str, Any]] = Field(default_factory=list)
+    """Each node's record in this run (``HealthBook.report()``: state, tasks completed and
+    failed, fast failures, request failures, last error); empty when no submodel ran here."""
 
 
 class MergeOptions(BaseModel):

@@ -62,6 +62,7 @@ from prefect_odm.partition import (
     partition_positions,
     target_sizes,
 )
+from prefect_odm.plan_checks import find_duplicate_submodels, kept_submodel_of, overlap_warning
 from prefect_odm.settings import DEFAULT_SPLIT, DEFAULT_SPLIT_OVERLAP_M
 
 logger = logging.getLogger(__name__)
@@ -387,11 +388,9 @@ def plan_submodels(
     split_n = _split_size(
         split, options, node_memory_gib, megapixels, split_overlap_m, memory_model
     )
-    min_size = (
-        default_min_submodel_images(split_n)
-        if min_submodel_images is None
-        else int(min_submodel_images)
-    )
+    min_size = default_min_submodel_images(split_n)
+    if min_submodel_images is not None:
+        min_size = int(min_submodel_images)
     half_fp = _half_footprint(images)
     pplan = plan_from_positions(
         x,
@@ -402,6 +401,7 @@ def plan_submodels(
         tie_rank=np.arange(len(images)),
         clip_buffer_m=max(3.0 * half_fp, 2.0 * split_overlap_m, 50.0),
     )
+    pplan, warnings = merge_duplicate_parts(pplan, split_overlap_m)
     ids = [f"submodel-{i:03d}" for i in range(pplan.k)]
     submodels = _submodels(
         images, x, y, pplan, ids, half_fp, options, engine_identity, node_memory_gib, memory_model
@@ -418,4 +418,62 @@ def plan_submodels(
         cameras=_cameras(images, x, y, pplan.labels, ids),
         fingerprint="",
     )
-    return plan.model_copy(update={"fingerprint": _plan_fingerprint(plan, images)})
+    fp = _plan_fingerprint(plan, images)
+    return plan.model_copy(update={"fingerprint": fp, "warnings": warnings})
+
+
+@dataclass(frozen=True)
+class _Part:
+    """A part of a position plan as :mod:`prefect_odm.plan_checks` reads it."""
+
+    id: str
+    image_names: tuple[str, ...]
+
+
+def merge_duplicate_parts(
+    pplan: PositionPlan, split_overlap_m: float
+) -> tuple[PositionPlan, list[str]]:
+    """``pplan`` with every group of parts that process the same positions made one part, and
+    the warnings about the overlap.
+
+    With a split overlap wider than the parts, several parts can hold exactly the same images
+    (brighton, 18 images, ``--split 6``, 50 m: three parts of all 18, issue 13). The first part
+    of each group is kept (:func:`~prefect_odm.plan_checks.kept_submodel_of`); it takes the
+    others' core positions (labels) and core areas, so ownership still covers every camera, and
+    the later parts are renumbered in order. A plan without such groups is returned as it is.
+
+    Returns:
+        The plan, and the warnings: each image processed more than
+        :data:`~prefect_odm.plan_checks.MAX_DUPLICATION_FACTOR` times (measured before the
+        merge), and how many parts were merged.
+    """
+    parts = [_Part(str(p), tuple(str(i) for i in m)) for p, m in enumerate(pplan.members)]
+    duplication = find_duplicate_submodels(parts)
+    warning = overlap_warning(duplication, split_overlap_m)
+    warnings = [] if warning is None else [warning]
+    kept_of = {int(d): int(k) for d, k in kept_submodel_of(duplication).items()}
+    if kept_of:
+        warnings.append(
+            f"{len(kept_of)} submodel(s) held the same images as another one and were merged "
+            f"into it ({pplan.k} planned, {pplan.k - len(kept_of)} kept)"
+        )
+    for text in warnings:
+        logger.warning("%s", text)
+    if not kept_of:
+        return pplan, warnings
+    survivors = [p for p in range(pplan.k) if p not in kept_of]
+    new_index = {old: new for new, old in enumerate(survivors)}
+    relabel = np.array([new_index[kept_of.get(p, p)] for p in range(pplan.k)], dtype=np.int32)
+    areas = None
+    if pplan.core_areas is not None:
+        grouped: list[list[BaseGeometry]] = [[] for _ in survivors]
+        for p, area in enumerate(pplan.core_areas):
+            grouped[relabel[p]].append(area)
+        areas = [g[0] if len(g) == 1 else shapely.union_all(g) for g in grouped]
+    merged = PositionPlan(
+        labels=relabel[pplan.labels],
+        members=[pplan.members[p] for p in survivors],
+        core_areas=areas,
+        clip=pplan.clip,
+    )
+    return merged, warnings

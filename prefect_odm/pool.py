@@ -1,9 +1,11 @@
 """Placement of submodels on a pool of NodeODM nodes, inside one process.
 
 Each node has a memory budget (GiB) and a number of parallel task slots. :meth:`NodePool.lease`
-blocks until some node has both a free slot and the memory a submodel needs, then picks the
-best fit (the node left with the least free memory), so small submodels do not fragment the big
-nodes. A submodel larger than every node is refused at once (:class:`PlanningError`). Nodes
+blocks until some node has both a free slot and the memory a submodel needs (memory is never
+overcommitted), then picks among those the least loaded (running tasks / task slots), healthy
+nodes before suspected ones (:func:`~prefect_odm.node_health.placement_key`): a node that fails
+every task at once is free first, and without the health tie-break it would take every
+submodel (issue 13). A submodel larger than every node is refused at once (:class:`PlanningError`). Nodes
 that stop answering are marked down and get no more work.
 
 This is the in-process admission that works in every mode; across processes and machines the
@@ -14,11 +16,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from prefect_odm.errors import PlanningError, TransientNodeError
+from prefect_odm.node_health import HealthBook, placement_key
 
 
 @dataclass
@@ -49,6 +53,8 @@ class _Waiter:
     passes: int = 0
 
 
+T = TypeVar("T")
+
 MAX_PASSES = 3
 """How often later, smaller submodels may start before an earlier waiting one; after that the
 pool holds new placements back until the earlier one fits (no starvation)."""
@@ -56,20 +62,35 @@ pool holds new placements back until the earlier one fits (no starvation)."""
 
 @dataclass
 class NodePool:
-    """Thread-safe best-fit placement over ``nodes``, first come first served with bounded
+    """Thread-safe load- and health-aware placement over ``nodes``, first come first served with bounded
     overtaking: a later submodel may start before an earlier waiting one only while the earlier
     one could not start anyway, and at most :data:`MAX_PASSES` times."""
 
     nodes: Sequence[PoolNode]
+    health: HealthBook = field(default_factory=HealthBook)
+    """Each node's circuit breaker; the runner records task and request outcomes in it."""
     _cond: threading.Condition = field(default_factory=threading.Condition, init=False, repr=False)
     _waiting: list[_Waiter] = field(default_factory=list, init=False, repr=False)
     _tickets: int = field(default=0, init=False, repr=False)
 
+    def __post_init__(self) -> None:
+        for n in self.nodes:
+            self.health.record(n.key)
+
     def _best(self, memory_gib: float, exclude: Sequence[str]) -> PoolNode | None:
-        fitting = [n for n in self.nodes if n.key not in exclude and n.fits(memory_gib)]
+        fitting = [
+            n
+            for n in self.nodes
+            if n.key not in exclude and n.fits(memory_gib) and self.health.may_take_task(n.key)
+        ]
         if not fitting:
             return None
-        return min(fitting, key=lambda n: (n.memory_gib - n.used_memory_gib - memory_gib, n.key))
+        return min(
+            fitting,
+            key=lambda n: placement_key(
+                n.running / max(1, n.max_parallel_tasks), self.health.health(n.key), n.key
+            ),
+        )
 
     def check_fits(self, memory_gib: float, what: str) -> None:
         """Raise :class:`PlanningError` if no node could ever run ``memory_gib``."""
@@ -89,7 +110,7 @@ class NodePool:
         exclude: Sequence[str] = (),
         timeout_seconds: float | None = None,
     ) -> Iterator[PoolNode]:
-        """Hold a task slot and ``memory_gib`` on the best-fitting node while the block runs.
+        """Hold a task slot and ``memory_gib`` on the node placement picks while the block runs.
 
         Raises:
             PlanningError: no node could ever hold the submodel.
@@ -118,6 +139,7 @@ class NodePool:
                             w.passes += 1
                         node.used_memory_gib += memory_gib
                         node.running += 1
+                        self.health.task_started(node.key)
                         break
                     remaining = None if deadline is None else deadline - time.monotonic()
                     if remaining is not None and remaining <= 0:
@@ -143,3 +165,11 @@ class NodePool:
                 if n.key == key:
                     n.down = True
             self._cond.notify_all()
+
+    def record(self, call: Callable[[HealthBook], T]) -> T:
+        """Apply ``call`` to the health book under the pool's lock, then wake the waiters (a
+        node's state may have changed who fits); ``call``'s result."""
+        with self._cond:
+            result = call(self.health)
+            self._cond.notify_all()
+            return result

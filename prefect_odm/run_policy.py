@@ -9,13 +9,14 @@ flows in ``prefect_odm.flows`` are sequences of Prefect tasks around these decis
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from prefect_odm import __version__, progress, storage
 from prefect_odm.layout import OutputLayout
 from prefect_odm.models import Manifest, SplitPlan, SubmodelResult, Survey
+from prefect_odm.registry import PRODUCTS
 from prefect_odm.settings import get_settings
 from prefect_odm.submodels import load_stored_result
 
@@ -65,6 +66,21 @@ def failed_submodels(results: Mapping[str, SubmodelResult]) -> dict[str, str]:
     return {sid: failure_text(r) for sid, r in results.items() if r.status == "failed"}
 
 
+def asked_products(products: Mapping[str, str], options: Mapping[str, object]) -> dict[str, str]:
+    """The products of one submodel that the run asked for (product -> URL).
+
+    A product whose registry entry names an option (``dtm``, ``dsm``) is kept only when that
+    option is true in ``options`` (the node options of the plan): a node may return a DTM that
+    was not asked for, and it is not merged.
+    """
+    out: dict[str, str] = {}
+    for name, url in products.items():
+        product = PRODUCTS.get(name)  # type: ignore[call-overload]
+        if product is None or product.option is None or options.get(product.option) is True:
+            out[name] = url
+    return out
+
+
 def mergeable(results: Iterable[SubmodelResult]) -> list[SubmodelResult]:
     """The results that finished (completed or reused), by submodel id."""
     return sorted((r for r in results if r.status != "failed"), key=lambda r: r.submodel_id)
@@ -106,6 +122,7 @@ def run_manifest(
     failed: dict[str, str],
     merge_reports: Mapping[str, Any],
     timings_seconds: Mapping[str, float],
+    node_health: Sequence[Mapping[str, Any]] = (),
 ) -> Manifest:
     """The manifest of a run: its inputs' fingerprints, products, every planned submodel's
     result (plan order), the failed ones with their reasons, rejected images, the coverage
@@ -125,6 +142,7 @@ def run_manifest(
         rejected_images=survey.rejected,
         coverage={k: float(v) for k, v in coverage.items() if isinstance(v, int | float)},
         timings_seconds={k: round(v, 3) for k, v in timings_seconds.items()},
+        node_health=[dict(record) for record in node_health],
     )
 
 

@@ -159,20 +159,23 @@ class SubmodelRunner:
         self, submodel: Submodel, options: Options, early_fp: str, start: float
     ) -> SubmodelResult:
         """Submit (or re-attach to) the submodel's task and collect it, retrying transient
-        failures (on another node when one is down) and out-of-memory failures (with a larger
-        reservation) up to :attr:`max_attempts` times."""
+        failures (on another node when one is down), out-of-memory failures (with a larger
+        reservation) and, once, a processing failure on a node now suspected (on another,
+        healthy node: :meth:`~prefect_odm.node_health.HealthBook.retry_elsewhere`), up to
+        :attr:`max_attempts` times. Every outcome is recorded in the pool's health book."""
         submodel_id = submodel.id
         memory_gib = submodel.estimated_memory_gib
         excluded: list[str] = []
         last: NodeError | None = None
         node_key: str | None = None
         uuid: str | None = None
-        attempt = 0
+        attempt = retries_elsewhere = 0
         for attempt in range(self.max_attempts):
             uuid = task_uuid(submodel.fingerprint, attempt)
             # A task a killed run left on some node is re-attached there, never duplicated.
             holder = self._locate(uuid, excluded)
             pinned = [k for k in self.clients if k != holder] if holder else []
+            leased_at, on_node = time.monotonic(), None  # the node of this attempt
             try:
                 with (
                     self.admit(submodel_id, memory_gib),
@@ -180,14 +183,10 @@ class SubmodelRunner:
                         memory_gib, what=submodel_id, exclude=sorted(set(excluded) | set(pinned))
                     ) as node,
                 ):
-                    node_key = node.key
-                    client = self.clients[node.key]
-                    try:
-                        self._create_or_attach(client, submodel, uuid)
-                        products = self._collect(client, submodel, uuid)
-                    except (RunCancelledError, KeyboardInterrupt, SystemExit):
-                        self._cancel_remote(client, uuid)
-                        raise
+                    node_key = on_node = node.key
+                    leased_at = time.monotonic()
+                    products = self._run_on(self.clients[node.key], submodel, uuid)
+                self.pool.record(lambda book: book.task_completed(node.key))
                 return self._store(
                     submodel, products, node_key, uuid, attempt + 1, start, options, early_fp, None
                 )
@@ -199,22 +198,66 @@ class SubmodelRunner:
                 )
             except TransientNodeError as exc:
                 last = exc
-                if node_key is not None and not self._node_alive(node_key):
-                    self.pool.mark_down(node_key)
-                    excluded.append(node_key)
-                self.log(
-                    f"{submodel_id}: transient failure ({exc}); attempt {attempt + 2} of {self.max_attempts}"
-                )
-                time.sleep(min(10.0, 0.5 * 2**attempt))
+                self._transient(submodel_id, exc, on_node, excluded, attempt)
             except (ProcessingFailedError, NodeError, OutputValidationError) as exc:
                 last = (
                     exc
                     if isinstance(exc, NodeError)
                     else NodeError(str(exc), node_url=node_key, task_uuid=uuid)
                 )
-                break
+                if on_node is None or not self._retry_elsewhere(
+                    submodel_id, exc, on_node, leased_at, retries_elsewhere
+                ):
+                    break
+                excluded.append(on_node)
+                retries_elsewhere += 1
         assert last is not None
         return self._failed(submodel, last, node_key, uuid, attempt + 1, start, options, early_fp)
+
+    def _run_on(self, client: NodeBackend, submodel: Submodel, uuid: str) -> dict[str, str]:
+        """Create (or attach to) and collect the task; a cancelled run cancels it remotely."""
+        try:
+            self._create_or_attach(client, submodel, uuid)
+            return self._collect(client, submodel, uuid)
+        except (RunCancelledError, KeyboardInterrupt, SystemExit):
+            self._cancel_remote(client, uuid)
+            raise
+
+    def _transient(
+        self,
+        submodel_id: str,
+        exc: TransientNodeError,
+        node_key: str | None,
+        excluded: list[str],
+        attempt: int,
+    ) -> None:
+        """Record a failed request, take a dead node out of the pool, back off."""
+        if node_key is not None:
+            self.pool.record(lambda book: book.request_failed(node_key, _first(exc)))
+            if not self._node_alive(node_key):
+                self.pool.mark_down(node_key)
+                excluded.append(node_key)
+        self.log(
+            f"{submodel_id}: transient failure ({exc}); attempt {attempt + 2} of {self.max_attempts}"
+        )
+        time.sleep(min(10.0, 0.5 * 2**attempt))
+
+    def _retry_elsewhere(
+        self, sid: str, exc: Exception, node_key: str, leased_at: float, retries: int
+    ) -> bool:
+        """Record a processing failure; whether the submodel is tried once more elsewhere (the
+        node is now suspected and another node is healthy)."""
+        if not isinstance(exc, ProcessingFailedError):
+            return False
+        elapsed = time.monotonic() - leased_at
+        state = self.pool.record(lambda book: book.task_failed(node_key, elapsed, _first(exc)))
+        retry = self.pool.record(lambda book: book.retry_elsewhere(node_key, retries))
+        if retry:
+            self.log(
+                f"{sid}: failed on {node_key} after {elapsed:.1f} s and the node is {state}; "
+                "retrying once on another node"
+            )
+        return retry
 
     def _failed(
         self,
@@ -439,6 +482,11 @@ class SubmodelRunner:
                         self.layout.submodel_report_file(sid, submodel.fingerprint, extra.name),
                     )
         return stored
+
+
+def _first(exc: Exception) -> str:
+    """The first line of an error's message (its type's name when it has none)."""
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def _node_stages(client: NodeBackend) -> list[str]:

@@ -21,6 +21,7 @@ from prefect_odm.errors import (
 from prefect_odm.fingerprints import submodel_fingerprint, survey_fingerprint
 from prefect_odm.layout import ODM_PRODUCT_PATHS, PRODUCT_FILES, OutputLayout, join
 from prefect_odm.models import ProcessingOptions, ProductName
+from prefect_odm.node_health import Health, HealthBook
 from prefect_odm.nodeodm import public_url, task_uuid
 from prefect_odm.ownership import Ownership
 from prefect_odm.pool import NodePool, PoolNode
@@ -111,20 +112,42 @@ def test_ownership_nearest_core_camera_and_subset():
     assert grid.shape == (1, 12) and grid[0, 0] == 0 and grid[0, -1] == 1
 
 
-def test_pool_best_fit_and_never_overcommits():
+def test_pool_spreads_by_load_and_never_overcommits():
     big = PoolNode("http://127.0.0.1:1", memory_gib=16, max_parallel_tasks=2)
     small = PoolNode("http://127.0.0.1:2", memory_gib=8, max_parallel_tasks=2)
     pool = NodePool([big, small])
     with pool.lease(6, what="a") as n1:
-        assert n1 is small  # best fit: the smaller node that still fits
+        assert n1 is big  # both idle and healthy: the lower URL
         with pool.lease(6, what="b") as n2:
-            assert n2 is big
+            assert n2 is small  # the less loaded node
             with pool.lease(4, what="c") as n3:
-                assert n3 is big and big.used_memory_gib == 10
+                assert n3 is big and big.used_memory_gib == 10  # 4 GiB do not fit on small
     assert big.used_memory_gib == 0 and small.running == 0
     with pytest.raises(PlanningError, match="largest node has 16.0 GiB"):
         with pool.lease(20, what="huge"):
             pass
+
+
+def test_pool_places_on_a_suspected_node_last():
+    clock = [0.0]
+    book = HealthBook(clock=lambda: clock[0])
+    bad = PoolNode("http://127.0.0.1:1", memory_gib=8, max_parallel_tasks=2)
+    good = PoolNode("http://127.0.0.1:2", memory_gib=8, max_parallel_tasks=2)
+    pool = NodePool([bad, good], health=book)
+    pool.record(lambda b: b.task_failed(bad.key, elapsed_seconds=1.0, message="at once"))
+    assert book.health(bad.key) is Health.SUSPECTED
+    with pool.lease(1, what="a") as n1, pool.lease(1, what="b") as n2:
+        assert n1 is good and n2 is bad  # both idle: health decides; then the idle one
+    assert book.retry_elsewhere(bad.key, 0) and not book.retry_elsewhere(bad.key, 1)
+    clock[0] = 1e6  # cool-down over: one probe task, then no more until it reports
+    with pool.lease(1, what="probe", exclude=[good.key]) as probe:
+        assert probe is bad and book.health(bad.key) is Health.PROBING
+        with pytest.raises(TransientNodeError, match="within"):
+            with pool.lease(1, what="second", exclude=[good.key], timeout_seconds=0.05):
+                pass
+    pool.record(lambda b: b.task_completed(bad.key))
+    assert book.health(bad.key) is Health.HEALTHY
+    assert [r["url"] for r in book.report()] == [bad.key, good.key]
 
 
 def test_pool_waits_for_memory_then_places():
@@ -165,7 +188,11 @@ def test_core_imports_neither_prefect_nor_pyodm():
         " prefect_odm.ownership, prefect_odm.pool, prefect_odm.planning, prefect_odm.memory,"
         " prefect_odm.registry, prefect_odm.settings, prefect_odm.errors, prefect_odm.geo,"
         " prefect_odm.partition, prefect_odm.core_areas, prefect_odm.coverage_gaps,"
-        " prefect_odm.flight_checks, prefect_odm.exif, prefect_odm.layouts\n"
+        " prefect_odm.flight_checks, prefect_odm.exif, prefect_odm.layouts, prefect_odm.backend,"
+        " prefect_odm.run_policy, prefect_odm.node_health, prefect_odm.option_check,"
+        " prefect_odm.node_capacity, prefect_odm.plan_checks, prefect_odm.node_messages,"
+        " prefect_odm.align, prefect_odm.gps_quality, prefect_odm.merge.balance,"
+        " prefect_odm.merge.blend, prefect_odm.merge.reports, prefect_odm.merge.seams\n"
         "bad = [m for m in ('prefect', 'pyodm', 'rasterio', 'laspy', 'pycolmap') if m in sys.modules]\n"
         "print(','.join(bad))\n"
     )

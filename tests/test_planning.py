@@ -167,6 +167,27 @@ def test_brighton_split_10_gives_two_submodels(brighton_survey: Survey) -> None:
     assert plan.crs_epsg == 32615
 
 
+def test_brighton_split_6_with_default_overlap_has_no_identical_submodels(
+    brighton_survey: Survey, caplog: pytest.LogCaptureFixture
+) -> None:
+    # issue 13: the 50 m overlap made three submodels of all 18 images (one task, reused 3x).
+    with caplog.at_level("WARNING", logger="prefect_odm.planning"):
+        plan = plan_submodels(brighton_survey, split=6)
+    sets = [frozenset(sm.image_names) for sm in plan.submodels]
+    assert len(set(sets)) == len(sets) == 1
+    (only,) = plan.submodels
+    names = sorted(im.name for im in brighton_survey.images)
+    assert only.image_names == only.core_image_names == names and only.overlap_image_count == 0
+    assert {c.submodel_id for c in plan.cameras} == {only.id}
+    assert len({sm.fingerprint for sm in plan.submodels}) == len(plan.submodels)
+    check_core_areas_match_ownership(plan)
+    assert any("processed 3.0 times" in w for w in plan.warnings)
+    assert any("merged" in w for w in plan.warnings)
+    assert "processed 3.0 times" in caplog.text
+    # The warnings are not part of the stored plan: plan.json round-trips to the same plan.
+    assert "warnings" not in plan.model_dump(mode="json")
+
+
 def test_brighton_single_submodel_when_split_large(brighton_survey: Survey) -> None:
     plan = plan_submodels(brighton_survey, split=100)
     assert len(plan.submodels) == 1

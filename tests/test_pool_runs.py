@@ -433,3 +433,34 @@ def test_pool_block_supplies_nodes_tokens_and_memory(
         assert all("token" in r["query"] for r in requests_of(locked))
     assert {r.status for r in manifest.submodels} == {"completed"}
     assert used == {NodeClient(locked.url).url, NodeClient(open_node.url).url}
+
+
+def test_a_node_that_fails_every_task_leaves_the_survey_to_the_healthy_one(
+    prefect_api, brighton_images, tmp_path, odm_home
+):
+    faults = {"fail_first_n_tasks": 1000, "fail_message": "Injected failure: broken node"}
+    with engines(tmp_path, [{"faults": faults}, {}]) as (broken, healthy):
+        manifest = run_flow(brighton_images, tmp_path / "out", [broken.url, healthy.url])
+        tried_on_broken = count(broken, "POST", "/task/new/init")
+    bad, good = NodeClient(broken.url).url, NodeClient(healthy.url).url
+    assert {r.status for r in manifest.submodels} == {"completed"}
+    assert {r.node_url for r in manifest.submodels} == {good}
+    records = {r["url"]: r for r in manifest.node_health}
+    assert records[good]["tasks_completed"] == len(manifest.submodels)
+    assert records[bad]["tasks_failed_fast"] == tried_on_broken >= 1
+    assert records[bad]["health"] in ("suspected", "probing")
+    # Each submodel that failed on the broken node was retried once, on the healthy one.
+    assert sum(r.attempts for r in manifest.submodels) == len(manifest.submodels) + tried_on_broken
+
+
+def test_an_option_the_node_does_not_list_is_refused_before_any_upload(
+    prefect_api, brighton_images, tmp_path, odm_home
+):
+    from prefect_odm.errors import InputError
+
+    typo = ProcessingOptions(pipeline="direct", extra={"orthophoto-resolutoin": 2.0})
+    with engines(tmp_path, [{}]) as (node,):
+        with pytest.raises(InputError, match="orthophoto-resolutoin") as info:
+            run_flow(brighton_images, tmp_path / "out", [node.url], options=typo)
+        assert count(node, "POST", "/task/new") == 0
+    assert "did you mean orthophoto-resolution" in str(info.value)
