@@ -140,7 +140,8 @@ class HealthBook:
 
     def may_take_task(self, url: str) -> bool:
         """False only while a probing node's one trial task is out; healthy and suspected nodes
-        may take work (placement puts suspected ones last, :func:`placement_key`)."""
+        may take work (placement puts suspected ones after every healthy node with room,
+        :func:`placement_key`)."""
         state = self.health(url)
         return not (state is Health.PROBING and self.record(url).probe_in_flight)
 
@@ -223,16 +224,19 @@ class HealthBook:
         rec.probe_in_flight = False
 
 
-def placement_key(load: float, health: Health, url: str) -> tuple[float, int, str]:
-    """Sort key among nodes that can take a submodel: least load, then healthy before probing
-    before suspected, then URL (so the order is total and repeatable).
+def placement_key(load: float, health: Health, url: str) -> tuple[int, float, str]:
+    """Sort key among nodes that can take a submodel: healthy before probing before suspected,
+    then least load, then URL (so the order is total and repeatable).
+
+    Health comes first so that a node whose tasks fail at once (and is therefore idle first) gets
+    no more work while a healthy node has room; it still takes work when only it has room.
 
     Args:
         load: the node's load as a fraction, e.g. running tasks / task slots (0 = idle).
         health: the node's state.
         url: the node's public URL.
     """
-    return (load, HEALTH_RANK[health], url)
+    return (HEALTH_RANK[health], load, url)
 
 
 def order_nodes(loads: Mapping[str, float], book: HealthBook) -> list[str]:

@@ -490,8 +490,9 @@ def _first(exc: Exception) -> str:
 
 
 def _node_stages(client: NodeBackend) -> list[str]:
-    """The node's stage order: its ``rerun-from`` option's domain (ODM's stages when it has none)."""
+    """The node's stage order: its ``rerun-from`` option's domain without NodeODM's empty
+    "no rerun" entry (ODM's stages when it has none)."""
     for option in client.options():
         if option.name == "rerun-from" and option.domain is not None:
-            return list(option.domain)
+            return [stage for stage in option.domain if stage]
     return list(ODM_STAGES)

@@ -137,8 +137,9 @@ def test_report_names_each_node(clock: Clock) -> None:
     assert report[1]["health"] == "healthy" and report[1]["tasks_completed"] == 1
 
 
-def test_placement_key_orders_load_then_health_then_url() -> None:
-    assert placement_key(0.0, Health.SUSPECTED, A) < placement_key(0.5, Health.HEALTHY, B)
+def test_placement_key_orders_health_then_load_then_url() -> None:
+    assert placement_key(0.5, Health.HEALTHY, B) < placement_key(0.0, Health.SUSPECTED, A)
+    assert placement_key(0.0, Health.HEALTHY, B) < placement_key(0.5, Health.HEALTHY, A)
     assert placement_key(0.5, Health.HEALTHY, C) < placement_key(0.5, Health.PROBING, A)
     assert placement_key(0.5, Health.PROBING, C) < placement_key(0.5, Health.SUSPECTED, A)
     assert placement_key(0.5, Health.HEALTHY, A) < placement_key(0.5, Health.HEALTHY, B)
@@ -152,7 +153,7 @@ def test_the_failing_node_gets_no_second_submodel(clock: Clock) -> None:
     health.task_started(A)
     health.task_failed(A, 0.5, "failed at once")
     assert order_nodes({A: 0.0, B: 0.0}, health) == [B, A]
-    assert order_nodes({A: 0.0, B: 0.5}, health) == [A, B]  # load still comes first
+    assert order_nodes({A: 0.0, B: 0.5}, health) == [B, A]  # a busier healthy node still first
 
 
 def test_order_leaves_out_a_node_whose_probe_is_out(clock: Clock) -> None:
