@@ -83,12 +83,17 @@ def _plan(args: argparse.Namespace) -> int:
         node_memory_gib=[embedded_memory_gib()],
     )
     out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"{out}: cannot write the plan here ({exc.strerror})") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise InputError(f"{out}: cannot write the plan here (not writable)")
     write_json_atomic(plan_file(str(out), "survey"), survey.model_dump(mode="json"))
     write_json_atomic(plan_file(str(out), "plan"), plan.model_dump(mode="json"))
     write_json_atomic(plan_file(str(out), "geojson"), plan_geojson(plan))
     plan_png(plan, Path(plan_file(str(out), "png")))
-    console = Console()
+    console = Console(soft_wrap=True)
     rows = plan_rows(plan)
     table = Table(title=f"{len(plan.submodels)} submodels, EPSG:{plan.crs_epsg}")
     for col in rows[0]:
@@ -105,12 +110,30 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_plan_file(url: str) -> None:
+    """Raise :class:`InputError` (one line) unless ``url`` is a readable prefect-odm plan.json."""
+    from pydantic import ValidationError
+
+    from prefect_odm.models import SplitPlan
+    from prefect_odm.storage import read_json
+
+    try:
+        SplitPlan.model_validate(read_json(url))
+    except FileNotFoundError:
+        raise InputError(f"--plan {url}: no such file") from None
+    except (OSError, ValueError, ValidationError) as exc:
+        reason = "not a prefect-odm plan.json" if isinstance(exc, ValueError) else str(exc)
+        raise InputError(f"--plan {url}: {reason}") from None
+
+
 def _merge_existing(args: argparse.Namespace) -> int:
     """``prefect-odm merge``: the ``merge_existing`` flow; prints the products."""
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from prefect_odm.flows.merge_existing import merge_existing
 
+    if args.plan is not None:
+        _check_plan_file(args.plan)
     quiet_prefect_console(args.verbose)
     manifest = merge_existing(inputs=args.inputs, output=args.output, plan=args.plan)
     for name, url in sorted(manifest.products.items()):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from typing import TYPE_CHECKING, Any
 
 from prefect_odm.errors import InputError
@@ -37,8 +38,8 @@ def _overlap_value(text: str) -> float:
         raise argparse.ArgumentTypeError(
             f"--split-overlap-m must be a number of metres, not {text!r}"
         ) from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError("--split-overlap-m must be 0 or more metres")
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError("--split-overlap-m must be a finite 0 or more metres")
     return value
 
 
@@ -80,6 +81,15 @@ def _add_option_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+_FLAG_OPTIONS = {
+    "orthophoto-resolution": "--orthophoto-resolution",
+    "dtm": "--dtm",
+    "pipeline": "--pipeline",
+}
+"""NodeODM options the command line sets with a flag of its own (``--option`` may not set them
+again: the two values would disagree)."""
+
+
 def processing_options(args: argparse.Namespace) -> ProcessingOptions:
     """The processing options of ``--orthophoto-resolution``, ``--dtm``, ``--pipeline`` and
     ``--option NAME=VALUE`` (a JSON value, else the text).
@@ -94,12 +104,19 @@ def processing_options(args: argparse.Namespace) -> ProcessingOptions:
         if "=" not in item:
             raise InputError(f"--option {item!r}: expected NAME=VALUE")
         name, value = item.split("=", 1)
+        name = name.strip()
+        if not name:
+            raise InputError(f"--option {item!r}: the option has no name (expected NAME=VALUE)")
+        if name in _FLAG_OPTIONS:
+            raise InputError(f"--option {name}: set it with {_FLAG_OPTIONS[name]} instead")
         try:
             extra[name] = json.loads(value)
         except json.JSONDecodeError:
             extra[name] = value
     from pydantic import ValidationError
 
+    if not math.isfinite(args.orthophoto_resolution):
+        raise InputError("--orthophoto-resolution: must be a finite number of cm/pixel")
     try:
         return ProcessingOptions(
             orthophoto_resolution_cm=args.orthophoto_resolution,

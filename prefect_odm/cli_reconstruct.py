@@ -19,6 +19,7 @@ from prefect_odm.cli_args import processing_options
 from prefect_odm.cli_console import quiet_prefect_console
 from prefect_odm.errors import InputError
 from prefect_odm.layout import LAST_RUN_FILE, OutputLayout, join
+from prefect_odm.settings import get_settings
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
@@ -103,7 +104,7 @@ def _print_summary(output: str, manifest: Manifest, note: str = "") -> None:
     """Each submodel's status, the products, gaps, rejected images, report and manifest."""
     from rich.console import Console
 
-    out = Console()
+    out = Console(soft_wrap=True)  # paths stay on one line for scripts reading them
     for r in manifest.submodels:
         detail = f" ({r.error})" if r.error else ""
         out.print(f"{r.submodel_id}: {r.status}{detail}")
@@ -139,6 +140,36 @@ def _start_embedded_api_early() -> threading.Thread:
     return thread
 
 
+def _tokens_out_of_urls(urls: list[str]) -> list[str]:
+    """The node URLs without ``?token=``; each token moves into ``PREFECT_ODM_NODE_TOKENS`` of
+    this process, so it reaches its node but never a flow parameter, the last-run record or a log.
+
+    Raises:
+        InputError: ``PREFECT_ODM_NODE_TOKENS`` is set but is not a JSON object.
+    """
+    from prefect_odm.cluster import split_token
+
+    public: list[str] = []
+    tokens: dict[str, str] = {}
+    for raw in urls:
+        url, token = split_token(raw)
+        public.append(url)
+        if token:
+            tokens[url] = token
+    if tokens:
+        current = get_settings().node_tokens
+        try:
+            mapping = json.loads(current) if current else {}
+        except json.JSONDecodeError:
+            raise InputError(
+                "PREFECT_ODM_NODE_TOKENS is not a JSON object of URL -> token"
+            ) from None
+        if not isinstance(mapping, dict):
+            raise InputError("PREFECT_ODM_NODE_TOKENS is not a JSON object of URL -> token")
+        os.environ["PREFECT_ODM_NODE_TOKENS"] = json.dumps({**mapping, **tokens})
+    return public
+
+
 def reconstruct_command(args: argparse.Namespace) -> int:
     """``prefect-odm reconstruct``: check the inputs, answer an unchanged repeat from the last
     run's record, else run the flow with progress bars and print the summary.
@@ -148,6 +179,7 @@ def reconstruct_command(args: argparse.Namespace) -> int:
     """
     if storage.is_local(args.images) and not storage.local_path(args.images).exists():
         raise InputError(f"{args.images}: does not exist")
+    args.nodes = _tokens_out_of_urls(args.nodes or [])
     options = processing_options(args)
     _check_output_writable(args.output)
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
