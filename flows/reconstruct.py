@@ -148,6 +148,8 @@ def reconstruct(
         survey: Survey = scan_survey(images)
     _check_survey(survey, images)
     nodes, cluster = _connect(nodes, node_pool)
+    if cluster is not None:  # before the plan is written: a bad option leaves nothing behind
+        cluster.check_options((options or ProcessingOptions()).to_nodeodm())
     with timer.stage("plan"):
         plan, layout = _plan(survey, output, split, split_overlap_m, options, cluster)
     with timer.stage("process"):

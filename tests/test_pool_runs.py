@@ -464,3 +464,4 @@ def test_an_option_the_node_does_not_list_is_refused_before_any_upload(
             run_flow(brighton_images, tmp_path / "out", [node.url], options=typo)
         assert count(node, "POST", "/task/new") == 0
     assert "did you mean orthophoto-resolution" in str(info.value)
+    assert not (tmp_path / "out").exists()  # refused before the plan is written
