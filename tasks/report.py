@@ -106,6 +106,26 @@ def seam_lines(ortho: OrthoMergeReport) -> list[str]:
     return lines
 
 
+def node_lines(records: list[dict[str, Any]]) -> list[str]:
+    """The report's node table: each node's health and task record (empty without records)."""
+    if not records:
+        return []
+    lines = [
+        "",
+        "## Nodes",
+        "",
+        "| node | health | completed | failed | failed fast | request failures | last error |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        error = str(r.get("last_error") or "-").replace("|", "/").replace("\n", " ")
+        lines.append(
+            f"| {r['url']} | {r['health']} | {r['tasks_completed']} | {r['tasks_failed']} "
+            f"| {r['tasks_failed_fast']} | {r['request_failures']} | {error} |"
+        )
+    return lines
+
+
 def report_markdown(
     manifest: Manifest, plan: SplitPlan, merge_reports: MergeReports | Mapping[str, Any]
 ) -> str:
@@ -139,6 +159,7 @@ def report_markdown(
     if manifest.failed_submodels:
         lines += ["", "## Failed submodels (gaps in the products)", ""]
         lines += [f"- {sid}: {why}" for sid, why in sorted(manifest.failed_submodels.items())]
+    lines += node_lines(manifest.node_health)
     if manifest.coverage:
         lines += ["", "## Coverage", ""]
         lines += [f"- {k}: {v:.4g}" for k, v in sorted(manifest.coverage.items())]

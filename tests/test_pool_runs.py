@@ -451,6 +451,11 @@ def test_a_node_that_fails_every_task_leaves_the_survey_to_the_healthy_one(
     assert records[bad]["health"] in ("suspected", "probing")
     # Each submodel that failed on the broken node was retried once, on the healthy one.
     assert sum(r.attempts for r in manifest.submodels) == len(manifest.submodels) + tried_on_broken
+    report = (
+        tmp_path / "out" / manifest.survey_fingerprint[:16] / "report" / "report.md"
+    ).read_text()
+    assert f"| {bad} | {records[bad]['health']} | 0 |" in report
+    assert f"| {good} | healthy | {len(manifest.submodels)} |" in report
 
 
 def test_an_option_the_node_does_not_list_is_refused_before_any_upload(
