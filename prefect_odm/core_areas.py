@@ -21,6 +21,9 @@ from scipy.spatial import Delaunay, cKDTree
 from shapely.geometry import MultiPoint
 from shapely.geometry.base import BaseGeometry
 
+VERTEX_SNAP_DECIMALS = 6
+"""Voronoi vertices are snapped to 10**-6 m (1 micrometre) before the cells are polygonized."""
+
 
 def multipoint(xy: NDArray[np.float64]) -> MultiPoint:
     """The ``(n, 2)`` positions as one MultiPoint geometry."""
@@ -72,7 +75,10 @@ def _voronoi_boundaries(
     tri = Delaunay(points)
     simplices = tri.simplices.astype(np.int64)
     neighbors = tri.neighbors.astype(np.int64)
-    cc = circumcentres(points, simplices)
+    # Snapped: positions regular up to round-off (a lon/lat <-> UTM round trip leaves ~1e-10 m)
+    # give pairs of circumcentres a hair apart, whose tiny edges polygonize cannot close into
+    # cells; snapped, they are one Voronoi vertex and the zero-length edge is dropped below.
+    cc = np.round(circumcentres(points, simplices), VERTEX_SNAP_DECIMALS)
     seg_t: list[NDArray[np.int64]] = []
     seg_t2: list[NDArray[np.int64]] = []
     seg_lab_a: list[NDArray[np.int32]] = []
