@@ -17,6 +17,7 @@ import os
 import re
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +26,7 @@ from urllib.parse import parse_qs, urlparse
 import psutil
 
 from prefect_odm import __version__
-from prefect_odm.backend import NodeBackend, NodeSettings
+from prefect_odm.backend import NodeBackend, NodeInfo, NodeSettings
 from prefect_odm.errors import InputError, NodeError, TransientNodeError
 from prefect_odm.node_capacity import node_capacity, node_memory_gib, node_task_slots
 from prefect_odm.node_messages import is_bad_token_error
@@ -93,11 +94,77 @@ class Cluster:
     _checked: list[dict[str, Any]] = field(default_factory=list, init=False, repr=False)
 
     def check_options(self, options: Mapping[str, Any]) -> None:
-        """:func:`check_node_options` on this cluster's nodes, once per set of options (the
-        submodel runs of one parent share the cluster and would ask each node again)."""
+        """:func:`check_node_options` on this cluster's nodes that are up, once per set of options
+        (the submodel runs of one parent share the cluster and would ask each node again)."""
         if dict(options) not in self._checked:
-            check_node_options(self.clients, options)
+            down = {n.key for n in self.pool.nodes if n.down}
+            up = {url: c for url, c in self.clients.items() if url not in down}
+            check_node_options(up, options)
             self._checked.append(dict(options))
+
+
+PROBE_TIMEOUT_SECONDS = 10.0
+"""How long the start of a run waits for every node's ``/info``; a node silent that long is set
+aside (a hung node used to hold every start for 52 s, issue 14)."""
+REPROBE_INTERVAL_SECONDS = 30.0
+"""How often a set-aside node is asked for ``/info`` again while the run goes on."""
+
+
+@dataclass(frozen=True)
+class _Probe:
+    """What one node answered at the start of a run."""
+
+    url: str
+    token: str | None
+    settings: NodeSettings
+    client: NodeBackend | None = None
+    info: NodeInfo | None = None
+    problem: str | None = None
+    """Why the node is set aside (it did not answer, or answered with a transient error)."""
+
+
+def _probe(
+    url: str,
+    token: str | None,
+    given: NodeSettings,
+    client_factory: Callable[[str, str | None], NodeBackend],
+) -> _Probe:
+    """Ask one node for ``/info``. Raises :class:`InputError` for a configuration problem
+    (malformed URL, refused token, not a NodeODM); a transient failure becomes a ``problem``."""
+    try:
+        client = client_factory(url, token)
+    except ValueError as exc:
+        raise InputError(_unusable(url, exc)) from None
+    try:
+        return _Probe(url, token, given, client, client.info())
+    except TransientNodeError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return _Probe(url, token, given, client, problem=first.replace(f"; node {url}", ""))
+    except (ValueError, NodeError) as exc:
+        raise InputError(_unusable(url, exc)) from None
+
+
+def _probe_all(
+    wanted: Sequence[tuple[str, str | None, NodeSettings]],
+    client_factory: Callable[[str, str | None], NodeBackend],
+    timeout_seconds: float,
+) -> list[_Probe]:
+    """:func:`_probe` every node at once; a node that has not answered within
+    ``timeout_seconds`` is set aside (its request goes on in the background and is ignored)."""
+    executor = ThreadPoolExecutor(max_workers=max(1, len(wanted)), thread_name_prefix="probe")
+    try:
+        futures = [executor.submit(_probe, *w, client_factory) for w in wanted]
+        done, _ = wait(futures, timeout=timeout_seconds)
+        probes: list[_Probe] = []
+        for (url, token, given), future in zip(wanted, futures, strict=True):
+            if future in done:
+                probes.append(future.result())
+            else:
+                silent = f"no answer to /info within {timeout_seconds:g} s"
+                probes.append(_Probe(url, token, given, problem=silent))
+        return probes
+    finally:
+        executor.shutdown(wait=False, cancel_futures=True)
 
 
 def connect_nodes(
@@ -106,54 +173,119 @@ def connect_nodes(
     settings: dict[str, NodeSettings] | None = None,
     *,
     client_factory: Callable[[str, str | None], NodeBackend] = NodeClient,
+    probe_timeout_seconds: float = PROBE_TIMEOUT_SECONDS,
+    reprobe_interval_seconds: float = REPROBE_INTERVAL_SECONDS,
 ) -> Cluster:
-    """Check every node with ``/info`` and build the pool.
+    """Ask every node for ``/info`` at once and build the pool.
+
+    A node that does not answer within ``probe_timeout_seconds`` (dead, hung, or answering with
+    a transient error) is set aside with a warning: it is in the pool but marked down, and asked
+    again every ``reprobe_interval_seconds`` in the background; when it answers with an engine
+    the run already uses, placement may use it. The run fails only when no node answers.
 
     Args:
         urls: node URLs (``http://host:port``; a ``?token=`` is taken as that node's token).
         tokens: node public URL -> token, overriding the environment.
         settings: node public URL -> settings from a pool block (token, memory, task slots).
         client_factory: ``(url, token) -> node``; the NodeODM HTTP client by default.
+        probe_timeout_seconds: how long to wait for all the ``/info`` answers.
+        reprobe_interval_seconds: seconds between probes of a set-aside node.
 
     Returns:
         The cluster: a node per URL, each with the pool block's memory, else 90% of the memory
         its ``/info`` reports when that is plausible (:func:`~prefect_odm.node_capacity.node_capacity`:
         ClusterODM's ``99999999999`` placeholders and zero or negative values are unknown),
-        else unknown (no memory limit in placement; ``--split auto`` refuses it).
+        else unknown (no memory limit in placement; ``--split auto`` refuses it). Set-aside
+        nodes are not in ``memory_by_node``.
 
     Raises:
-        InputError: a URL is malformed, a node does not answer ``/info``, or refuses the token.
+        InputError: a URL is malformed or listed twice, a node refuses the token or is not a
+            NodeODM, or no node answers ``/info`` (one line naming each node and its problem).
     """
+    wanted: list[tuple[str, str | None, NodeSettings]] = []
+    for raw in urls:
+        url, url_token = split_token(raw)
+        if any(url == w[0] for w in wanted):
+            raise InputError(f"node {url} is listed twice")
+        given = (settings or {}).get(url, NodeSettings())
+        token = given.token or (tokens or {}).get(url) or url_token or token_for(url)
+        wanted.append((url, token, given))
+    probes = _probe_all(wanted, client_factory, probe_timeout_seconds)
+    if wanted and all(p.info is None for p in probes):
+        said = "; ".join(f"{p.url} ({p.problem})" for p in probes)
+        raise InputError(f"no node answers: {said}")
     clients: dict[str, NodeBackend] = {}
     nodes: list[PoolNode] = []
     engines: set[str] = set()
     memory: dict[str, float | None] = {}
-    for raw in urls:
-        url, url_token = split_token(raw)
-        given = (settings or {}).get(url, NodeSettings())
-        token = given.token or (tokens or {}).get(url) or url_token or token_for(url)
-        try:
-            client = client_factory(url, token)
-            info = client.info()
-        except (ValueError, NodeError) as exc:
-            raise InputError(_unusable(url, exc)) from None
-        if url in clients:
-            raise InputError(f"node {url} is listed twice")
-        clients[url] = client
-        capacity = node_capacity(info.raw)
-        if capacity.unknown:
-            logger.info("node %s: /info %s not plausible, taken as unknown", url, capacity.unknown)
-        gib = memory[url] = node_memory_gib(capacity, given.memory_gib)
-        nodes.append(
-            PoolNode(
-                key=url,
-                memory_gib=math.inf if gib is None else gib,
-                max_parallel_tasks=node_task_slots(capacity, given.max_parallel_tasks),
+    aside: list[_Probe] = []
+    for probe in probes:
+        client = probe.client or client_factory(probe.url, probe.token)
+        clients[probe.url] = client
+        if probe.info is None:
+            logger.warning(
+                "node %s set aside: %s; asked again every %g s",
+                probe.url,
+                probe.problem,
+                reprobe_interval_seconds,
             )
-        )
-        engines.add(info.identity)
+            nodes.append(PoolNode(key=probe.url, memory_gib=0.0, max_parallel_tasks=1, down=True))
+            aside.append(probe)
+            continue
+        node, gib = _pool_node(probe.url, probe.info, probe.settings)
+        memory[probe.url] = gib
+        nodes.append(node)
+        engines.add(probe.info.identity)
     known = [gib for gib in memory.values() if gib is not None]
-    return Cluster(clients, NodePool(nodes), " | ".join(sorted(engines)), known, memory)
+    cluster = Cluster(clients, NodePool(nodes), " | ".join(sorted(engines)), known, memory)
+    if aside:
+        _start_reprobe(cluster, aside, engines, reprobe_interval_seconds)
+    return cluster
+
+
+def _pool_node(url: str, info: NodeInfo, given: NodeSettings) -> tuple[PoolNode, float | None]:
+    """The placement record of a node that answered ``/info``, and its planning memory."""
+    capacity = node_capacity(info.raw)
+    if capacity.unknown:
+        logger.info("node %s: /info %s not plausible, taken as unknown", url, capacity.unknown)
+    gib = node_memory_gib(capacity, given.memory_gib)
+    node = PoolNode(
+        key=url,
+        memory_gib=math.inf if gib is None else gib,
+        max_parallel_tasks=node_task_slots(capacity, given.max_parallel_tasks),
+    )
+    return node, gib
+
+
+def _start_reprobe(
+    cluster: Cluster, aside: list[_Probe], engines: set[str], interval_seconds: float
+) -> None:
+    """Ask the set-aside nodes for ``/info`` every ``interval_seconds`` (a daemon thread, ended
+    by ``cluster.cancelled`` or when every one has answered) and bring each up that answers with
+    an engine already in the run: another engine would change the submodels' fingerprints."""
+
+    def loop() -> None:
+        waiting = list(aside)
+        while waiting and not cluster.cancelled.wait(interval_seconds):
+            for probe in list(waiting):
+                try:
+                    info = cluster.clients[probe.url].info()
+                except (ValueError, NodeError):
+                    continue
+                waiting.remove(probe)
+                if info.identity not in engines:
+                    logger.warning(
+                        "node %s answers again but runs %s, not %s: left aside",
+                        probe.url,
+                        info.identity,
+                        " | ".join(sorted(engines)),
+                    )
+                    continue
+                node, _ = _pool_node(probe.url, info, probe.settings)
+                cluster.pool.bring_up(probe.url, node.memory_gib, node.max_parallel_tasks)
+                logger.warning("node %s answers again: taking work", probe.url)
+
+    threading.Thread(target=loop, name="node-reprobe", daemon=True).start()
 
 
 def _unusable(url: str, exc: Exception) -> str:

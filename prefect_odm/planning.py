@@ -68,7 +68,7 @@ from prefect_odm.settings import DEFAULT_SPLIT, DEFAULT_SPLIT_OVERLAP_M
 logger = logging.getLogger(__name__)
 
 #: Engine identities (lower-case prefixes) whose memory is estimated with the built-in model.
-BUILTIN_ENGINE_PREFIXES = ("builtin", "prefect-odm-engine")
+BUILTIN_ENGINE_PREFIXES = ("builtin", "prefect-odm-engine", "prefect-odm ")
 #: Decimal places of coordinates written to the plan (millimetres).
 COORD_DECIMALS = 3
 
@@ -184,9 +184,16 @@ def _round_geometry(geom: BaseGeometry) -> dict[str, Any]:
     return {"type": gj["type"], "coordinates": _clean(gj["coordinates"])}
 
 
-def _default_memory_model(engine_identity: str) -> MemoryModel:
-    """``"builtin"`` for the built-in engine (:data:`BUILTIN_ENGINE_PREFIXES`), else ``"odm"``."""
-    return "builtin" if engine_identity.lower().startswith(BUILTIN_ENGINE_PREFIXES) else "odm"
+def memory_model_for(engine_identity: str) -> MemoryModel:
+    """``"builtin"`` when every engine of the pool is the built-in one (:data:`BUILTIN_ENGINE_PREFIXES`:
+    embedded, or a node that reports ``engine: prefect-odm`` in ``/info``), else ``"odm"``.
+
+    A pool's identity joins its engines with ``" | "``; one ODM node among engine nodes keeps the
+    (3.3x larger) ODM model, since a submodel may be placed on it.
+    """
+    engines = [part.strip().lower() for part in engine_identity.split("|")]
+    builtin = all(part.startswith(BUILTIN_ENGINE_PREFIXES) for part in engines)
+    return "builtin" if builtin else "odm"
 
 
 def _split_size(
@@ -379,7 +386,7 @@ def plan_submodels(
     if split_overlap_m < 0:
         raise PlanningError(f"split_overlap_m must be >= 0, got {split_overlap_m}")
     if memory_model is None:
-        memory_model = _default_memory_model(engine_identity)
+        memory_model = memory_model_for(engine_identity)
     images = sorted(survey.images, key=lambda im: (im.identity, im.name))
     if not images:
         raise PlanningError(f"{survey.source}: no accepted image to plan")

@@ -166,6 +166,19 @@ class NodePool:
                     n.down = True
             self._cond.notify_all()
 
+    def bring_up(self, key: str, memory_gib: float, max_parallel_tasks: int) -> None:
+        """Let placement use the node ``key`` again, with the capacity it now reports (a node
+        set aside at the start of a run that answers later)."""
+        with self._cond:
+            for n in self.nodes:
+                if n.key == key:
+                    n.memory_gib, n.max_parallel_tasks, n.down = (
+                        memory_gib,
+                        max_parallel_tasks,
+                        False,
+                    )
+            self._cond.notify_all()
+
     def record(self, call: Callable[[HealthBook], T]) -> T:
         """Apply ``call`` to the health book under the pool's lock, then wake the waiters (a
         node's state may have changed who fits); ``call``'s result."""
