@@ -76,6 +76,8 @@ class NodeRecord:
         suspected_at: clock time the node was last suspected, or None.
         cooldown_seconds: the current cool-down.
         probe_in_flight: a probe task was handed out and has not reported yet.
+        tasks_placed: tasks placement gave the node in this run (the tie-break that spreads a
+            survey over equally idle nodes).
         last_error: the last failure's message.
     """
 
@@ -90,6 +92,7 @@ class NodeRecord:
     suspected_at: float | None = None
     cooldown_seconds: float = 0.0
     probe_in_flight: bool = False
+    tasks_placed: int = 0
     last_error: str = ""
 
     def summary(self) -> dict[str, object]:
@@ -147,6 +150,7 @@ class HealthBook:
 
     def task_started(self, url: str) -> None:
         """A task was placed on the node (a probing node's first one is its probe)."""
+        self.record(url).tasks_placed += 1
         if self.health(url) is Health.PROBING:
             self.record(url).probe_in_flight = True
 
@@ -224,23 +228,35 @@ class HealthBook:
         rec.probe_in_flight = False
 
 
-def placement_key(load: float, health: Health, url: str) -> tuple[int, float, str]:
+def placement_key(
+    load: float, health: Health, url: str, placed: int = 0
+) -> tuple[int, float, int, str]:
     """Sort key among nodes that can take a submodel: healthy before probing before suspected,
-    then least load, then URL (so the order is total and repeatable).
+    then least load, then fewest tasks placed so far, then URL (so the order is total and
+    repeatable).
 
     Health comes first so that a node whose tasks fail at once (and is therefore idle first) gets
-    no more work while a healthy node has room; it still takes work when only it has room.
+    no more work while a healthy node has room; it still takes work when only it has room. The
+    count of tasks placed spreads a survey whose submodels start one at a time over all idle
+    nodes: with the URL alone as the tie-break the first node took 37 submodels and the fourth 4
+    (issue 14).
 
     Args:
         load: the node's load as a fraction, e.g. running tasks / task slots (0 = idle).
         health: the node's state.
         url: the node's public URL.
+        placed: tasks placed on the node so far in this run.
     """
-    return (HEALTH_RANK[health], load, url)
+    return (HEALTH_RANK[health], load, placed, url)
 
 
 def order_nodes(loads: Mapping[str, float], book: HealthBook) -> list[str]:
     """The URLs of ``loads`` (url -> load fraction) in placement order (see :func:`placement_key`),
     leaving out a probing node whose probe is still out."""
     usable = [url for url in loads if book.may_take_task(url)]
-    return sorted(usable, key=lambda url: placement_key(loads[url], book.health(url), url))
+    return sorted(
+        usable,
+        key=lambda url: placement_key(
+            loads[url], book.health(url), url, book.record(url).tasks_placed
+        ),
+    )

@@ -88,7 +88,10 @@ class NodePool:
         return min(
             fitting,
             key=lambda n: placement_key(
-                n.running / max(1, n.max_parallel_tasks), self.health.health(n.key), n.key
+                n.running / max(1, n.max_parallel_tasks),
+                self.health.health(n.key),
+                n.key,
+                self.health.record(n.key).tasks_placed,
             ),
         )
 

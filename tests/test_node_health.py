@@ -163,3 +163,18 @@ def test_order_leaves_out_a_node_whose_probe_is_out(clock: Clock) -> None:
     assert order_nodes({A: 0.0, B: 0.0}, health) == [B, A]
     health.task_started(A)
     assert order_nodes({A: 0.0, B: 0.0}, health) == [B]
+
+
+def test_submodels_started_one_at_a_time_spread_over_idle_nodes() -> None:
+    # Issue 14: with the URL as the only tie-break, a survey whose submodels start one after
+    # another (each finishing before the next is placed) all went to the first node.
+    from prefect_odm.pool import NodePool, PoolNode
+
+    urls = [f"http://127.0.0.1:{3000 + i}" for i in range(4)]
+    pool = NodePool([PoolNode(key=u, memory_gib=16.0, max_parallel_tasks=2) for u in urls])
+    placed: list[str] = []
+    for i in range(40):
+        with pool.lease(1.0, what=f"submodel {i}") as node:
+            placed.append(node.key)
+    assert [placed.count(u) for u in urls] == [10, 10, 10, 10]
+    assert placed[:4] == urls  # repeatable: ties still go to the lower URL
