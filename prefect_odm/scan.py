@@ -3,7 +3,8 @@
 Reads from a local folder (recursive) or any fsspec URL prefix (``s3://bucket/prefix`` with
 ``storage_options``, e.g. an ``endpoint_url``). Per file it reads only the header bytes
 (:mod:`prefect_odm.exif`) plus a short tail read that tells whether a JPEG is complete. Content
-identity: ``sha256:<hex>`` of the whole file for local files; for object stores
+identity: ``sha256:<hex>`` of the whole file for local files (remembered by path and stat in
+:mod:`prefect_odm.identity_cache`, so an unchanged file is not read again); for object stores
 ``etag:<etag>:<size>`` (no full read), falling back to sha256 when the store gives no ETag.
 
 Rejection rules (each rejected file keeps its reason, :data:`prefect_odm.models.RejectReason`):
@@ -36,7 +37,9 @@ from prefect_odm.exif import RangeReader, file_range_reader, read_metadata
 from prefect_odm.fingerprints import survey_fingerprint
 from prefect_odm.flight_checks import low_altitude_mask, position_outlier_mask
 from prefect_odm.geo import project_lonlat, survey_utm_epsg
+from prefect_odm.identity_cache import IdentityCache, open_default_cache
 from prefect_odm.models import ImageMetadata, ImageRecord, RejectedImage, RejectReason, Survey
+from prefect_odm.settings import prefect_odm_home
 
 logger = logging.getLogger(__name__)
 
@@ -99,18 +102,24 @@ def _read_header_into(res: _FileResult, read: RangeReader) -> None:
         res.reason, res.detail = exc.reason, exc.detail
 
 
-def _scan_local_file(root: Path, path: Path) -> _FileResult:
+def _scan_local_file(root: Path, path: Path, cache: IdentityCache | None) -> _FileResult:
     name = path.relative_to(root).as_posix()
-    size = path.stat().st_size
-    res = _FileResult(name=name, url=str(path), size_bytes=size)
+    st = path.stat()
+    res = _FileResult(name=name, url=str(path), size_bytes=st.st_size)
     with path.open("rb") as fh:
         _read_header_into(res, file_range_reader(fh))
+        known = cache.get(path, st) if cache is not None else None
+        if known is not None:
+            res.identity = known
+            return res
         digest = hashlib.sha256()
         fh.seek(0)
         while chunk := fh.read(_HASH_CHUNK):
             digest.update(chunk)
             res.identity_bytes += len(chunk)
     res.identity = f"sha256:{digest.hexdigest()}"
+    if cache is not None:
+        cache.put(path, st, res.identity)
     return res
 
 
@@ -141,7 +150,7 @@ def _no_images(images: str) -> NoImagesError:
     return NoImagesError(f"{images}: no image files ({', '.join(IMAGE_SUFFIXES)}) found")
 
 
-def _scan_local(images: str, max_workers: int) -> list[_FileResult]:
+def _scan_local(images: str, max_workers: int, cache: IdentityCache | None) -> list[_FileResult]:
     root = Path(images[len("file://") :] if images.startswith("file://") else images)
     if not root.exists():
         raise InputError(f"{images}: does not exist")
@@ -152,7 +161,7 @@ def _scan_local(images: str, max_workers: int) -> list[_FileResult]:
     )
     if not paths:
         raise _no_images(images)
-    return _scan_all(lambda p: _scan_local_file(root, p), paths, max_workers)
+    return _scan_all(lambda p: _scan_local_file(root, p, cache), paths, max_workers)
 
 
 def _scan_remote(
@@ -187,10 +196,18 @@ def _scan_remote(
 
 
 def _list_and_scan(
-    images: str, storage_options: dict[str, Any] | None, max_workers: int
+    images: str,
+    storage_options: dict[str, Any] | None,
+    max_workers: int,
+    use_identity_cache: bool,
 ) -> list[_FileResult]:
     if "://" not in images or images.startswith("file://"):
-        return _scan_local(images, max_workers)
+        cache = open_default_cache(prefect_odm_home()) if use_identity_cache else None
+        try:
+            return _scan_local(images, max_workers, cache)
+        finally:
+            if cache is not None:
+                cache.close()
     return _scan_remote(images, storage_options, max_workers)
 
 
@@ -301,12 +318,13 @@ def scan_survey_with_stats(
     policy: Literal["exclude", "fail"] = "exclude",
     storage_options: dict[str, Any] | None = None,
     max_workers: int = 8,
+    use_identity_cache: bool = True,
 ) -> tuple[Survey, ScanStats]:
     """:func:`scan_survey`, also returning the :class:`ScanStats` of the scan."""
     if policy not in ("exclude", "fail"):
         raise InputError(f"unknown policy {policy!r}; expected 'exclude' or 'fail'")
     t0 = time.perf_counter()
-    results = _list_and_scan(str(images), storage_options, max_workers)
+    results = _list_and_scan(str(images), storage_options, max_workers, use_identity_cache)
     stats = ScanStats(
         files=len(results),
         metadata_bytes=sum(r.metadata_bytes for r in results),
@@ -333,6 +351,7 @@ def scan_survey(
     policy: Literal["exclude", "fail"] = "exclude",
     storage_options: dict[str, Any] | None = None,
     max_workers: int = 8,
+    use_identity_cache: bool = True,
 ) -> Survey:
     """Scan the images of a survey.
 
@@ -342,6 +361,9 @@ def scan_survey(
             ``Survey.rejected``; ``"fail"`` raises on the first one.
         storage_options: fsspec options for URLs (e.g. ``{"endpoint_url": ..., "key": ...}``).
         max_workers: files read concurrently.
+        use_identity_cache: take a local image's identity from the machine's cache
+            (:mod:`prefect_odm.identity_cache`, keyed by path and stat) instead of hashing it
+            again when the file is unchanged.
 
     Returns:
         The :class:`~prefect_odm.models.Survey`: accepted images sorted by name, rejected files
@@ -354,7 +376,11 @@ def scan_survey(
         StorageError: the location cannot be listed.
     """
     return scan_survey_with_stats(
-        images, policy=policy, storage_options=storage_options, max_workers=max_workers
+        images,
+        policy=policy,
+        storage_options=storage_options,
+        max_workers=max_workers,
+        use_identity_cache=use_identity_cache,
     )[0]
 
 
