@@ -226,6 +226,34 @@ class RasterCorrection:
             float(out[1, 2]),
         )
 
+    def then(self, other: RasterCorrection) -> RasterCorrection:
+        """This correction followed by ``other`` (whose ``x, y`` are this one's corrected ones).
+
+        Exact when ``other`` has no lean and ``z_scale`` 1 (a height plane plus an affine, as
+        :func:`~prefect_odm.align.align_heights` solves); the lean is this one's.
+        """
+        h1 = np.array([*self.affine, (0.0, 0.0, 1.0)])
+        h2 = np.array([*other.affine, (0.0, 0.0, 1.0)])
+        q0, qx, qy = other.z_plane
+        p0, px, py = self.z_plane
+        (a, b, c), (d, e, f) = self.affine
+        k = other.z_scale
+        out = h2 @ h1
+        return RasterCorrection(
+            affine=(
+                (float(out[0, 0]), float(out[0, 1]), float(out[0, 2])),
+                (float(out[1, 0]), float(out[1, 1]), float(out[1, 2])),
+            ),
+            lean_m_per_m=self.lean_m_per_m,
+            reference_height_m=self.reference_height_m,
+            z_scale=k * self.z_scale,
+            z_plane=(
+                k * p0 + q0 + qx * c + qy * f,
+                k * px + qx * a + qy * d,
+                k * py + qx * b + qy * e,
+            ),
+        )
+
     def inverse_affine(self) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
         """``((a, b, c), (d, e, f))`` mapping corrected ``(x', y')`` back to source ``(x, y)``.
 
