@@ -136,6 +136,7 @@ def check_coverage(
     inputs: Mapping[str, str],
     work: Path,
     planned_footprint: dict[str, Any] | None,
+    alignment: AlignmentReport | None = None,
 ) -> CoverageReport:
     """Coverage of the merged orthophoto against the inputs and the planned footprint.
 
@@ -143,12 +144,14 @@ def check_coverage(
     what the submodels cover, or less than half the planned footprint
     (:data:`prefect_odm.merge.coverage.MIN_COVERAGE_OF_PLANNED`: an estimate from camera
     positions and heights, so only a gross shortfall is an error; the figure is reported).
+    With ``alignment``, each input is compared where the merge put it.
     """
     from prefect_odm.merge import coverage_report
 
     local = _local_inputs(inputs, work, "orthophoto")
     try:
-        return coverage_report(merged_orthophoto, local, planned_footprint)
+        fixes = alignment.raster_corrections() if alignment is not None else None
+        return coverage_report(merged_orthophoto, local, planned_footprint, corrections=fixes)
     except MergeError as exc:
         raise MergeError(
             str(exc).replace(str(merged_orthophoto), "the merged orthophoto")
@@ -276,6 +279,7 @@ def merge_products(
                 _inputs_of(products, "orthophoto"),
                 work,
                 kw["planned_footprint"],
+                alignment,
             )
         stored: dict[str, str] = {}
         for staged, path in run.staged.items():
