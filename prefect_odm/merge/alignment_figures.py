@@ -40,7 +40,7 @@ def _result_lines(title: str, result: AlignmentResult) -> list[str]:
         "|---|---|---|---|---|---|",
     ]
     lines += [
-        f"| {o.overlap} | {o.n_shared} | {o.n_used} | {o.rms_before_m:.3f} | "
+        f"| {o.first} / {o.second} | {o.n_shared} | {o.n_used} | {o.rms_before_m:.3f} | "
         f"{o.rms_after_m:.3f} | {o.max_after_m:.3f} |"
         for o in result.overlaps
     ]
@@ -88,8 +88,10 @@ def alignment_png(report: AlignmentReport) -> bytes:
     import matplotlib.pyplot as plt
 
     ids = [t.submodel_id for t in report.result.transforms]
-    centres = {t.submodel_id: np.asarray(t.centre_m[:2]) for t in report.result.transforms}
-    moves = {sid: _move(report, sid, centres[sid]) for sid in ids}
+    absolute = {t.submodel_id: np.asarray(t.centre_m[:2]) for t in report.result.transforms}
+    origin = np.floor(np.min(np.stack(list(absolute.values())), axis=0) / 100.0) * 100.0
+    centres = {sid: c - origin for sid, c in absolute.items()}
+    moves = {sid: _move(report, sid, absolute[sid]) for sid in ids}
     span = max(float(np.ptp(np.stack(list(centres.values())), axis=0).max()), 1.0)
     biggest = max((float(np.hypot(*m[:2])) for m in moves.values()), default=0.0)
     factor = 0.15 * span / biggest if biggest > 0 else 1.0
@@ -118,8 +120,9 @@ def alignment_png(report: AlignmentReport) -> bytes:
         fontsize=9,
     )
     ax.set_aspect("equal")
-    ax.set_xlabel("easting (m)")
-    ax.set_ylabel("northing (m)")
+    ax.margins(0.15)
+    ax.set_xlabel(f"easting - {origin[0]:.0f} (m)")
+    ax.set_ylabel(f"northing - {origin[1]:.0f} (m)")
     buf = io.BytesIO()
     fig.savefig(buf, format="png", bbox_inches="tight")
     plt.close(fig)
