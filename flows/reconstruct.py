@@ -134,8 +134,7 @@ def reconstruct(
             inline subflows, unless ``PREFECT_ODM_SUBMODEL_DEPLOYMENT`` is set.
         priority: ``"urgent"`` puts the submodel runs (deployment mode) on the urgent work queue,
             taken before the default queue's backlog. Not part of any fingerprint.
-        merge_options: how submodels are aligned and merged (gate thresholds,
-            ``accept_alignment``); None for the defaults. Part of the merge fingerprint.
+        merge_options: alignment gates, ``accept_alignment``, merge settings (None: defaults).
 
     Returns:
         The manifest (also written to ``manifest.json`` next to the products, last).
@@ -164,9 +163,7 @@ def reconstruct(
     if failed and not allow_partial:
         raise IncompleteRunError(failed)
     with timer.stage("merge"):
-        merge_fp, products, merge_reports = _merge_or_reuse(
-            plan, results, layout, force, merge_options or MergeOptions()
-        )
+        merge_fp, products, reports = _merge_or_reuse(plan, results, layout, force, merge_options)
     manifest = run_manifest(
         source=images,
         survey=survey,
@@ -175,11 +172,11 @@ def reconstruct(
         products=products,
         results=results,
         failed=failed,
-        merge_reports=merge_reports,
+        merge_reports=reports,
         timings_seconds=timer.finish(),
         node_health=health,
     )
-    publish_report(manifest, plan, survey, layout, merge_reports)
+    publish_report(manifest, plan, survey, layout, reports)
     storage.write_json_atomic(layout.manifest, manifest.model_dump(mode="json"))
     progress.emit("stage", name="done")
     return manifest
@@ -354,7 +351,7 @@ def _merge_or_reuse(
     results: dict[str, SubmodelResult],
     layout: OutputLayout,
     force: bool,
-    options: MergeOptions,
+    merge_options: MergeOptions | None,
 ) -> tuple[str, dict[str, str], dict[str, Any]]:
     """(merge fingerprint, product -> URL, merge reports): the stored merge when its inputs are
     the same (the manifest and report still describe this run), else a new merge.
@@ -362,7 +359,7 @@ def _merge_or_reuse(
     Raises:
         MergeError: no submodel finished.
     """
-    merged = mergeable(results.values())
+    merged, options = mergeable(results.values()), merge_options or MergeOptions()
     if not merged:
         raise MergeError("no submodel finished: nothing to merge")
     merge_fp = merge_fingerprint(

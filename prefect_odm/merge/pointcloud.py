@@ -284,7 +284,7 @@ def _resolve_owners(infos: list[_Input], crs: pyproj.CRS, ownership: Ownership |
 class _Streamer:
     """Streams the points each input owns into one open ``LasWriter``."""
 
-    writer: laspy.LasWriter
+    writer: laspy.LasWriter | None
     header: laspy.LasHeader
     crs: pyproj.CRS
     owners: Ownership
@@ -352,6 +352,7 @@ class _Streamer:
             xyz = (x, y, z)
         keep = cells.label_of_points(x, y) == label
         count = int(keep.sum())
+        assert self.writer is not None, "the streamer writes only inside _write_all"
         if count:
             if shift is not None:
                 self.writer.write_points(_shifted(chunk[keep], shift, self.header))
@@ -383,6 +384,35 @@ def _check_written(
     if out_crs is None or not out_crs.equals(crs):
         raise MergeError(f"{out}: the written CRS {out_crs} is not {crs}")
     return mins, maxs
+
+
+def _write_all(
+    streamer: _Streamer, infos: list[_Input], out: Path
+) -> tuple[list[SubmodelPoints], list[str], int, tuple[Any, Any]]:
+    """Stream every input into ``out`` (through a temporary name), check it, promote it.
+
+    Returns:
+        ``(per-submodel points, reprojected ids, points kept, (mins, maxs))``.
+    """
+    per, reprojected = [], []
+    tmp = out.with_name(f".{out.stem}.{uuid.uuid4().hex[:8]}.tmp{out.suffix}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        compress = out.suffix.lower() == ".laz"
+        with laspy.open(tmp, mode="w", header=streamer.header, do_compress=compress) as writer:
+            streamer.writer = writer
+            for inp in infos:
+                points, warped = streamer.write_input(inp)
+                per.append(points)
+                if warped:
+                    reprojected.append(inp.submodel_id)
+        kept_total = sum(p.points_kept for p in per)
+        bounds = _check_written(tmp, out, kept_total, streamer.crs)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return per, reprojected, kept_total, bounds
 
 
 def _xyz(values: Any) -> tuple[float, float, float]:
@@ -437,26 +467,8 @@ def merge_point_clouds(
         moving = {sid: partial(alignment.apply_points, sid) for sid in alignment.moving_ids()}
     header = _output_header(infos, crs, moving)
     total_in = sum(int(i.header.point_count) for i in infos)
-    per, reprojected = [], []
-    tmp = out.with_name(f".{out.stem}.{uuid.uuid4().hex[:8]}.tmp{out.suffix}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        compress = out.suffix.lower() == ".laz"
-        with laspy.open(tmp, mode="w", header=header, do_compress=compress) as writer:
-            streamer = _Streamer(
-                writer, header, crs, owners, chunk_points, progress, total_in, moving
-            )
-            for inp in infos:
-                points, warped = streamer.write_input(inp)
-                per.append(points)
-                if warped:
-                    reprojected.append(inp.submodel_id)
-        kept_total = sum(p.points_kept for p in per)
-        mins, maxs = _check_written(tmp, out, kept_total, crs)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    streamer = _Streamer(None, header, crs, owners, chunk_points, progress, total_in, moving)
+    per, reprojected, kept_total, (mins, maxs) = _write_all(streamer, infos, out)
     elapsed = time.perf_counter() - started
     return PointCloudMergeReport(
         path=str(out),

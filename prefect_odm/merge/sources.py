@@ -368,32 +368,11 @@ class SourceReader:
         else:
             valid = ds.read_masks(src.value_bands[0], out_shape=shape, **kw) > 0
         if src.heights is not None:
-            values = self._corrected_heights(src.heights, window, values, valid)
+            g = self._plan.grid
+            values = src.heights.heights_on_grid(
+                (g.left, g.top, g.resolution_m), window, values, valid
+            )
         return values, valid
-
-    def _corrected_heights(
-        self,
-        fix: RasterCorrection,
-        window: Window4,
-        values: NDArray[np.float32],
-        valid: NDArray[np.bool_],
-    ) -> NDArray[np.float32]:
-        """The first band plus the height plane at each valid cell (nodata cells untouched).
-
-        The plane is in source coordinates: each output cell's centre is taken back through
-        the inverse of the horizontal correction.
-        """
-        g = self._plan.grid
-        rows, cols = valid.shape
-        step_r, step_c = window[2] / rows, window[3] / cols
-        xs = g.left + (window[1] + (np.arange(cols) + 0.5) * step_c) * g.resolution_m
-        ys = g.top - (window[0] + (np.arange(rows) + 0.5) * step_r) * g.resolution_m
-        gx, gy = np.meshgrid(xs, ys)
-        (a, b, c), (d, e, f) = fix.inverse_affine()
-        sx, sy = a * gx[valid] + b * gy[valid] + c, d * gx[valid] + e * gy[valid] + f
-        out = values.copy()
-        out[0][valid] = fix.corrected_heights(sx, sy, values[0][valid]).astype(np.float32)
-        return out
 
     def close(self) -> None:
         """Close every dataset this reader opened."""
