@@ -256,7 +256,7 @@ def plan_grid(
         if sid in fixes:
             src = replace(
                 src,
-                src_transform=tuple(infos[sid].transform)[:6],  # type: ignore[arg-type]
+                src_transform=tuple(infos[sid].transform)[:6],
                 heights=fixes[sid] if correct_heights else None,
             )
         sources.append(src)
