@@ -135,7 +135,9 @@ def build_alignment(
         result = _solve(tables, products, dsms, Path(tmp), options, gps, crs_epsg)
         if result is None:
             return None
-        report = AlignmentReport(result=result, ground_heights_m=ground_heights(dsms))
+        report = AlignmentReport(
+            result=result, ground_heights_m=ground_heights(dsms) if dsms else {}
+        )
         if result.method == "cameras" and options.alignment.refine_from_products:
             orthos = _local(products, "orthophoto", Path(tmp))
             if len(dsms) > 1:
