@@ -10,7 +10,21 @@ Blocks: synthetic, from ``tests/align_blocks.py``: a grid of submodels of 120 m 
 overlap, shots every 20 m (about 48 cameras per submodel), each submodel off by a random
 similarity (1 m, 0.3 deg, 0.2 %) plus 2 cm camera noise.
 
+With ``--survey DIR`` (the survey folder of a real run, e.g. brighton made with
+``prefect-odm reconstruct ../shared/data/brighton_beach_1600/images -o OUT --split 10
+--split-overlap-m 20``; ``--survey reconstruct`` makes that run first, in a temporary folder), it
+instead measures the alignment wired into the merge on that run, all in this process:
+
+* the alignment's cost (``build_alignment``: cameras, refinement from the products, ground
+  heights) against the named baseline, the merge itself (orthophoto, DSM and point cloud merges
+  with the alignment applied), and their ratio (issue 11: at most 20 %);
+* before and after alignment, per overlap: the orthophoto shift between neighbours (phase
+  correlation on 50 m and 20 m tiles), the DSM disagreement p90 and the median height step;
+* the issue's known transform (3 m shift, 1.5 m height, 1 deg tilt, 0.2 % scale) applied to the
+  second submodel's products and cameras, then aligned again: how closely it is recovered.
+
 Usage: python benchmarks/bench_align.py [--sizes 10 100 400] [--repeat 3]
+       python benchmarks/bench_align.py --survey DIR|reconstruct
 """
 
 from __future__ import annotations
@@ -24,8 +38,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the block generator
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from align_blocks import make_block  # noqa: E402
+from bench_align_real import bench_survey  # noqa: E402
 
 from prefect_odm.align import Similarity, align_submodels, shared_cameras, umeyama  # noqa: E402
 
@@ -49,7 +65,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 400])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--survey", help="a real run's survey folder, or 'reconstruct'")
     args = parser.parse_args()
+    if args.survey:
+        bench_survey(args.survey)
+        return
     rng = np.random.default_rng(0)
     print(
         f"{'submodels':>9} {'overlaps':>8} {'cameras':>8} {'joint s':>9} {'pairwise s':>10} {'ratio':>6} {'rms m':>6}"

@@ -12,11 +12,12 @@ import tempfile
 from pathlib import Path
 
 from prefect import flow, get_run_logger
+from prefect_odm.tasks.align import align_submodels
 from prefect_odm.tasks.merge import find_existing_outputs, merge_products
 from prefect_odm.tasks.report import publish_existing_merge
 
 from prefect_odm.layout import OutputLayout
-from prefect_odm.merge.existing import plan_existing_merge
+from prefect_odm.merge.existing import plan_existing_merge, shots_url
 from prefect_odm.models import Manifest, MergeOptions
 
 
@@ -36,8 +37,10 @@ def merge_existing(
         plan: optional ``plan.json`` of a prefect-odm run that made these outputs: its ownership
             rule (nearest core camera) is used, so the result equals that run's own merge.
             Without it, each input owns the ground nearest the centroid of its orthophoto.
-        options: how the products are merged (seam method, feathering, balancing); None for the
-            defaults.
+        options: how the products are aligned and merged (gate thresholds, ``accept_alignment``,
+            seam method, feathering, balancing); None for the defaults. The outputs are aligned
+            to each other first: from the cameras they share (their ``shots.geojson``) when
+            every output has them, else from their DSMs and orthophotos in the overlaps.
 
     Returns:
         The manifest, written last next to the merged products.
@@ -45,6 +48,8 @@ def merge_existing(
     Raises:
         InputError: a location does not exist or holds no ODM product.
         MergeError: the merged result is empty or does not cover what the inputs cover.
+        AlignmentError: an alignment quality gate failed (naming the output and the figure)
+            and ``options.accept_alignment`` is off.
     """
     logger = get_run_logger()
     with tempfile.TemporaryDirectory(prefix="prefect-odm-existing-") as tmp:
@@ -52,12 +57,21 @@ def merge_existing(
         logger.info("found %d outputs: %s", len(found), ", ".join(o.submodel_id for o in found))
         request = plan_existing_merge(found, plan, options)
         layout = OutputLayout(output, request.identity)
+        opts = options or MergeOptions()
+        alignment = align_submodels(
+            request.products,
+            {request.submodel_of(o.submodel_id): shots_url(o.location) for o in found},
+            opts,
+            gps=request.gps or None,
+            crs_epsg=request.crs_epsg,
+        )
         merged = merge_products(
             request.products,
             layout.merged_product,
             ownership=request.ownership,
             crs_epsg=request.crs_epsg,
             planned_footprint=None,
-            options=options,
+            options=opts,
+            alignment=alignment,
         )
     return publish_existing_merge(inputs, request, merged, layout)

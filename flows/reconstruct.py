@@ -16,6 +16,7 @@ from prefect import flow, get_run_logger
 from prefect.client.schemas.objects import FlowRun
 from prefect.futures import PrefectFuture, as_completed
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
+from prefect_odm.tasks.align import align_submodels
 from prefect_odm.tasks.artifacts import new_progress, set_progress
 from prefect_odm.tasks.deployment import result_of, start_submodel_run, wait_for_runs
 from prefect_odm.tasks.merge import merge_all
@@ -111,6 +112,7 @@ def reconstruct(
     node_pool: str | None = None,
     submodel_deployment: str | None = _SUBMODEL_DEPLOYMENT,
     priority: Literal["normal", "urgent"] = _PRIORITY,
+    merge_options: MergeOptions | None = None,
 ) -> Manifest:
     """Reconstruct a drone survey into one orthophoto, DSM and point cloud.
 
@@ -132,6 +134,7 @@ def reconstruct(
             inline subflows, unless ``PREFECT_ODM_SUBMODEL_DEPLOYMENT`` is set.
         priority: ``"urgent"`` puts the submodel runs (deployment mode) on the urgent work queue,
             taken before the default queue's backlog. Not part of any fingerprint.
+        merge_options: alignment gates, ``accept_alignment``, merge settings (None: defaults).
 
     Returns:
         The manifest (also written to ``manifest.json`` next to the products, last).
@@ -160,7 +163,7 @@ def reconstruct(
     if failed and not allow_partial:
         raise IncompleteRunError(failed)
     with timer.stage("merge"):
-        merge_fp, products, merge_reports = _merge_or_reuse(plan, results, layout, force)
+        merge_fp, products, reports = _merge_or_reuse(plan, results, layout, force, merge_options)
     manifest = run_manifest(
         source=images,
         survey=survey,
@@ -169,11 +172,11 @@ def reconstruct(
         products=products,
         results=results,
         failed=failed,
-        merge_reports=merge_reports,
+        merge_reports=reports,
         timings_seconds=timer.finish(),
         node_health=health,
     )
-    publish_report(manifest, plan, survey, layout, merge_reports)
+    publish_report(manifest, plan, survey, layout, reports)
     storage.write_json_atomic(layout.manifest, manifest.model_dump(mode="json"))
     progress.emit("stage", name="done")
     return manifest
@@ -344,7 +347,11 @@ def _run_as_deployments(
 
 
 def _merge_or_reuse(
-    plan: SplitPlan, results: dict[str, SubmodelResult], layout: OutputLayout, force: bool
+    plan: SplitPlan,
+    results: dict[str, SubmodelResult],
+    layout: OutputLayout,
+    force: bool,
+    merge_options: MergeOptions | None,
 ) -> tuple[str, dict[str, str], dict[str, Any]]:
     """(merge fingerprint, product -> URL, merge reports): the stored merge when its inputs are
     the same (the manifest and report still describe this run), else a new merge.
@@ -352,11 +359,11 @@ def _merge_or_reuse(
     Raises:
         MergeError: no submodel finished.
     """
-    merged = mergeable(results.values())
+    merged, options = mergeable(results.values()), merge_options or MergeOptions()
     if not merged:
         raise MergeError("no submodel finished: nothing to merge")
     merge_fp = merge_fingerprint(
-        [(r.submodel_id, r.fingerprint) for r in merged], plan.fingerprint, MergeOptions()
+        [(r.submodel_id, r.fingerprint) for r in merged], plan.fingerprint, options
     )
     stored = None if force else stored_manifest(layout, merge_fp)
     if stored is not None:
@@ -364,25 +371,36 @@ def _merge_or_reuse(
         progress.emit("stage", name="merge reused")
         return merge_fp, stored.products, stored_merge_reports(layout)
     progress.emit("stage", name="merge")
-    products, reports = _merge(plan, merged, layout)
+    products, reports = _merge(plan, merged, layout, options)
     return merge_fp, products, reports
 
 
 def _merge(
-    plan: SplitPlan, merged: list[SubmodelResult], layout: OutputLayout
+    plan: SplitPlan, merged: list[SubmodelResult], layout: OutputLayout, options: MergeOptions
 ) -> tuple[dict[str, str], dict[str, Any]]:
-    """Merge every product the finished submodels have; store them under ``layout.merged_dir``."""
+    """Align the finished submodels, then merge every product they have; store the products
+    under ``layout.merged_dir``."""
     ids = [r.submodel_id for r in merged]
     ownership = Ownership.from_cameras(
         ((c.x_m, c.y_m, c.submodel_id) for c in plan.cameras), only=ids
     )
     asked = plan.options.to_nodeodm()
+    products = {r.submodel_id: asked_products(r.products, asked) for r in merged}
+    alignment = align_submodels(
+        products,
+        {r.submodel_id: layout.submodel_shots(r.submodel_id, r.fingerprint) for r in merged},
+        options,
+        gps={c.name: (c.x_m, c.y_m, c.z_m) for c in plan.cameras if c.z_m is not None},
+        crs_epsg=plan.crs_epsg,
+    )
     return merge_all(
-        {r.submodel_id: asked_products(r.products, asked) for r in merged},
+        products,
         layout.merged_product,
         ownership=ownership,
         crs_epsg=plan.crs_epsg,
         planned_footprint=_planned_footprint(plan),
+        options=options,
+        alignment=alignment,
     )
 
 

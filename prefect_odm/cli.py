@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from prefect_odm.cli_args import build_parser, processing_options
+from prefect_odm.cli_args import build_parser, merge_options, processing_options
 from prefect_odm.cli_console import quiet_prefect_console
 from prefect_odm.errors import InputError, NodeError, PlanningError, PrefectODMError
 from prefect_odm.layout import PLAN_FILES, plan_file
@@ -135,7 +135,9 @@ def _merge_existing(args: argparse.Namespace) -> int:
     if args.plan is not None:
         _check_plan_file(args.plan)
     quiet_prefect_console(args.verbose)
-    manifest = merge_existing(inputs=args.inputs, output=args.output, plan=args.plan)
+    manifest = merge_existing(
+        inputs=args.inputs, output=args.output, plan=args.plan, options=merge_options(args)
+    )
     for name, url in sorted(manifest.products.items()):
         print(f"{name}: {url}")
     return 0

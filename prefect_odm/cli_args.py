@@ -12,7 +12,7 @@ from prefect_odm.layout import PLAN_FILES
 from prefect_odm.settings import DEFAULT_SPLIT, DEFAULT_SPLIT_OVERLAP_M
 
 if TYPE_CHECKING:
-    from prefect_odm.models import ProcessingOptions
+    from prefect_odm.models import MergeOptions, ProcessingOptions
 
 DESCRIPTION = "Command line: ``prefect-odm plan|reconstruct|merge|engine serve``."
 
@@ -133,6 +133,22 @@ def processing_options(args: argparse.Namespace) -> ProcessingOptions:
         raise InputError(f"{flag}: {first['msg']}") from None
 
 
+def _add_accept_alignment(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--accept-alignment",
+        action="store_true",
+        help="merge even when the alignment between submodels fails its quality gates "
+        "(the report then says so)",
+    )
+
+
+def merge_options(args: argparse.Namespace) -> MergeOptions:
+    """The merge options of the command line (``--accept-alignment``)."""
+    from prefect_odm.models import MergeOptions
+
+    return MergeOptions(accept_alignment=bool(getattr(args, "accept_alignment", False)))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every ``prefect-odm`` sub-command."""
     parser = argparse.ArgumentParser(prog="prefect-odm", description=DESCRIPTION)
@@ -153,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-partial", action="store_true", help="merge what finished and list failed submodels"
     )
     rec.add_argument("--force", action="store_true", help="process every submodel again")
+    _add_accept_alignment(rec)
 
     plan = sub.add_parser("plan", help="scan and plan a survey without processing it")
     plan.add_argument("images", help="folder or fsspec URL of geotagged images")
@@ -177,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--plan",
         help="plan.json of the prefect-odm run that made the inputs (same seams as its merge)",
     )
+    _add_accept_alignment(mrg)
 
     slots = sub.add_parser(
         "slots", help="inspect or reset the memory slots (global concurrency limit)"

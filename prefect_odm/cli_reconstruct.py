@@ -15,7 +15,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from prefect_odm import __version__, storage
-from prefect_odm.cli_args import processing_options
+from prefect_odm.cli_args import merge_options, processing_options
 from prefect_odm.cli_console import quiet_prefect_console
 from prefect_odm.errors import InputError
 from prefect_odm.layout import LAST_RUN_FILE, OutputLayout, join
@@ -247,7 +247,11 @@ def _run_flow(args: argparse.Namespace, options: ProcessingOptions, embedded_api
 def _flow_parameters(args: argparse.Namespace, options: ProcessingOptions) -> dict[str, Any]:
     """The ``reconstruct`` flow's parameters from the command line."""
     names = ("images", "output", "nodes", "split", "split_overlap_m", "allow_partial", "force")
-    return {**{name: getattr(args, name) for name in names}, "options": options}
+    return {
+        **{name: getattr(args, name) for name in names},
+        "options": options,
+        "merge_options": merge_options(args),
+    }
 
 
 class _ProgressBars:

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from prefect_odm.align.report import AlignmentOptions, AlignmentReport
 from prefect_odm.registry import ProductName as ProductName  # re-exported
 
 OptionValue = str | int | float | bool
@@ -291,6 +292,11 @@ class Manifest(BaseModel):
     node_health: list[dict[str, Any]] = Field(default_factory=list)
     """Each node's record in this run (``HealthBook.report()``: state, tasks completed and
     failed, fast failures, request failures, last error); empty when no submodel ran here."""
+    alignment: AlignmentReport | None = Field(
+        None,
+        description="Each submodel's transform and residuals, the failed gates and whether the "
+        "operator accepted them; None when the merge did not align.",
+    )
 
 
 class MergeOptions(BaseModel):
@@ -317,5 +323,26 @@ class MergeOptions(BaseModel):
         10.0, ge=0, description="Distance over which DEMs blend towards a data edge, metres."
     )
     remove_vertical_offsets: bool = Field(
-        True, description="Remove constant height offsets between DEMs, solved jointly."
+        True,
+        description="Without an alignment: remove constant height offsets between DEMs, solved "
+        "jointly and bounded by max_dem_offset_m. With one, heights come from the alignment.",
+    )
+    max_dem_offset_m: float = Field(
+        5.0,
+        gt=0,
+        description="Largest plausible height offset between DEMs, metres: a larger solved "
+        "offset fails the merge naming the submodel (never applied: it would flatten a slope).",
+    )
+    align: bool = Field(
+        True,
+        description="Align the submodels to each other (cameras they share, else their DSMs and "
+        "orthophotos in the overlaps) and apply the transforms before merging.",
+    )
+    alignment: AlignmentOptions = Field(
+        default_factory=AlignmentOptions,
+        description="The alignment's solver settings and quality gate thresholds.",
+    )
+    accept_alignment: bool = Field(
+        False,
+        description="Merge even when alignment quality gates fail; the report then says so.",
     )

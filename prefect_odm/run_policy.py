@@ -143,6 +143,7 @@ def run_manifest(
         coverage={k: float(v) for k, v in coverage.items() if isinstance(v, int | float)},
         timings_seconds={k: round(v, 3) for k, v in timings_seconds.items()},
         node_health=[dict(record) for record in node_health],
+        alignment=merge_reports.get("alignment"),
     )
 
 

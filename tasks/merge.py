@@ -18,6 +18,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from prefect_odm import progress, storage
+from prefect_odm.align.report import AlignmentReport
 from prefect_odm.errors import MergeError
 from prefect_odm.merge.existing import ExistingOutput
 from prefect_odm.merge.reports import (
@@ -59,6 +60,7 @@ class MergeContext:
         crs_epsg: CRS of the merged products; None: the first input's.
         options: how the products are merged.
         workers: threads of the raster merges.
+        alignment: the alignment between submodels, applied to every product (None: none).
     """
 
     work: Path
@@ -66,6 +68,7 @@ class MergeContext:
     crs_epsg: int | None
     options: MergeOptions = field(default_factory=MergeOptions)
     workers: int = 2
+    alignment: AlignmentReport | None = None
 
     def raster_keywords(self, product: str) -> RasterMergeKeywords:
         """The raster merges' run keywords (CRS, threads, progress events for ``product``)."""
@@ -86,7 +89,10 @@ def merge_orthophotos(
 
     local = _local_inputs(inputs, context.work, "orthophoto")
     keywords = context.raster_keywords("orthophoto")
-    return _merge(local, out, ownership=context.ownership, options=context.options, **keywords)
+    return _merge(
+        local, out, ownership=context.ownership, options=context.options,
+        alignment=context.alignment, **keywords,
+    )  # fmt: skip
 
 
 @task(name="merge_dems", cache_policy=NO_CACHE)
@@ -99,7 +105,10 @@ def merge_dems(
 
     local = _local_inputs(inputs, context.work, product)
     keywords = context.raster_keywords(product)
-    return _merge(local, out, ownership=context.ownership, options=context.options, **keywords)
+    return _merge(
+        local, out, ownership=context.ownership, options=context.options,
+        alignment=context.alignment, **keywords,
+    )  # fmt: skip
 
 
 @task(name="merge_point_clouds", cache_policy=NO_CACHE)
@@ -117,6 +126,7 @@ def merge_point_clouds(
         ownership=context.ownership,
         crs_epsg=context.crs_epsg,
         progress=_on_progress("point_cloud"),
+        alignment=context.alignment,
     )
 
 
@@ -126,6 +136,7 @@ def check_coverage(
     inputs: Mapping[str, str],
     work: Path,
     planned_footprint: dict[str, Any] | None,
+    alignment: AlignmentReport | None = None,
 ) -> CoverageReport:
     """Coverage of the merged orthophoto against the inputs and the planned footprint.
 
@@ -133,12 +144,14 @@ def check_coverage(
     what the submodels cover, or less than half the planned footprint
     (:data:`prefect_odm.merge.coverage.MIN_COVERAGE_OF_PLANNED`: an estimate from camera
     positions and heights, so only a gross shortfall is an error; the figure is reported).
+    With ``alignment``, each input is compared where the merge put it.
     """
     from prefect_odm.merge import coverage_report
 
     local = _local_inputs(inputs, work, "orthophoto")
     try:
-        return coverage_report(merged_orthophoto, local, planned_footprint)
+        fixes = alignment.raster_corrections() if alignment is not None else None
+        return coverage_report(merged_orthophoto, local, planned_footprint, corrections=fixes)
     except MergeError as exc:
         raise MergeError(
             str(exc).replace(str(merged_orthophoto), "the merged orthophoto")
@@ -213,12 +226,15 @@ class MergeKeywords(TypedDict):
         crs_epsg: CRS of the merged products (and of ``ownership``).
         planned_footprint: GeoJSON polygon of the planned area in ``crs_epsg``, for coverage.
         options: how the products are merged; None (or absent) for the defaults.
+        alignment: what the ``align_submodels`` task solved, applied to every product and
+            recorded in the reports; None (or absent): the products as they are.
     """
 
     ownership: Ownership | None
     crs_epsg: int | None
     planned_footprint: dict[str, Any] | None
     options: NotRequired[MergeOptions | None]
+    alignment: NotRequired[AlignmentReport | None]
 
 
 def merge_products(
@@ -231,7 +247,7 @@ def merge_products(
     Args:
         products: submodel id -> product name -> URL.
         layout_merged: product name -> URL where the merged product is stored.
-        **kw: ``ownership``, ``crs_epsg``, ``planned_footprint``, ``options`` (see
+        **kw: ``ownership``, ``crs_epsg``, ``planned_footprint``, ``options``, ``alignment`` (see
             :class:`MergeKeywords`).
 
     Returns:
@@ -248,9 +264,11 @@ def merge_products(
         work = Path(tmp)
         if ownership is None:
             ownership = _derived_ownership(products, work, crs_epsg)
-        run = _MergeRun(
-            MergeContext(work, ownership, crs_epsg, kw.get("options") or MergeOptions())
-        )
+        alignment = kw.get("alignment")
+        options = kw.get("options") or MergeOptions()
+        run = _MergeRun(MergeContext(work, ownership, crs_epsg, options, alignment=alignment))
+        if alignment is not None:
+            run.reports["alignment"] = alignment
         for name, product in PRODUCTS.items():
             inputs = _inputs_of(products, name)
             if inputs:
@@ -261,6 +279,7 @@ def merge_products(
                 _inputs_of(products, "orthophoto"),
                 work,
                 kw["planned_footprint"],
+                alignment,
             )
         stored: dict[str, str] = {}
         for staged, path in run.staged.items():

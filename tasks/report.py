@@ -15,6 +15,7 @@ from prefect_odm.tasks.merge import MergedProducts
 
 from prefect_odm import __version__, storage
 from prefect_odm.layout import OutputLayout
+from prefect_odm.merge.alignment_figures import ALIGNMENT_PNG, alignment_lines, alignment_png
 from prefect_odm.merge.existing import ExistingMerge
 from prefect_odm.merge.reports import MergeReports, OrthoMergeReport
 from prefect_odm.models import Manifest, SplitPlan, SubmodelResult, Survey
@@ -168,6 +169,7 @@ def report_markdown(
     if manifest.rejected_images:
         lines += ["", "## Rejected images", ""]
         lines += [f"- `{r.name}`: {r.reason} {r.detail}".rstrip() for r in manifest.rejected_images]
+    lines += alignment_lines(reports.alignment)
     lines += ["", "## Timings (seconds)", ""]
     lines += [f"- {k}: {v:.1f}" for k, v in manifest.timings_seconds.items()]
     lines += ["", "![plan](../plan/plan.png)", ""]
@@ -190,6 +192,9 @@ def publish_report(
     markdown = report_markdown(manifest, plan, reports)
     storage.write_bytes_atomic(layout.report_md, markdown.encode())
     storage.write_json_atomic(layout.merge_report, reports.json_dict())
+    if reports.alignment is not None:
+        png = alignment_png(reports.alignment)
+        storage.write_bytes_atomic(layout.report_file(ALIGNMENT_PNG), png)
     create_markdown_artifact(
         key=_key("report", survey.fingerprint), markdown=markdown, description="Run report"
     )
@@ -242,6 +247,7 @@ def publish_existing_merge(
             for sid, prods in sorted(request.products.items())
         ],
         coverage=reports.coverage.figures() if reports.coverage is not None else {},
+        alignment=reports.alignment,
     )
     storage.write_json_atomic(layout.merge_report, reports.json_dict())
     storage.write_json_atomic(layout.manifest, manifest.model_dump(mode="json"))

@@ -19,6 +19,7 @@ from prefect_odm.align.height_tilt import DemOverlap, align_heights
 from prefect_odm.align.report import (
     AlignmentError,
     AlignmentOptions,
+    AlignmentReport,
     AlignmentResult,
     CameraGpsResidual,
     GateFailure,
@@ -27,6 +28,7 @@ from prefect_odm.align.report import (
     SubmodelResidual,
     SubmodelTransform,
     check_alignment,
+    is_identity,
     raise_for_failures,
 )
 from prefect_odm.align.similarity import RasterCorrection, Similarity, umeyama
@@ -35,6 +37,7 @@ from prefect_odm.align.solve import align_submodels
 __all__ = [
     "AlignmentError",
     "AlignmentOptions",
+    "AlignmentReport",
     "AlignmentResult",
     "CameraGpsResidual",
     "CameraTable",
@@ -50,6 +53,7 @@ __all__ = [
     "align_heights",
     "align_submodels",
     "check_alignment",
+    "is_identity",
     "raise_for_failures",
     "read_shots_geojson",
     "shared_cameras",

@@ -66,6 +66,12 @@ class AlignmentOptions(BaseModel):
     max_outlier_fraction: float = Field(
         0.25, ge=0, le=1, description="Gate: share of an overlap's cameras rejected as outliers."
     )
+    refine_from_products: bool = Field(
+        True,
+        description="After the cameras, refine height, tilt and shift from the aligned DSMs and "
+        "orthophotos in the overlaps (each submodel projects onto its own surface, so cameras "
+        "that agree do not make products that agree).",
+    )
 
 
 class OutlierCamera(BaseModel):
@@ -266,3 +272,71 @@ def raise_for_failures(failures: Sequence[GateFailure], *, accept: bool = False)
     """
     if failures and not accept:
         raise AlignmentError(failures)
+
+
+class AlignmentReport(BaseModel):
+    """The alignment a merge applied, its gates and what the operator decided.
+
+    A submodel's correction is its ``result`` transform, then (when present) its ``refinement``
+    transform, a height plane and shift solved on the products already corrected by ``result``.
+
+    Attributes:
+        result: what the solve found (transforms, residuals): from the cameras, or from the
+            products when there were no cameras.
+        refinement: height, tilt and shift from the DSMs and orthophotos corrected by
+            ``result`` (cameras only), or None.
+        failures: every gate ``result`` and ``refinement`` failed (empty: all passed).
+        accepted: the operator accepted the failures (``MergeOptions.accept_alignment``); the
+            report says so.
+        ground_heights_m: submodel id -> median DSM height (metres), the height at which a
+            raster's horizontal correction is exact (:meth:`SubmodelTransform.raster_correction`).
+    """
+
+    result: AlignmentResult
+    refinement: AlignmentResult | None = None
+    failures: list[GateFailure] = Field(default_factory=list)
+    accepted: bool = False
+    ground_heights_m: dict[str, float] = Field(default_factory=dict)
+
+    def reference_height_m(self, submodel_id: str) -> float:
+        """The submodel's ground height, else its cameras' centroid height (metres)."""
+        if submodel_id in self.ground_heights_m:
+            return self.ground_heights_m[submodel_id]
+        return self.result.transform(submodel_id).centre_m[2]
+
+    def _steps(self, submodel_id: str) -> list[SubmodelTransform]:
+        steps = [self.result.transform(submodel_id)]
+        if self.refinement is not None:
+            steps.append(self.refinement.transform(submodel_id))
+        return [t for t in steps if not is_identity(t)]
+
+    def moving_ids(self) -> list[str]:
+        """The submodels whose correction moves anything (the others stay byte-identical)."""
+        return [t.submodel_id for t in self.result.transforms if self._steps(t.submodel_id)]
+
+    def apply_points(self, submodel_id: str, points: ArrayLike) -> NDArray[np.float64]:
+        """Corrected points of one submodel, shape ``(n, 3)`` in and out, plan CRS metres."""
+        xyz = np.array(points, dtype=np.float64).reshape(-1, 3)
+        for step in self._steps(submodel_id):
+            xyz = step.apply_points(xyz)
+        return xyz
+
+    def raster_corrections(self) -> dict[str, RasterCorrection]:
+        """Submodel id -> its raster correction, for the submodels whose correction moves."""
+        out: dict[str, RasterCorrection] = {}
+        for sid in self.moving_ids():
+            ref = self.reference_height_m(sid)
+            steps = [t.raster_correction(ref) for t in self._steps(sid)]
+            out[sid] = steps[0] if len(steps) == 1 else steps[0].then(steps[1])
+        return out
+
+
+IDENTITY_TOLERANCE_M = 1e-6
+"""A transform moving no sample by more than this (metres) is the identity: not applied."""
+
+
+def is_identity(transform: SubmodelTransform) -> bool:
+    """Whether ``transform`` moves nothing (so the products stay byte-identical)."""
+    return transform.max_correction_m <= IDENTITY_TOLERANCE_M and (
+        transform.kind == "height_tilt" or abs(transform.scale_change) <= 1e-12
+    )

@@ -226,6 +226,34 @@ class RasterCorrection:
             float(out[1, 2]),
         )
 
+    def then(self, other: RasterCorrection) -> RasterCorrection:
+        """This correction followed by ``other`` (whose ``x, y`` are this one's corrected ones).
+
+        Exact when ``other`` has no lean and ``z_scale`` 1 (a height plane plus an affine, as
+        :func:`~prefect_odm.align.align_heights` solves); the lean is this one's.
+        """
+        h1 = np.array([*self.affine, (0.0, 0.0, 1.0)])
+        h2 = np.array([*other.affine, (0.0, 0.0, 1.0)])
+        q0, qx, qy = other.z_plane
+        p0, px, py = self.z_plane
+        (a, b, c), (d, e, f) = self.affine
+        k = other.z_scale
+        out = h2 @ h1
+        return RasterCorrection(
+            affine=(
+                (float(out[0, 0]), float(out[0, 1]), float(out[0, 2])),
+                (float(out[1, 0]), float(out[1, 1]), float(out[1, 2])),
+            ),
+            lean_m_per_m=self.lean_m_per_m,
+            reference_height_m=self.reference_height_m,
+            z_scale=k * self.z_scale,
+            z_plane=(
+                k * p0 + q0 + qx * c + qy * f,
+                k * px + qx * a + qy * d,
+                k * py + qx * b + qy * e,
+            ),
+        )
+
     def inverse_affine(self) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
         """``((a, b, c), (d, e, f))`` mapping corrected ``(x', y')`` back to source ``(x, y)``.
 
@@ -237,6 +265,37 @@ class RasterCorrection:
             (float(inv[0, 0]), float(inv[0, 1]), float(inv[0, 2])),
             (float(inv[1, 0]), float(inv[1, 1]), float(inv[1, 2])),
         )
+
+    def heights_on_grid(
+        self,
+        grid: tuple[float, float, float],
+        window: tuple[int, int, int, int],
+        values: NDArray[np.float32],
+        valid: NDArray[np.bool_],
+    ) -> NDArray[np.float32]:
+        """A block of heights read onto a north-up grid, with the height correction applied.
+
+        Args:
+            grid: ``(left, top, resolution_m)`` of the grid (plan CRS metres).
+            window: ``(row_off, col_off, height, width)`` of the block on the grid, pixels.
+            values: ``(bands, rows, cols)``, the heights in band 0 (``rows, cols`` may be a
+                decimated read of the window).
+            valid: ``(rows, cols)``; only valid cells change (nodata stays nodata).
+
+        Returns:
+            a copy of ``values`` with band 0 corrected. The plane is in source coordinates: each
+            cell's centre is taken back through the inverse of the horizontal correction.
+        """
+        left, top, res = grid
+        rows, cols = valid.shape
+        xs = left + (window[1] + (np.arange(cols) + 0.5) * window[3] / cols) * res
+        ys = top - (window[0] + (np.arange(rows) + 0.5) * window[2] / rows) * res
+        gx, gy = np.meshgrid(xs, ys)
+        (a, b, c), (d, e, f) = self.inverse_affine()
+        sx, sy = a * gx[valid] + b * gy[valid] + c, d * gx[valid] + e * gy[valid] + f
+        out = values.copy()
+        out[0][valid] = self.corrected_heights(sx, sy, values[0][valid]).astype(np.float32)
+        return out
 
     def corrected_heights(self, x: ArrayLike, y: ArrayLike, z: ArrayLike) -> FloatArray:
         """Corrected heights (metres) of source cells at source ``x, y`` with heights ``z``."""

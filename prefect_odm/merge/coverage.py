@@ -22,6 +22,7 @@ from rasterio.features import rasterize
 from rasterio.transform import Affine
 from rasterio.vrt import WarpedVRT
 
+from prefect_odm.align.similarity import RasterCorrection
 from prefect_odm.errors import MergeError
 from prefect_odm.merge.grid import Bounds, Grid, snap_grid
 from prefect_odm.merge.reports import CoverageReport, SubmodelCoverage
@@ -37,8 +38,11 @@ cover it to its very edge, so only a gross shortfall (half empty) is an error; t
 reported."""
 
 
-def _mask_on(path: Path, crs: CRS, grid: Grid) -> NDArray[np.bool_]:
-    """Valid-data mask of a raster sampled (nearest) at the centres of ``grid``."""
+def _mask_on(
+    path: Path, crs: CRS, grid: Grid, fix: RasterCorrection | None = None
+) -> NDArray[np.bool_]:
+    """Valid-data mask of a raster sampled (nearest) at the centres of ``grid`` (placed with
+    its alignment correction ``fix`` when given, as the merges place it)."""
     with rasterio.open(path) as ds:
         if ds.crs is None:
             raise MergeError(f"{path} has no CRS")
@@ -50,6 +54,11 @@ def _mask_on(path: Path, crs: CRS, grid: Grid) -> NDArray[np.bool_]:
             "height": grid.height,
             "resampling": Resampling.nearest,
         }
+        if fix is not None:
+            t = ds.transform
+            kwargs["src_transform"] = Affine(
+                *fix.corrected_geotransform((t.a, t.b, t.c, t.d, t.e, t.f))
+            )
         if alpha:
             kwargs.update(src_alpha=alpha, dst_alpha=alpha)
         elif ds.nodata is not None:
@@ -139,6 +148,7 @@ def coverage_report(
     max_side_px: int = 2048,
     min_coverage_of_union: float = MIN_COVERAGE_OF_UNION,
     min_coverage_of_planned: float = MIN_COVERAGE_OF_PLANNED,
+    corrections: Mapping[str, RasterCorrection] | None = None,
 ) -> CoverageReport:
     """Compare a merged raster's covered area with its inputs' and the planned footprint.
 
@@ -149,6 +159,7 @@ def coverage_report(
         max_side_px: longest side of the decimated comparison grid.
         min_coverage_of_union: below this ``coverage_of_union`` raise.
         min_coverage_of_planned: below this ``coverage_of_planned`` raise.
+        corrections: the alignment's corrections: each input is compared where the merge put it.
 
     Returns:
         A :class:`CoverageReport`.
@@ -165,7 +176,7 @@ def coverage_report(
     union = np.zeros_like(merged)
     per = []
     for sid in sorted(inputs):
-        mask = _mask_on(Path(inputs[sid]), crs, grid)
+        mask = _mask_on(Path(inputs[sid]), crs, grid, (corrections or {}).get(sid))
         union |= mask
         n = int(mask.sum())
         fraction = float((mask & merged).sum() / n) if n else 0.0

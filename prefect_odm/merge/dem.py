@@ -14,14 +14,20 @@ bilinearly) and ``taper_k`` is the seam weight of the seam method (``ownership``
 smooth across seams, and a submodel fades out towards the edge of its own data. Where the
 weights vanish but some submodel has data, the one with data farthest from its edge is used.
 
-Vertical offsets between submodels are estimated in each overlap as the median height
-difference (sampled at a decimated resolution) and removed by a joint least-squares solve with
-the mean offset held at zero (:func:`.balance.solve_vertical_offsets`).
+Heights and tilts between submodels come from the alignment (:mod:`prefect_odm.align`): each
+input is placed with its corrected geotransform and its height plane is added to the values as
+they are read; the overlaps' median height differences are then reported as residuals, never
+solved away. Without an alignment, vertical offsets are estimated in each overlap as the median
+height difference (sampled at a decimated resolution) and removed by a joint least-squares solve
+with the mean offset held at zero (:func:`.balance.solve_vertical_offsets`), bounded: an offset
+above ``MergeOptions.max_dem_offset_m`` fails the merge naming the submodel (a free solve of
+planes that differ because the ground slopes would otherwise flatten the slope).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -34,6 +40,8 @@ from rasterio.enums import Resampling
 from rasterio.windows import Window
 from scipy.ndimage import distance_transform_edt, map_coordinates
 
+from prefect_odm.align.report import AlignmentReport
+from prefect_odm.errors import MergeError
 from prefect_odm.merge.balance import solve_vertical_offsets
 from prefect_odm.merge.blend import blend_heights
 from prefect_odm.merge.blocks import (
@@ -118,16 +126,22 @@ def edge_distance(
     return EdgeDistance(fr, fc, np.asarray(dist, dtype=np.float32))
 
 
-def vertical_offsets(plan: GridPlan, remove: bool) -> tuple[dict[str, float], dict[str, float]]:
+def vertical_offsets(
+    plan: GridPlan, remove: bool, max_offset_m: float = math.inf
+) -> tuple[dict[str, float], dict[str, float]]:
     """Each submodel's vertical offset and the overlaps' median height differences.
 
     Args:
         plan: the grid plan.
         remove: solve the offsets (:func:`.balance.solve_vertical_offsets`); False: all 0.
+        max_offset_m: the largest plausible offset, metres.
 
     Returns:
         ``(offsets, medians)``: submodel id -> offset to subtract, metres; ``"a|b"`` -> median
         of ``z_a - z_b`` over the overlap (sampled at a decimated resolution), metres.
+
+    Raises:
+        MergeError: a solved offset above ``max_offset_m``, naming the submodel.
     """
     medians: dict[str, float] = {}
     diffs: list[tuple[str, str, float, int]] = []
@@ -137,7 +151,21 @@ def vertical_offsets(plan: GridPlan, remove: bool) -> tuple[dict[str, float], di
         medians[f"{a.submodel_id}|{b.submodel_id}"] = med
     ids = plan.submodel_ids
     offsets = solve_vertical_offsets(ids, diffs) if remove else {sid: 0.0 for sid in ids}
+    worst = max(offsets, key=lambda sid: abs(offsets[sid]), default=None)
+    if worst is not None and abs(offsets[worst]) > max_offset_m:
+        raise MergeError(
+            f"DEM merge: {worst} would need a vertical offset of {offsets[worst]:+.2f} m "
+            f"(max_dem_offset_m={max_offset_m:g}); its neighbours disagree by "
+            f"{_worst_median(medians, worst):+.2f} m in their overlap. Not applied: a free offset "
+            "this large flattens a slope. Align the submodels, or raise max_dem_offset_m"
+        )
     return offsets, medians
+
+
+def _worst_median(medians: Mapping[str, float], sid: str) -> float:
+    """The overlap median of ``sid`` farthest from zero (metres; 0 when it has none)."""
+    own = [v for k, v in medians.items() if sid in k.split("|")]
+    return max(own, key=abs, default=0.0)
 
 
 def edge_distances(plan: GridPlan, max_side_px: int) -> dict[str, EdgeDistance]:
@@ -210,6 +238,7 @@ def merge_dems(
     *,
     ownership: Ownership | None,
     options: MergeOptions | None = None,
+    alignment: AlignmentReport | None = None,
     edt_max_side_px: int = 1024,
     **raster: Unpack[RasterMergeKeywords],
 ) -> DemMergeReport:
@@ -221,8 +250,12 @@ def merge_dems(
         ownership: who owns each ground position, in the output CRS; None derives one from the
             centre of each input's data footprint.
         options: seam method, blending width around seams (``dem_feather_m``, metres) and
-            whether vertical offsets between submodels are estimated and removed; None for the
-            defaults.
+            whether vertical offsets between submodels are estimated and removed (only without
+            ``alignment``; bounded by ``max_dem_offset_m``); None for the defaults.
+        alignment: the alignment between submodels: each input is placed with its corrected
+            geotransform and its height plane is added to its heights as they are read; the
+            overlaps' median differences are then residuals, reported, not removed. None, or
+            identity transforms, leave the inputs as they are.
         edt_max_side_px: longest side of the decimated masks for the edge distances (memory:
             about ``8 * edt_max_side_px**2`` bytes per input).
         **raster: ``resolution_m``, ``crs_epsg``, ``workers``, ``block_size``, ``progress``,
@@ -233,15 +266,21 @@ def merge_dems(
 
     Raises:
         MergeError: no inputs, unreadable inputs, an input unknown to ``ownership``, an empty
-            result or one covering less than 99.5 % of the inputs' union, an invalid COG.
+            result or one covering less than 99.5 % of the inputs' union, an invalid COG; a
+            solved offset above ``max_dem_offset_m`` (without ``alignment``).
         InputError: an unknown seam method.
     """
     opts, run = options or MergeOptions(), RasterRun(**raster)
     started = time.perf_counter()
     out = Path(out)
-    plan = plan_grid(inputs, resolution_m=run.resolution_m, crs_epsg=run.crs_epsg, value_bands=1)
+    plan = plan_grid(
+        inputs, resolution_m=run.resolution_m, crs_epsg=run.crs_epsg, value_bands=1,
+        corrections=alignment.raster_corrections() if alignment is not None else None,
+        correct_heights=True,
+    )  # fmt: skip
     owners = resolve_ownership(plan, ownership)
-    offsets, medians = vertical_offsets(plan, opts.remove_vertical_offsets)
+    remove = opts.remove_vertical_offsets and alignment is None
+    offsets, medians = vertical_offsets(plan, remove, opts.max_dem_offset_m)
     edges = edge_distances(plan, edt_max_side_px)
     seams = seam_method(opts.seam_method, owners, plan.grid, lattice_step_px=run.lattice_step_px)
     readers = ThreadReaders(plan)
@@ -258,6 +297,7 @@ def merge_dems(
         **raster_report_fields(out, plan, pixels, union_pixels),
         vertical_offsets_m=dict(sorted(offsets.items())),
         overlap_median_diff_m=medians,
+        heights_from_alignment=alignment is not None,
         ownership_from_footprints=ownership is None,
         elapsed_seconds=time.perf_counter() - started,
     )

@@ -23,7 +23,7 @@ import logging
 import posixpath
 import zipfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from prefect_odm import storage
@@ -178,6 +178,16 @@ def find_existing_outputs(locations: Sequence[str], workdir: Path) -> list[Exist
     return sorted(out, key=lambda o: o.submodel_id)
 
 
+def shots_url(location: str) -> str | None:
+    """The ``shots.geojson`` of an ODM output folder (``odm_report/``, or ``report/`` of a
+    prefect-odm submodel folder), or None when it has none."""
+    for folder in (REPORT_FOLDER, "report"):
+        url = join(location, folder, REPORT_FILES["shots"])
+        if storage.exists(url):
+            return url
+    return None
+
+
 def _shot_names(location: str) -> set[str]:
     """Image names in ``odm_report/shots.geojson`` of an ODM output folder (empty if absent)."""
     for folder in (REPORT_FOLDER, "report"):  # ODM's layout; a prefect-odm submodel folder
@@ -229,6 +239,9 @@ class ExistingMerge:
         crs_epsg: the plan's CRS, None without a plan.
         plan_fingerprint: the plan's fingerprint, empty without a plan.
         identity: the fingerprint naming the merge's output folder.
+        renamed: found output id -> the plan's submodel id (empty without a plan).
+        gps: image name -> the plan's camera position ``(x, y, z)`` (plan CRS metres), for the
+            alignment's gauge; empty without a plan.
     """
 
     products: dict[str, dict[str, str]]
@@ -236,6 +249,12 @@ class ExistingMerge:
     crs_epsg: int | None
     plan_fingerprint: str
     identity: str
+    renamed: dict[str, str] = field(default_factory=dict)
+    gps: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+
+    def submodel_of(self, output_id: str) -> str:
+        """The id a found output is merged under (the plan's, else its own)."""
+        return self.renamed.get(output_id, output_id)
 
 
 def plan_existing_merge(
@@ -256,6 +275,8 @@ def plan_existing_merge(
     ownership: Ownership | None = None
     crs_epsg: int | None = None
     plan_fp = ""
+    mapping: dict[str, str] = {}
+    gps: dict[str, tuple[float, float, float]] = {}
     if plan_url is not None:
         split_plan = SplitPlan.model_validate(storage.read_json(plan_url))
         mapping = match_plan(found, split_plan)
@@ -265,6 +286,7 @@ def plan_existing_merge(
         )
         crs_epsg = split_plan.crs_epsg
         plan_fp = split_plan.fingerprint
+        gps = {c.name: (c.x_m, c.y_m, c.z_m) for c in split_plan.cameras if c.z_m is not None}
     value: dict[str, object] = {
         "kind": "merge-existing",
         "inputs": sorted(o.submodel_id for o in found),
@@ -274,4 +296,4 @@ def plan_existing_merge(
     changed = (options or MergeOptions()).model_dump(exclude_defaults=True)
     if changed:
         value["options"] = changed
-    return ExistingMerge(products, ownership, crs_epsg, plan_fp, fingerprint(value))
+    return ExistingMerge(products, ownership, crs_epsg, plan_fp, fingerprint(value), mapping, gps)

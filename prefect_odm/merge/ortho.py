@@ -32,6 +32,8 @@ import numpy as np
 from numpy.typing import NDArray
 from rasterio.windows import Window
 
+from prefect_odm.align.report import AlignmentReport
+from prefect_odm.align.similarity import RasterCorrection
 from prefect_odm.errors import MergeError
 from prefect_odm.merge.balance import GainOffset, overlap_stats, solve_gain_offset
 from prefect_odm.merge.blend import (
@@ -80,14 +82,20 @@ _OrthoBlock = tuple[NDArray[np.uint8], int, int, SeamSums]
 
 
 def _plan_rgb(
-    inputs: Mapping[str, Path], resolution_m: float | None, crs_epsg: int | None
+    inputs: Mapping[str, Path],
+    resolution_m: float | None,
+    crs_epsg: int | None,
+    corrections: Mapping[str, RasterCorrection] | None = None,
 ) -> GridPlan:
     """The grid plan of 8-bit RGB(A) inputs (see :func:`.sources.plan_grid`).
 
     Raises:
         MergeError: as :func:`.sources.plan_grid`, or an input that is not 8-bit RGB(A).
     """
-    plan = plan_grid(inputs, resolution_m=resolution_m, crs_epsg=crs_epsg, value_bands=3)
+    plan = plan_grid(
+        inputs, resolution_m=resolution_m, crs_epsg=crs_epsg, value_bands=3,
+        corrections=corrections,
+    )  # fmt: skip
     for src in plan.sources:
         if len(src.value_bands) < 3:
             raise MergeError(f"input {src.submodel_id} ({src.path}) is not an RGB(A) raster")
@@ -214,6 +222,7 @@ def merge_orthophotos(
     *,
     ownership: Ownership | None,
     options: MergeOptions | None = None,
+    alignment: AlignmentReport | None = None,
     compress: str = "DEFLATE",
     compress_level: int | None = 3,
     **raster: Unpack[RasterMergeKeywords],
@@ -228,6 +237,9 @@ def merge_orthophotos(
             (:func:`.seams.ownership_from_centres`).
         options: seam method, feathering width (``orthophoto_feather_m``, metres; 0 for hard
             seams) and colour balancing; None for the defaults.
+        alignment: the alignment between submodels: each input is placed with its corrected
+            geotransform (:meth:`AlignmentReport.raster_corrections`), so the warp onto the grid
+            resamples it once; None, or identity transforms, leave the inputs as they are.
         compress: COG compression (GDAL name: DEFLATE, ZSTD, LZW, JPEG...).
         compress_level: compression level (GDAL ``LEVEL``; None for GDAL's default). DEFLATE
             level 3 is about twice as fast as GDAL's default 6 for ~30 % larger files.
@@ -244,7 +256,8 @@ def merge_orthophotos(
     """
     opts, run = options or MergeOptions(), RasterRun(**raster)
     phases = _Phases(time.perf_counter())
-    plan = _plan_rgb(inputs, run.resolution_m, run.crs_epsg)
+    fixes = alignment.raster_corrections() if alignment is not None else None
+    plan = _plan_rgb(inputs, run.resolution_m, run.crs_epsg, fixes)
     owners = resolve_ownership(plan, ownership)
     seams = seam_method(opts.seam_method, owners, plan.grid, lattice_step_px=run.lattice_step_px)
     phases.done("plan")

@@ -31,6 +31,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +41,16 @@ import pyproj
 from numpy.typing import NDArray
 from scipy.spatial import cKDTree
 
+from prefect_odm.align.report import AlignmentReport
 from prefect_odm.errors import MergeError
 from prefect_odm.merge.reports import PointCloudMergeReport, SubmodelPoints
 from prefect_odm.merge.seams import ownership_from_centres
 from prefect_odm.ownership import Ownership
 
 log = logging.getLogger(__name__)
+
+PointMover = Callable[[NDArray[np.float64]], NDArray[np.float64]]
+"""One submodel's alignment on points: ``(n, 3)`` plan-CRS metres in and out."""
 
 _INT32_MAX = 2**31 - 1
 
@@ -75,7 +80,21 @@ def _read_headers(inputs: Mapping[str, Path]) -> list[_Input]:
     return out
 
 
-def _bounds_in(inp: _Input, crs: pyproj.CRS) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+def _bounds_in(
+    inp: _Input, crs: pyproj.CRS, moved: PointMover | None = None
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """The input's header bounds in ``crs`` (after the alignment's transform ``moved``)."""
+    mins, maxs = _reprojected_bounds(inp, crs)
+    if moved is None:
+        return mins, maxs
+    corners = np.array(np.meshgrid(*zip(mins, maxs, strict=True))).reshape(3, -1).T
+    after = moved(corners)
+    return after.min(axis=0), after.max(axis=0)
+
+
+def _reprojected_bounds(
+    inp: _Input, crs: pyproj.CRS
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     mins = np.asarray(inp.header.mins, dtype=np.float64)
     maxs = np.asarray(inp.header.maxs, dtype=np.float64)
     if inp.crs is None or inp.crs == crs:
@@ -91,7 +110,9 @@ def _bounds_in(inp: _Input, crs: pyproj.CRS) -> tuple[NDArray[np.float64], NDArr
     return lo, hi
 
 
-def _output_header(inputs: list[_Input], crs: pyproj.CRS) -> laspy.LasHeader:
+def _output_header(
+    inputs: list[_Input], crs: pyproj.CRS, moving: Mapping[str, PointMover]
+) -> laspy.LasHeader:
     formats = {i.header.point_format.id for i in inputs}
     fmt = formats.pop() if len(formats) == 1 else max(i.header.point_format.id for i in inputs)
     version = max((i.header.version for i in inputs), key=lambda v: (v.major, v.minor))
@@ -108,7 +129,7 @@ def _output_header(inputs: list[_Input], crs: pyproj.CRS) -> laspy.LasHeader:
     for name, dim in sorted((common or {}).items()):
         header.add_extra_dim(laspy.ExtraBytesParams(name=name, type=dim.dtype))
     scales = np.min(np.array([i.header.scales for i in inputs], dtype=np.float64), axis=0)
-    lows, highs = zip(*(_bounds_in(i, crs) for i in inputs), strict=True)
+    lows, highs = zip(*(_bounds_in(i, crs, moving.get(i.submodel_id)) for i in inputs), strict=True)
     lo = np.min(np.array(lows), axis=0)
     hi = np.max(np.array(highs), axis=0)
     offsets = np.floor(lo)
@@ -263,13 +284,14 @@ def _resolve_owners(infos: list[_Input], crs: pyproj.CRS, ownership: Ownership |
 class _Streamer:
     """Streams the points each input owns into one open ``LasWriter``."""
 
-    writer: laspy.LasWriter
+    writer: laspy.LasWriter | None
     header: laspy.LasHeader
     crs: pyproj.CRS
     owners: Ownership
     chunk_points: int
     progress: Callable[[int, int], None] | None
     total_in: int
+    transforms: Mapping[str, PointMover]
     done: int = 0
 
     def write_input(self, inp: _Input) -> tuple[SubmodelPoints, bool]:
@@ -284,15 +306,17 @@ class _Streamer:
         transformer = None
         if inp.crs is not None and inp.crs != self.crs:
             transformer = pyproj.Transformer.from_crs(inp.crs, self.crs, always_xy=True)
-        shift = None if transformer is not None else _integer_shift(inp.header, self.header)
+        moved = self.transforms.get(inp.submodel_id)
+        exact = transformer is None and moved is None
+        shift = _integer_shift(inp.header, self.header) if exact else None
         label = self.owners.submodel_ids.index(inp.submodel_id)
-        lo, hi = _bounds_in(inp, self.crs)
+        lo, hi = _bounds_in(inp, self.crs, moved)
         cells = CellOwners(self.owners, (lo[0], lo[1], hi[0], hi[1]))
         kept_n = 0
         read_n = 0
         with laspy.open(inp.path) as reader:
             for chunk in reader.chunk_iterator(self.chunk_points):
-                kept_n += self._write_chunk(chunk, transformer, shift, cells, label)
+                kept_n += self._write_chunk(chunk, (transformer, moved), shift, cells, label)
                 read_n += len(chunk)
                 self.done += len(chunk)
                 if self.progress is not None:
@@ -309,23 +333,26 @@ class _Streamer:
     def _write_chunk(
         self,
         chunk: laspy.ScaleAwarePointRecord,
-        transformer: pyproj.Transformer | None,
+        moves: tuple[pyproj.Transformer | None, PointMover | None],
         shift: tuple[int, int, int] | None,
         cells: CellOwners,
         label: int,
     ) -> int:
-        """Write the points of one chunk that ``label`` owns; returns how many."""
-        if transformer is None:
-            x = np.asarray(chunk.x)
-            y = np.asarray(chunk.y)
-            xyz = None
-        else:
-            x, y, z = transformer.transform(
-                np.asarray(chunk.x), np.asarray(chunk.y), np.asarray(chunk.z)
-            )
+        """Write the points of one chunk that ``label`` owns (reprojected, then moved by the
+        alignment's transform, when given); returns how many."""
+        transformer, moved = moves
+        x, y = np.asarray(chunk.x), np.asarray(chunk.y)
+        xyz = None
+        if transformer is not None or moved is not None:
+            z = np.asarray(chunk.z)
+            if transformer is not None:
+                x, y, z = transformer.transform(x, y, z)
+            if moved is not None:
+                x, y, z = moved(np.stack([x, y, z], axis=1)).T
             xyz = (x, y, z)
         keep = cells.label_of_points(x, y) == label
         count = int(keep.sum())
+        assert self.writer is not None, "the streamer writes only inside _write_all"
         if count:
             if shift is not None:
                 self.writer.write_points(_shifted(chunk[keep], shift, self.header))
@@ -359,6 +386,35 @@ def _check_written(
     return mins, maxs
 
 
+def _write_all(
+    streamer: _Streamer, infos: list[_Input], out: Path
+) -> tuple[list[SubmodelPoints], list[str], int, tuple[Any, Any]]:
+    """Stream every input into ``out`` (through a temporary name), check it, promote it.
+
+    Returns:
+        ``(per-submodel points, reprojected ids, points kept, (mins, maxs))``.
+    """
+    per, reprojected = [], []
+    tmp = out.with_name(f".{out.stem}.{uuid.uuid4().hex[:8]}.tmp{out.suffix}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        compress = out.suffix.lower() == ".laz"
+        with laspy.open(tmp, mode="w", header=streamer.header, do_compress=compress) as writer:
+            streamer.writer = writer
+            for inp in infos:
+                points, warped = streamer.write_input(inp)
+                per.append(points)
+                if warped:
+                    reprojected.append(inp.submodel_id)
+        kept_total = sum(p.points_kept for p in per)
+        bounds = _check_written(tmp, out, kept_total, streamer.crs)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return per, reprojected, kept_total, bounds
+
+
 def _xyz(values: Any) -> tuple[float, float, float]:
     return (float(values[0]), float(values[1]), float(values[2]))
 
@@ -371,6 +427,7 @@ def merge_point_clouds(
     crs_epsg: int | None = None,
     chunk_points: int = 2_000_000,
     progress: Callable[[int, int], None] | None = None,
+    alignment: AlignmentReport | None = None,
 ) -> PointCloudMergeReport:
     """Merge per-submodel LAS/LAZ point clouds into one LAZ, each point kept once.
 
@@ -384,6 +441,9 @@ def merge_point_clouds(
             the output CRS.
         chunk_points: points per streamed chunk (memory is a few chunks).
         progress: ``(points_done, points_total)`` callback.
+        alignment: the alignment between submodels: each input's points are moved by its
+            transform (plan CRS = output CRS) as they are streamed; None, or identity
+            transforms, copy the points as they are (same bytes).
 
     Returns:
         A :class:`.reports.PointCloudMergeReport`.
@@ -402,26 +462,13 @@ def merge_point_clouds(
     infos = _read_headers(inputs)
     crs = _output_crs(infos, crs_epsg)
     owners = _resolve_owners(infos, crs, ownership)
-    header = _output_header(infos, crs)
+    moving: dict[str, PointMover] = {}
+    if alignment is not None:
+        moving = {sid: partial(alignment.apply_points, sid) for sid in alignment.moving_ids()}
+    header = _output_header(infos, crs, moving)
     total_in = sum(int(i.header.point_count) for i in infos)
-    per, reprojected = [], []
-    tmp = out.with_name(f".{out.stem}.{uuid.uuid4().hex[:8]}.tmp{out.suffix}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        compress = out.suffix.lower() == ".laz"
-        with laspy.open(tmp, mode="w", header=header, do_compress=compress) as writer:
-            streamer = _Streamer(writer, header, crs, owners, chunk_points, progress, total_in)
-            for inp in infos:
-                points, warped = streamer.write_input(inp)
-                per.append(points)
-                if warped:
-                    reprojected.append(inp.submodel_id)
-        kept_total = sum(p.points_kept for p in per)
-        mins, maxs = _check_written(tmp, out, kept_total, crs)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    streamer = _Streamer(None, header, crs, owners, chunk_points, progress, total_in, moving)
+    per, reprojected, kept_total, (mins, maxs) = _write_all(streamer, infos, out)
     elapsed = time.perf_counter() - started
     return PointCloudMergeReport(
         path=str(out),

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from prefect_odm.align.report import AlignmentReport
 from prefect_odm.merge.balance import GainOffset
 
 
@@ -107,11 +108,14 @@ class DemMergeReport(RasterMergeReport):
     Attributes:
         vertical_offsets_m: offset removed from each submodel (subtracted), metres.
         overlap_median_diff_m: ``"a|b"`` -> median of ``z_a - z_b`` in the overlap before the
-            correction, metres.
+            offsets (after the alignment's heights when ``heights_from_alignment``), metres.
+        heights_from_alignment: heights and tilts came from the alignment between submodels
+            (no free offsets were solved).
     """
 
     vertical_offsets_m: dict[str, float]
     overlap_median_diff_m: dict[str, float]
+    heights_from_alignment: bool = False
 
 
 class SubmodelPoints(_Report):
@@ -198,6 +202,7 @@ class MergeReports(_Report):
     dtm: DemMergeReport | None = None
     point_cloud: PointCloudMergeReport | None = None
     coverage: CoverageReport | None = None
+    alignment: AlignmentReport | None = None
 
     def json_dict(self) -> dict[str, Any]:
         """Product (or ``coverage``) -> its report as JSON-ready data; products not merged are

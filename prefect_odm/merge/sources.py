@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from rasterio.vrt import WarpedVRT
 from rasterio.warp import calculate_default_transform, transform_bounds
 from rasterio.windows import Window
 
+from prefect_odm.align.similarity import RasterCorrection
 from prefect_odm.errors import MergeError
 from prefect_odm.merge.grid import Block, Bounds, Grid, intersect, snap_grid
 
@@ -55,6 +56,10 @@ class RasterSource:
         grid: the input's footprint on the output grid (the warp target when ``warp``).
         src_alpha: the input's own alpha band (warped inputs), or None.
         dtype: the input's data type (numpy name).
+        src_transform: the input's geotransform after its alignment correction (the warp reads
+            the input as if it had it), or None when it is not corrected.
+        heights: the alignment's height correction added to the values as they are read (DEMs),
+            or None.
     """
 
     submodel_id: str
@@ -70,6 +75,8 @@ class RasterSource:
     grid: Grid
     src_alpha: int | None = None
     dtype: str = "uint8"
+    src_transform: tuple[float, float, float, float, float, float] | None = None
+    heights: RasterCorrection | None = None
 
     @property
     def window(self) -> Window4:
@@ -212,6 +219,8 @@ def plan_grid(
     resolution_m: float | None,
     crs_epsg: int | None,
     value_bands: int | None,
+    corrections: Mapping[str, RasterCorrection] | None = None,
+    correct_heights: bool = False,
 ) -> GridPlan:
     """Choose the output CRS and snapped grid and place every input on it.
 
@@ -222,22 +231,59 @@ def plan_grid(
         crs_epsg: output CRS, None for the CRS of the first input by sorted id.
         value_bands: number of value bands to read (3 for RGB(A), 1 for a DEM), None for all
             non-alpha bands.
+        corrections: submodel id -> the alignment's correction (plan CRS = output CRS): the
+            input is placed with its corrected geotransform, so the one warp onto the grid is
+            the only resampling. Inputs without one are placed as they are (same bytes).
+        correct_heights: also add each correction's height plane to the values (DEMs).
 
     Raises:
-        MergeError: no inputs, an input without CRS, or an input that cannot be opened.
+        MergeError: no inputs, an input without CRS, or an input that cannot be opened; a
+            corrected input not in the output CRS.
     """
     if not inputs:
         raise MergeError("nothing to merge: no inputs")
     ids = sorted(inputs)
     infos = {sid: _read_info(sid, inputs[sid]) for sid in ids}
     crs = CRS.from_epsg(crs_epsg) if crs_epsg is not None else infos[ids[0]].crs
+    fixes = dict(corrections or {})
+    for sid in sorted(set(fixes) & set(ids)):
+        infos[sid] = _corrected_info(sid, inputs[sid], infos[sid], crs, fixes[sid])
     bounds, res = _bounds_and_resolution(infos, crs, resolution_m)
     grid = snap_grid(bounds.values(), res)
-    sources = tuple(
-        _place(sid, Path(inputs[sid]), infos[sid], crs, grid, bounds[sid], value_bands)
-        for sid in ids
-    )
-    return GridPlan(crs=crs, grid=grid, sources=sources)
+    sources = []
+    for sid in ids:
+        src = _place(sid, Path(inputs[sid]), infos[sid], crs, grid, bounds[sid], value_bands)
+        if sid in fixes:
+            src = replace(
+                src,
+                src_transform=tuple(infos[sid].transform)[:6],
+                heights=fixes[sid] if correct_heights else None,
+            )
+        sources.append(src)
+    return GridPlan(crs=crs, grid=grid, sources=tuple(sources))
+
+
+def _corrected_info(
+    sid: str, path: Path, info: _InputInfo, crs: CRS, fix: RasterCorrection
+) -> _InputInfo:
+    """``info`` with the corrected geotransform and the bounds of its corrected corners.
+
+    Raises:
+        MergeError: the input is not in the output CRS (the correction is in the plan CRS).
+    """
+    if info.crs != crs:
+        raise MergeError(
+            f"input {sid} ({path}) is in {info.crs}, not the output CRS {crs}: its alignment "
+            "correction cannot be applied"
+        )
+    t = info.transform
+    corrected = Affine(*fix.corrected_geotransform((t.a, t.b, t.c, t.d, t.e, t.f)))
+    cols = np.array([0, info.width, 0, info.width], dtype=np.float64)
+    rows = np.array([0, 0, info.height, info.height], dtype=np.float64)
+    xs = corrected.a * cols + corrected.b * rows + corrected.c
+    ys = corrected.d * cols + corrected.e * rows + corrected.f
+    bounds = (float(xs.min()), float(ys.min()), float(xs.max()), float(ys.max()))
+    return replace(info, transform=corrected, bounds=bounds)
 
 
 class SourceReader:
@@ -262,6 +308,8 @@ class SourceReader:
             "height": src.height,
             "resampling": self._resampling,
         }
+        if src.src_transform is not None:
+            kwargs["src_transform"] = Affine(*src.src_transform)
         if src.src_alpha:
             kwargs.update(src_alpha=src.src_alpha, dst_alpha=src.src_alpha)
         elif src.nodata is not None:
@@ -319,6 +367,11 @@ class SourceReader:
             valid = np.any((values != nd) & np.isfinite(values), axis=0)
         else:
             valid = ds.read_masks(src.value_bands[0], out_shape=shape, **kw) > 0
+        if src.heights is not None:
+            g = self._plan.grid
+            values = src.heights.heights_on_grid(
+                (g.left, g.top, g.resolution_m), window, values, valid
+            )
         return values, valid
 
     def close(self) -> None:

@@ -62,7 +62,10 @@ def test_outputs_without_point_clouds_merge_their_orthophoto_and_dsm(
     reports = json.loads(
         (Path(manifest.products["dsm"]).parents[1] / "report/merge.json").read_text()
     )
-    assert set(reports) == {"orthophoto", "dsm", "coverage"}
+    assert set(reports) == {"orthophoto", "dsm", "coverage", "alignment"}
+    # no cameras: aligned from the products (DSM differences, orthophoto phase correlation)
+    assert reports["alignment"]["result"]["method"] == "dem"
+    assert manifest.alignment is not None and manifest.alignment.failures == []
     # a point cloud in one input only: merged from that input
     folders = _odm_folders(tiles, tmp_path / "one", point_cloud_in={"a"})
     manifest = merge_existing(inputs=folders, output=str(tmp_path / "out-one"))

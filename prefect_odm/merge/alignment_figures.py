@@ -1,0 +1,136 @@
+"""The alignment between submodels in ``report.md``: tables and a plan-map picture (adapter:
+matplotlib).
+
+:func:`alignment_lines` gives the markdown section (gates, per-submodel transforms, per-overlap
+residuals, camera-vs-GPS residuals); :func:`alignment_png` draws each submodel's correction as
+an arrow at its centre on the plan map (horizontal part, exaggerated by a printed factor; colour:
+height change) and each overlap as a segment coloured by its residual after alignment.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+from prefect_odm.align.report import AlignmentReport, AlignmentResult
+
+ALIGNMENT_PNG = "alignment.png"
+"""File name of the picture, beside ``report.md``."""
+
+
+def _result_lines(title: str, result: AlignmentResult) -> list[str]:
+    lines = [
+        "",
+        f"### {title} ({result.method}, gauge {result.gauge}, {result.solve_seconds:.2f} s)",
+        "",
+        "| submodel | move max (m) | shift x, y, z (m) | rotation (deg) | tilt (deg) | scale - 1 |"
+        " samples |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for t in result.transforms:
+        dx, dy, dz = t.translation_m
+        lines.append(
+            f"| {t.submodel_id} | {t.max_correction_m:.3f} | {dx:+.3f}, {dy:+.3f}, {dz:+.3f} | "
+            f"{t.rotation_deg:.3f} | {t.tilt_deg:.3f} | {t.scale_change:+.5f} | {t.n_samples} |"
+        )
+    lines += [
+        "",
+        "| overlap | shared | used | rms before (m) | rms after (m) | max after (m) |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {o.first} / {o.second} | {o.n_shared} | {o.n_used} | {o.rms_before_m:.3f} | "
+        f"{o.rms_after_m:.3f} | {o.max_after_m:.3f} |"
+        for o in result.overlaps
+    ]
+    if result.camera_gps:
+        lines += [
+            "",
+            "| submodel | cameras | vs GPS rms before (m) | after (m) | horizontal (m) |"
+            " vertical (m) |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {g.submodel_id} | {g.n_cameras} | {g.rms_before_m:.3f} | {g.rms_after_m:.3f} | "
+            f"{g.horizontal_rms_after_m:.3f} | {g.vertical_rms_after_m:.3f} |"
+            for g in result.camera_gps
+        ]
+    return lines
+
+
+def alignment_lines(report: AlignmentReport | None) -> list[str]:
+    """The ``## Alignment between submodels`` section of ``report.md`` (empty without one)."""
+    if report is None:
+        return []
+    lines = ["", "## Alignment between submodels", ""]
+    if report.failures:
+        lines.append(
+            f"**{len(report.failures)} quality gate(s) failed and were ACCEPTED by the operator "
+            "(`accept_alignment`):**"
+        )
+        lines += [f"- {f.message}" for f in report.failures]
+    else:
+        lines.append("Every quality gate passed.")
+    lines += _result_lines("From the cameras" if report.result.method == "cameras"
+                           else "From the products", report.result)  # fmt: skip
+    if report.refinement is not None:
+        lines += _result_lines("Refined from the aligned DSMs and orthophotos", report.refinement)
+    lines += ["", f"![alignment]({ALIGNMENT_PNG})", ""]
+    return lines
+
+
+def alignment_png(report: AlignmentReport) -> bytes:
+    """The plan-map picture of the corrections and overlap residuals, PNG bytes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ids = [t.submodel_id for t in report.result.transforms]
+    absolute = {t.submodel_id: np.asarray(t.centre_m[:2]) for t in report.result.transforms}
+    origin = np.floor(np.min(np.stack(list(absolute.values())), axis=0) / 100.0) * 100.0
+    centres = {sid: c - origin for sid, c in absolute.items()}
+    moves = {sid: _move(report, sid, absolute[sid]) for sid in ids}
+    span = max(float(np.ptp(np.stack(list(centres.values())), axis=0).max()), 1.0)
+    biggest = max((float(np.hypot(*m[:2])) for m in moves.values()), default=0.0)
+    factor = 0.15 * span / biggest if biggest > 0 else 1.0
+    fig, ax = plt.subplots(figsize=(7, 6), dpi=110)
+    residuals = report.refinement or report.result
+    worst = max((o.rms_after_m for o in residuals.overlaps), default=1.0) or 1.0
+    cmap = plt.get_cmap("viridis")
+    for o in residuals.overlaps:
+        (x1, y1), (x2, y2) = centres[o.first], centres[o.second]
+        ax.plot([x1, x2], [y1, y2], color=cmap(o.rms_after_m / worst), lw=3, zorder=1)
+        ax.annotate(f"{o.rms_after_m:.2f} m", ((x1 + x2) / 2, (y1 + y2) / 2), fontsize=7)
+    heights = np.array([moves[sid][2] for sid in ids])
+    arrows = ax.quiver(
+        [centres[s][0] for s in ids], [centres[s][1] for s in ids],
+        [moves[s][0] * factor for s in ids], [moves[s][1] * factor for s in ids], heights,
+        angles="xy", scale_units="xy", scale=1, cmap="coolwarm", zorder=2,
+    )  # fmt: skip
+    fig.colorbar(arrows, ax=ax, label="height change at centre (m)")
+    for sid in ids:
+        ax.annotate(
+            sid, tuple(centres[sid]), fontsize=7, xytext=(3, -9), textcoords="offset points"
+        )
+    ax.set_title(
+        f"correction at each submodel centre (x{factor:.0f}); overlap rms after (m), worst "
+        f"{worst:.2f}",
+        fontsize=9,
+    )
+    ax.set_aspect("equal")
+    ax.margins(0.15)
+    ax.set_xlabel(f"easting - {origin[0]:.0f} (m)")
+    ax.set_ylabel(f"northing - {origin[1]:.0f} (m)")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _move(report: AlignmentReport, sid: str, centre: np.ndarray) -> np.ndarray:
+    """The correction of the submodel's centre at its ground height, ``(dx, dy, dz)`` metres."""
+    x = np.array([[centre[0], centre[1], report.reference_height_m(sid)]])
+    moved: np.ndarray = (report.apply_points(sid, x) - x)[0]
+    return moved

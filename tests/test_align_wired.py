@@ -1,0 +1,130 @@
+"""The alignment between submodels wired into a real run: brighton in two submodels (built-in
+engine, structure from motion, a real Prefect API), then one submodel's products and cameras
+moved by the issue's known transform and aligned and merged again."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rasterio
+from prefect_odm.tasks.align import build_alignment
+
+from prefect_odm.align import AlignmentError, AlignmentOptions, read_shots_geojson
+from prefect_odm.merge import merge_dems
+from prefect_odm.merge.overlaps import dem_overlaps, ortho_shifts
+from prefect_odm.models import MergeOptions, SplitPlan
+from prefect_odm.ownership import Ownership
+
+sys.path.insert(0, str(Path(__file__).parent))
+from align_perturb import (  # noqa: E402
+    known_error,
+    moved_copy,
+    products_of,
+    recovery,
+    submodel_folders,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def brighton_split(prefect_api, brighton_images, tmp_path_factory):
+    """brighton reconstructed with --split 10 --split-overlap-m 20 (two submodels)."""
+    os.environ["PREFECT_ODM_HOME"] = str(tmp_path_factory.mktemp("odm-home"))
+    from prefect_odm.flows import reconstruct
+
+    out = tmp_path_factory.mktemp("brighton-align")
+    manifest = reconstruct(
+        images=str(brighton_images), output=str(out), split=10, split_overlap_m=20
+    )
+    survey_dir = Path(manifest.products["orthophoto"]).parents[1]
+    plan = SplitPlan.model_validate_json((survey_dir / "plan" / "plan.json").read_text())
+    return manifest, survey_dir, plan
+
+
+def _gps(plan: SplitPlan) -> dict[str, tuple[float, float, float]]:
+    return {c.name: (c.x_m, c.y_m, c.z_m) for c in plan.cameras if c.z_m is not None}
+
+
+def test_run_records_its_alignment_in_the_manifest_and_report(brighton_split) -> None:
+    manifest, survey_dir, _ = brighton_split
+    a = manifest.alignment
+    assert a is not None and a.result.method == "cameras" and a.refinement is not None
+    assert a.failures == [] and not a.accepted
+    assert [t.submodel_id for t in a.result.transforms] == [
+        r.submodel_id for r in manifest.submodels
+    ]
+    assert a.result.camera_gps and a.result.overlaps
+    ov = a.refinement.overlaps[0]
+    print(f"brighton overlap DSM rms {ov.rms_before_m:.3f} -> {ov.rms_after_m:.3f} m")
+    assert ov.rms_after_m < ov.rms_before_m
+    report = (survey_dir / "report" / "report.md").read_text()
+    assert "## Alignment between submodels" in report
+
+
+def test_known_transform_is_recovered_and_the_seam_closes(brighton_split, tmp_path) -> None:
+    manifest, survey_dir, plan = brighton_split
+    folders = submodel_folders(survey_dir)
+    products, shots = products_of(folders)
+    before = build_alignment(products, shots, MergeOptions(), _gps(plan), plan.crs_epsg)
+    assert before is not None
+    moved_id = sorted(folders)[1]
+    cams = read_shots_geojson(moved_id, Path(shots[moved_id]).read_text())
+    error = known_error(cams.centres.mean(axis=0))
+    moved = dict(folders)
+    ground = before.ground_heights_m[moved_id]
+    moved[moved_id] = moved_copy(folders[moved_id], tmp_path / moved_id, error, ground)
+    moved_products, moved_shots = products_of(moved)
+    after = build_alignment(moved_products, moved_shots, MergeOptions(), _gps(plan), plan.crs_epsg)
+    assert after is not None and after.failures == []
+    position_m, rotation_deg = recovery(before, after, moved_id, error, shots[moved_id])
+    print(f"known transform recovered within {position_m:.4f} m and {rotation_deg:.4f} deg")
+    assert position_m < 0.1 and rotation_deg < 0.05
+
+    dsms = {sid: Path(p["dsm"]) for sid, p in moved_products.items()}
+    raw = [float(np.median(o.dz)) for o in dem_overlaps(dsms)]
+    fixed = [
+        float(np.median(o.dz)) for o in dem_overlaps(dsms, corrections=after.raster_corrections())
+    ]
+    orthos = {sid: Path(p["orthophoto"]) for sid, p in moved_products.items()}
+    shift = ortho_shifts(orthos, corrections=after.raster_corrections(), tile_m=20)
+    print(f"seam step {raw} -> {fixed} m; orthophoto shift after {shift}")
+    assert abs(raw[0]) > 1.0 and abs(fixed[0]) < 0.1
+    assert all(s.magnitude_m < 0.1 for s in shift.values())
+
+    own = Ownership.from_cameras((c.x_m, c.y_m, c.submodel_id) for c in plan.cameras)
+    merge_dems(dsms, tmp_path / "dsm.tif", ownership=own, alignment=after, crs_epsg=plan.crs_epsg)
+    with rasterio.open(tmp_path / "dsm.tif") as new, rasterio.open(manifest.products["dsm"]) as old:
+        a, b = _common(new, old)
+    both = ~(np.ma.getmaskarray(a) | np.ma.getmaskarray(b))
+    diff = np.abs(a.data[both] - b.data[both])
+    print(f"re-merged DSM against the run's: median |dz| {np.median(diff):.3f} m")
+    assert np.median(diff) < 0.1
+
+
+def _common(new, old) -> tuple[np.ma.MaskedArray, np.ma.MaskedArray]:  # type: ignore[no-untyped-def]
+    """The two DSMs over their common cells (same resolution, grids snapped alike)."""
+    res = new.res[0]
+    assert old.res[0] == pytest.approx(res)
+    dc = round((new.bounds.left - old.bounds.left) / res)
+    dr = round((old.bounds.top - new.bounds.top) / res)
+    a, b = new.read(1, masked=True), old.read(1, masked=True)
+    r0, c0 = max(0, dr), max(0, dc)
+    r1, c1 = min(b.shape[0], dr + a.shape[0]), min(b.shape[1], dc + a.shape[1])
+    return a[r0 - dr : r1 - dr, c0 - dc : c1 - dc], b[r0:r1, c0:c1]
+
+
+def test_a_failed_gate_names_the_submodel_and_accepting_it_is_recorded(brighton_split) -> None:
+    _, survey_dir, plan = brighton_split
+    products, shots = products_of(submodel_folders(survey_dir))
+    strict = AlignmentOptions(max_correction_m=1e-4)
+    with pytest.raises(AlignmentError, match=r"submodel-00\d: correction m .* max_correction_m"):
+        build_alignment(products, shots, MergeOptions(alignment=strict), _gps(plan))
+    options = MergeOptions(alignment=strict, accept_alignment=True)
+    accepted = build_alignment(products, shots, options, _gps(plan))
+    assert accepted is not None and accepted.accepted
+    assert {f.figure for f in accepted.failures} == {"max_correction_m"}
