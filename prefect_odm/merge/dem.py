@@ -46,7 +46,9 @@ from prefect_odm.merge.cog import with_gdal_cache
 from prefect_odm.merge.footprints import resolve_ownership
 from prefect_odm.merge.grid import Block
 from prefect_odm.merge.reports import DemMergeReport
-from prefect_odm.merge.seams import SeamMethod, seam_method
+from prefect_odm.merge.seamline_rasters import seams_for
+from prefect_odm.merge.seamlines import OwnerLabels
+from prefect_odm.merge.seams import SeamMethod
 from prefect_odm.merge.sources import (
     GridPlan,
     RasterSource,
@@ -211,6 +213,7 @@ def merge_dems(
     ownership: Ownership | None,
     options: MergeOptions | None = None,
     edt_max_side_px: int = 1024,
+    seamlines: OwnerLabels | None = None,
     **raster: Unpack[RasterMergeKeywords],
 ) -> DemMergeReport:
     """Merge per-submodel DSMs (or DTMs) into one float32 COG with nodata -9999.
@@ -243,7 +246,8 @@ def merge_dems(
     owners = resolve_ownership(plan, ownership)
     offsets, medians = vertical_offsets(plan, opts.remove_vertical_offsets)
     edges = edge_distances(plan, edt_max_side_px)
-    seams = seam_method(opts.seam_method, owners, plan.grid, lattice_step_px=run.lattice_step_px)
+    seams = seams_for(opts.seam_method, owners, plan, run.lattice_step_px, seamlines=seamlines,
+                      dsms={k: Path(v) for k, v in inputs.items()})  # fmt: skip
     readers = ThreadReaders(plan)
     pixels, union_pixels = write_merged_raster(
         out,
