@@ -33,6 +33,7 @@ from prefect_odm.registry import PRODUCTS, MergeMethod, ProductName
 
 if TYPE_CHECKING:  # the merge adapters (rasterio) are imported when a task runs
     from prefect_odm.merge.blocks import RasterMergeKeywords
+    from prefect_odm.merge.seamlines import OwnerLabels
 
 
 def _local_inputs(inputs: Mapping[str, str], work: Path, product: str) -> dict[str, Path]:
@@ -59,6 +60,7 @@ class MergeContext:
         crs_epsg: CRS of the merged products; None: the first input's.
         options: how the products are merged.
         workers: threads of the raster merges.
+        seamlines: the owner labels the raster merges share (``seam_method='least-cost'``).
     """
 
     work: Path
@@ -66,6 +68,7 @@ class MergeContext:
     crs_epsg: int | None
     options: MergeOptions = field(default_factory=MergeOptions)
     workers: int = 2
+    seamlines: OwnerLabels | None = None
 
     def raster_keywords(self, product: str) -> RasterMergeKeywords:
         """The raster merges' run keywords (CRS, threads, progress events for ``product``)."""
@@ -86,7 +89,8 @@ def merge_orthophotos(
 
     local = _local_inputs(inputs, context.work, "orthophoto")
     keywords = context.raster_keywords("orthophoto")
-    return _merge(local, out, ownership=context.ownership, options=context.options, **keywords)
+    return _merge(local, out, ownership=context.ownership, options=context.options,
+                  seamlines=context.seamlines, **keywords)  # fmt: skip
 
 
 @task(name="merge_dems", cache_policy=NO_CACHE)
@@ -99,7 +103,8 @@ def merge_dems(
 
     local = _local_inputs(inputs, context.work, product)
     keywords = context.raster_keywords(product)
-    return _merge(local, out, ownership=context.ownership, options=context.options, **keywords)
+    return _merge(local, out, ownership=context.ownership, options=context.options,
+                  seamlines=context.seamlines, **keywords)  # fmt: skip
 
 
 @task(name="merge_point_clouds", cache_policy=NO_CACHE)
@@ -204,6 +209,30 @@ def _derived_ownership(
     return ownership_from_rasters(local, crs_epsg=crs_epsg) if local else None
 
 
+def _shared_seamlines(
+    products: Mapping[str, Mapping[str, str]],
+    work: Path,
+    ownership: Ownership | None,
+    crs_epsg: int | None,
+    options: MergeOptions,
+) -> OwnerLabels | None:
+    """The least-cost owner labels of this merge, from the orthophotos and DSMs together
+    (:func:`prefect_odm.merge.seamline_rasters.merge_seamlines`); None for other seam methods."""
+    from prefect_odm.merge.seamline_rasters import merge_seamlines
+    from prefect_odm.merge.seams import LABEL_SEAM_METHODS
+
+    ortho, dsm = _inputs_of(products, "orthophoto"), _inputs_of(products, "dsm")
+    if options.seam_method not in LABEL_SEAM_METHODS or ownership is None or not (ortho or dsm):
+        return None
+    return merge_seamlines(
+        ownership,
+        orthophotos=_local_inputs(ortho, work, "orthophoto"),
+        dsms=_local_inputs(dsm, work, "dsm"),
+        crs_epsg=crs_epsg,
+        colour_balance=options.colour_balance,
+    )
+
+
 class MergeKeywords(TypedDict):
     """The keywords of :func:`merge_products` and :func:`merge_all`.
 
@@ -248,9 +277,9 @@ def merge_products(
         work = Path(tmp)
         if ownership is None:
             ownership = _derived_ownership(products, work, crs_epsg)
-        run = _MergeRun(
-            MergeContext(work, ownership, crs_epsg, kw.get("options") or MergeOptions())
-        )
+        options = kw.get("options") or MergeOptions()
+        seamlines = _shared_seamlines(products, work, ownership, crs_epsg, options)
+        run = _MergeRun(MergeContext(work, ownership, crs_epsg, options, seamlines=seamlines))
         for name, product in PRODUCTS.items():
             inputs = _inputs_of(products, name)
             if inputs:

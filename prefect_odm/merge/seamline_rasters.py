@@ -29,6 +29,8 @@ from prefect_odm.ownership import Ownership
 
 DEFAULT_CELL_M = 0.5
 """Cell size of the owner-label grid, metres."""
+FINE_FACTOR = 4
+"""Colour pixels per cell side for the seamline cost's texture difference."""
 
 
 def _bounds_in(path: Path, crs: CRS) -> tuple[Bounds, CRS]:
@@ -48,9 +50,9 @@ def coarse_grid(paths: Mapping[str, Path], crs: CRS, cell_m: float) -> Grid:
     return Grid(left, top, cell_m, round((right - left) / cell_m), round((top - bottom) / cell_m))
 
 
-def _read(path: Path, grid: Grid, crs: CRS, bands: list[int], resampling: Resampling) -> tuple[
-    NDArray[np.float32], NDArray[np.bool_]
-]:
+def _read(
+    path: Path, grid: Grid, crs: CRS, bands: list[int], resampling: Resampling
+) -> tuple[NDArray[np.float32], NDArray[np.bool_]]:
     """Bands of ``path`` on ``grid`` (float32) and where every source pixel has data."""
     out = np.zeros((len(bands), grid.height, grid.width), dtype=np.float32)
     cover = np.zeros((grid.height, grid.width), dtype=np.uint8)
@@ -79,6 +81,9 @@ def coarse_layers(
 ) -> CoarseLayers:
     """Each submodel's colour and heights on one coarse grid covering all inputs.
 
+    Colours are read at ``cell_m / FINE_FACTOR`` (average resampling) and kept there as uint8
+    for the texture difference of the seamline cost, and averaged to the cells.
+
     Args:
         crs: the merge's CRS.
         cell_m: cell size, metres.
@@ -91,17 +96,27 @@ def coarse_layers(
     ortho, dsm = dict(orthophotos or {}), dict(dsms or {})
     if not ortho and not dsm:
         raise MergeError("seamlines need orthophotos or DSMs")
-    grid = coarse_grid({**{f"o{k}": v for k, v in ortho.items()}, **{f"d{k}": v for k, v in dsm.items()}}, crs, cell_m)
+    grid = coarse_grid(
+        {**{f"o{k}": v for k, v in ortho.items()}, **{f"d{k}": v for k, v in dsm.items()}},
+        crs,
+        cell_m,
+    )
+    f = FINE_FACTOR
+    fine_grid = Grid(grid.left, grid.top, cell_m / f, grid.width * f, grid.height * f)
     rgb: dict[str, NDArray[np.float32]] = {}
+    fine: dict[str, NDArray[np.uint8]] = {}
     for sid, path in sorted(ortho.items()):
-        values, ok = _read(path, grid, crs, [1, 2, 3], Resampling.average)
-        values[:, ~ok] = np.nan
-        rgb[sid] = values
+        values, ok = _read(path, fine_grid, crs, [1, 2, 3], Resampling.average)
+        fine[sid] = np.clip(np.rint(values), 0, 255).astype(np.uint8)
+        cells = values.reshape(3, grid.height, f, grid.width, f).mean(axis=(2, 4))
+        full = ok.reshape(grid.height, f, grid.width, f).all(axis=(1, 3))
+        cells[:, ~full] = np.nan
+        rgb[sid] = cells.astype(np.float32)
     heights: dict[str, NDArray[np.float32]] = {}
     for sid, path in sorted(dsm.items()):
         values, ok = _read(path, grid, crs, [1], Resampling.bilinear)
         heights[sid] = np.where(ok, values[0], np.float32(np.nan)).astype(np.float32)
-    return CoarseLayers(grid=grid, rgb=rgb, dsm=heights)
+    return CoarseLayers(grid=grid, rgb=rgb, dsm=heights, fine=fine, fine_factor=f)
 
 
 def seamlines_of(
@@ -136,8 +151,12 @@ def seamlines_of(
     for sid, corr in (corrections or {}).items():
         if sid in layers.rgb:
             rgb = layers.rgb[sid]
-            rgb *= np.asarray(corr.gain, dtype=np.float32)[:, None, None]
-            rgb += np.asarray(corr.offset, dtype=np.float32)[:, None, None]
+            gain = np.asarray(corr.gain, dtype=np.float32)[:, None, None]
+            offset = np.asarray(corr.offset, dtype=np.float32)[:, None, None]
+            rgb *= gain
+            rgb += offset
+            fine = layers.fine[sid]
+            fine[...] = np.clip(np.rint(fine * gain + offset), 0, 255).astype(np.uint8)
     return least_cost_labels(ownership, layers, weights, seam_colour=corrections is not None)
 
 
@@ -169,3 +188,31 @@ def seams_for(
     return seam_method(
         name, ownership, plan.grid, lattice_step_px=lattice_step_px, seamlines=seamlines
     )
+
+
+def merge_seamlines(
+    ownership: Ownership,
+    *,
+    orthophotos: Mapping[str, Path] | None,
+    dsms: Mapping[str, Path] | None,
+    crs_epsg: int | None,
+    colour_balance: bool,
+) -> OwnerLabels:
+    """The owner labels one merge shares between its orthophoto, DEMs and point cloud.
+
+    Computed from the orthophotos and DSMs together, in the CRS the raster merges use
+    (``crs_epsg``, else the first input's by sorted id), the colours corrected by the same gains
+    and offsets as the orthophoto merge (:func:`.ortho.colour_corrections`) when
+    ``colour_balance``.
+
+    Raises:
+        MergeError: no input, or one that cannot be read (see :func:`.sources.plan_grid`).
+    """
+    from prefect_odm.merge.ortho import colour_corrections
+    from prefect_odm.merge.sources import plan_grid
+
+    ortho, dsm = dict(orthophotos or {}), dict(dsms or {})
+    first = ortho or dsm
+    plan = plan_grid(first, resolution_m=None, crs_epsg=crs_epsg, value_bands=3 if ortho else 1)
+    corrections = colour_corrections(plan, colour_balance) if ortho and colour_balance else None
+    return seamlines_of(ownership, plan.crs, orthophotos=ortho, dsms=dsm, corrections=corrections)

@@ -8,10 +8,12 @@ cost of a cell is
     ``colour_diff / colour_scale_dn + object_weight * min(object_height_m, 10)
     + slope_weight * min(|grad z|, 5) + base_cost * (1 + 2 * off_bisector_m / corridor_m)``
 
-from the two submodels' colour difference (digital numbers, mean over RGB), the height of an
+from the two submodels' colour difference (digital numbers: the mean over RGB of their absolute
+difference at ``fine_factor`` pixels per cell side, averaged over the cell), the height of an
 object above its local ground (the DSM minus its grey opening over ``object_size_m``) and the
 DSM's slope; so seams leave buildings, trees and misregistered texture for the ground between
-them (the last term keeps a seam on the bisector where nothing else differs). The cut between submodels ``a`` and ``b`` is a minimum s-t cut on the corridor's 4-connected
+them (the last term keeps a seam on the bisector where nothing else differs). The cut between
+submodels ``a`` and ``b`` is a minimum s-t cut on the corridor's 4-connected
 cell graph (edge capacity: mean cost of its two cells), source tied to the cells bordering ``a``'s
 own area outside the corridor and sink to those bordering ``b``'s, solved by
 :func:`scipy.sparse.csgraph.maximum_flow` (Dinic); this is the seam of Kwatra et al., "Graphcut
@@ -33,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 from scipy import ndimage
-from scipy.sparse import coo_matrix, csr_matrix
+from scipy.sparse import coo_array, csr_array
 from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
 from prefect_odm.merge.balance import CoarseOffset, seam_colour_offsets
@@ -61,9 +63,9 @@ class SeamlineCost:
     """
 
     colour_scale_dn: float = 10.0
-    object_weight: float = 2.0
+    object_weight: float = 1.0
     object_size_m: float = 20.0
-    slope_weight: float = 2.0
+    slope_weight: float = 0.5
     base_cost: float = 0.2
     corridor_m: float = 15.0
 
@@ -76,11 +78,16 @@ class CoarseLayers:
         grid: the coarse grid (output CRS).
         rgb: submodel id -> ``(3, rows, cols)`` float32 colour, DN (NaN without data), or absent.
         dsm: submodel id -> ``(rows, cols)`` float32 heights, metres (NaN without data), or absent.
+        fine: submodel id -> ``(3, rows * fine_factor, cols * fine_factor)`` uint8 colour at
+            ``fine_factor`` pixels per cell side (for the texture difference), or absent.
+        fine_factor: pixels of ``fine`` per cell side.
     """
 
     grid: Grid
     rgb: Mapping[str, NDArray[np.float32]]
     dsm: Mapping[str, NDArray[np.float32]]
+    fine: Mapping[str, NDArray[np.uint8]] = field(default_factory=dict)
+    fine_factor: int = 1
 
     def valid(self, sid: str) -> NDArray[np.bool_]:
         """Cells where ``sid`` has data (colour where given, else heights)."""
@@ -137,7 +144,9 @@ def ownership_labels(
     """
     g = layers.grid
     ids = list(ownership.submodel_ids)
-    e = SeamField(ownership, g, lattice_step_px=1).seam_distance(Block(0, 0, g.height, g.width), ids)
+    e = SeamField(ownership, g, lattice_step_px=1).seam_distance(
+        Block(0, 0, g.height, g.width), ids
+    )
     valid = np.stack([layers.valid(sid) for sid in ids])
     masked = np.where(valid, e, np.float32(np.inf))
     labels = np.argmin(masked, axis=0).astype(np.int16)
@@ -160,9 +169,7 @@ def _slope(z: NDArray[np.float32], cell_m: float) -> NDArray[np.float32]:
     return np.asarray(np.where(np.isfinite(s), s, 0.0), dtype=np.float32)
 
 
-def cell_cost(
-    a: str, b: str, layers: CoarseLayers, weights: SeamlineCost
-) -> NDArray[np.float32]:
+def cell_cost(a: str, b: str, layers: CoarseLayers, weights: SeamlineCost) -> NDArray[np.float32]:
     """Cost of a seam between ``a`` and ``b`` through each cell (see the module docstring).
 
     Returns:
@@ -170,7 +177,13 @@ def cell_cost(
     """
     g = layers.grid
     cost = np.full((g.height, g.width), weights.base_cost, dtype=np.float32)
-    if a in layers.rgb and b in layers.rgb:
+    if a in layers.fine and b in layers.fine:
+        f = layers.fine_factor
+        pixel = np.abs(layers.fine[a].astype(np.float32) - layers.fine[b]).mean(axis=0)
+        diff = pixel.reshape(g.height, f, g.width, f).mean(axis=(1, 3))
+        diff = ndimage.uniform_filter(diff, size=3)
+        cost += np.minimum(diff / weights.colour_scale_dn, 25.0).astype(np.float32)
+    elif a in layers.rgb and b in layers.rgb:
         diff = np.abs(layers.rgb[a] - layers.rgb[b]).mean(axis=0)
         diff = ndimage.uniform_filter(np.nan_to_num(diff, nan=0.0), size=3)
         cost += np.minimum(diff / weights.colour_scale_dn, 25.0).astype(np.float32)
@@ -205,7 +218,9 @@ def _grid_edges(
 
 def _touches(mask: NDArray[np.bool_]) -> NDArray[np.bool_]:
     """Cells 4-adjacent to ``mask``."""
-    return np.asarray(ndimage.binary_dilation(mask, structure=ndimage.generate_binary_structure(2, 1)))
+    return np.asarray(
+        ndimage.binary_dilation(mask, structure=ndimage.generate_binary_structure(2, 1))
+    )
 
 
 def min_cut(
@@ -237,9 +252,9 @@ def min_cut(
     src = np.concatenate([src, np.full(ia.size, s), ib])
     dst = np.concatenate([dst, ia, np.full(ib.size, t)])
     cap = np.concatenate([cap, np.full(ia.size + ib.size, _BIG)])
-    graph = csr_matrix(coo_matrix((cap.astype(np.int32), (src, dst)), shape=(n + 2, n + 2)))
+    graph = csr_array(coo_array((cap.astype(np.int32), (src, dst)), shape=(n + 2, n + 2)))
     flow = maximum_flow(graph, s, t, method="dinic").flow
-    residual = csr_matrix(graph - flow)
+    residual = csr_array(graph - flow)
     residual.data = np.where(residual.data > 0, 1, 0).astype(np.int32)
     residual.eliminate_zeros()
     reach_a = breadth_first_order(residual, s, directed=True, return_predecessors=False)
@@ -289,13 +304,17 @@ def least_cost_labels(
     valid = {sid: layers.valid(sid) for sid in ids}
     for i, j in _neighbour_pairs(original):
         a, b = ids[i], ids[j]
-        in_ab = ((original == i) & (e[j] <= w.corridor_m)) | ((original == j) & (e[i] <= w.corridor_m))
+        in_ab = ((original == i) & (e[j] <= w.corridor_m)) | (
+            (original == j) & (e[i] <= w.corridor_m)
+        )
         corridor = in_ab & valid[a] & valid[b] & ((labels == i) | (labels == j))
         if not corridor.any():
             continue
         off_bisector = np.where(original == i, e[j], e[i]) / w.corridor_m
         cost = cell_cost(a, b, layers, w) + np.float32(2.0 * w.base_cost) * off_bisector
-        to_a, to_b = min_cut(corridor, (original == i) & ~corridor, (original == j) & ~corridor, cost)
+        to_a, to_b = min_cut(
+            corridor, (original == i) & ~corridor, (original == j) & ~corridor, cost
+        )
         labels[to_a] = i
         labels[to_b] = j
     offsets = None
@@ -399,7 +418,9 @@ class LeastCostSeams:
         )
         margin = int(np.ceil(self.margin_m / self.labels.grid.resolution_m)) + 2
         lab = self.labels.labels
-        dist = {sid: _signed_distance(lab, n, margin) for n, sid in enumerate(self.labels.submodel_ids)}
+        dist = {
+            sid: _signed_distance(lab, n, margin) for n, sid in enumerate(self.labels.submodel_ids)
+        }
         object.__setattr__(self, "_distance", dist)
 
     def colour_offsets(
@@ -415,7 +436,9 @@ class LeastCostSeams:
         for n, sid in enumerate(submodel_ids):
             off = offsets[index[sid]] if sid in index else None
             if off is not None:
-                vals, outside = sample_cells(off.values, off.row_off, off.col_off, self.labels.grid, self.grid, block)
+                vals, outside = sample_cells(
+                    off.values, off.row_off, off.col_off, self.labels.grid, self.grid, block
+                )
                 out[n] = np.where(outside, 0.0, vals)
         return out
 
@@ -438,7 +461,9 @@ class LeastCostSeams:
                 vals, outside = sample_cells(
                     d.values[None], d.row_off, d.col_off, self.labels.grid, self.grid, block
                 )
-                e = np.where(outside, np.inf, np.maximum(vals[0], 0.0) * self.labels.grid.resolution_m)
+                e = np.where(
+                    outside, np.inf, np.maximum(vals[0], 0.0) * self.labels.grid.resolution_m
+                )
             out[n] = np.where(e <= self.margin_m, e, far).astype(np.float32)
         return out
 
