@@ -122,6 +122,7 @@ def merge_point_clouds(
         ownership=context.ownership,
         crs_epsg=context.crs_epsg,
         progress=_on_progress("point_cloud"),
+        seamlines=context.seamlines,
     )
 
 

@@ -42,6 +42,7 @@ from scipy.spatial import cKDTree
 
 from prefect_odm.errors import MergeError
 from prefect_odm.merge.reports import PointCloudMergeReport, SubmodelPoints
+from prefect_odm.merge.seamlines import LabelOwners, OwnerLabels
 from prefect_odm.merge.seams import ownership_from_centres
 from prefect_odm.ownership import Ownership
 
@@ -271,6 +272,7 @@ class _Streamer:
     progress: Callable[[int, int], None] | None
     total_in: int
     done: int = 0
+    seamlines: OwnerLabels | None = None
 
     def write_input(self, inp: _Input) -> tuple[SubmodelPoints, bool]:
         """Write the points of ``inp`` that it owns.
@@ -287,7 +289,9 @@ class _Streamer:
         shift = None if transformer is not None else _integer_shift(inp.header, self.header)
         label = self.owners.submodel_ids.index(inp.submodel_id)
         lo, hi = _bounds_in(inp, self.crs)
-        cells = CellOwners(self.owners, (lo[0], lo[1], hi[0], hi[1]))
+        cells: CellOwners | LabelOwners = CellOwners(self.owners, (lo[0], lo[1], hi[0], hi[1]))
+        if self.seamlines is not None:
+            cells = LabelOwners(self.seamlines, self.owners)
         kept_n = 0
         read_n = 0
         with laspy.open(inp.path) as reader:
@@ -311,7 +315,7 @@ class _Streamer:
         chunk: laspy.ScaleAwarePointRecord,
         transformer: pyproj.Transformer | None,
         shift: tuple[int, int, int] | None,
-        cells: CellOwners,
+        cells: CellOwners | LabelOwners,
         label: int,
     ) -> int:
         """Write the points of one chunk that ``label`` owns; returns how many."""
@@ -371,6 +375,7 @@ def merge_point_clouds(
     crs_epsg: int | None = None,
     chunk_points: int = 2_000_000,
     progress: Callable[[int, int], None] | None = None,
+    seamlines: OwnerLabels | None = None,
 ) -> PointCloudMergeReport:
     """Merge per-submodel LAS/LAZ point clouds into one LAZ, each point kept once.
 
@@ -384,6 +389,8 @@ def merge_point_clouds(
             the output CRS.
         chunk_points: points per streamed chunk (memory is a few chunks).
         progress: ``(points_done, points_total)`` callback.
+        seamlines: the merge's owner labels (in the output CRS) to follow instead of the
+            ownership rule (:class:`.seamlines.LabelOwners`), or None.
 
     Returns:
         A :class:`.reports.PointCloudMergeReport`.
@@ -410,7 +417,8 @@ def merge_point_clouds(
     try:
         compress = out.suffix.lower() == ".laz"
         with laspy.open(tmp, mode="w", header=header, do_compress=compress) as writer:
-            streamer = _Streamer(writer, header, crs, owners, chunk_points, progress, total_in)
+            streamer = _Streamer(writer, header, crs, owners, chunk_points, progress, total_in,
+                                 seamlines=seamlines)  # fmt: skip
             for inp in infos:
                 points, warped = streamer.write_input(inp)
                 per.append(points)

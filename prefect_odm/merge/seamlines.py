@@ -472,3 +472,31 @@ class LeastCostSeams:
     ) -> NDArray[np.float32]:
         """See :func:`.seams.blend_weights`."""
         return blend_weights(seam_distance_m, valid, feather_m)
+
+
+class LabelOwners:
+    """Point-cloud ownership that follows an :class:`OwnerLabels` grid.
+
+    A point takes the owner of the label cell under it; outside the grid, in cells without an
+    owner, or in cells of a submodel the ownership does not know, the ownership rule (nearest
+    core camera) decides. The same ``label_of_points`` as :class:`.pointcloud.CellOwners`.
+
+    Args:
+        labels: the merge's owner labels, in the point cloud's CRS.
+        ownership: the ownership rule; labels index into its ``submodel_ids``.
+    """
+
+    def __init__(self, labels: OwnerLabels, ownership: Ownership) -> None:
+        index = {sid: n for n, sid in enumerate(ownership.submodel_ids)}
+        mapped = [index.get(sid, -1) for sid in labels.submodel_ids]
+        self._map = np.array([*mapped, -1], dtype=np.int32)  # label -1 -> the last entry
+        self._labels = labels
+        self._ownership = ownership
+
+    def label_of_points(self, x: NDArray[np.float64], y: NDArray[np.float64]) -> NDArray[np.int32]:
+        """Owner index (into ``ownership.submodel_ids``) of each point, shape of ``x``."""
+        out = self._map[self._labels.label_of_points(x, y).astype(np.int64)]
+        unsure = out < 0
+        if unsure.any():
+            out[unsure] = self._ownership.label_of_points(x[unsure], y[unsure])
+        return out
