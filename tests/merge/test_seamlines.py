@@ -5,18 +5,27 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import laspy
 import numpy as np
+import pyproj
 import rasterio
+from scipy import ndimage
 
-from prefect_odm.merge import merge_orthophotos
+from prefect_odm.merge import merge_dems, merge_orthophotos, merge_point_clouds
 from prefect_odm.merge.balance import seam_colour_offsets
 from prefect_odm.merge.grid import Block, Grid
-from prefect_odm.merge.seamlines import CoarseLayers, least_cost_labels, ownership_labels
+from prefect_odm.merge.seamline_rasters import merge_seamlines
+from prefect_odm.merge.seamlines import (
+    CoarseLayers,
+    LabelOwners,
+    least_cost_labels,
+    ownership_labels,
+)
 from prefect_odm.merge.seams import seam_method
 from prefect_odm.models import MergeOptions
 from prefect_odm.ownership import Ownership
 
-from .conftest import CAMERAS
+from .conftest import CAMERAS, EPSG, LEFT, TOP, ground_texture, write_dem, write_rgba
 
 GRID = Grid(left=0.0, top=40.0, resolution_m=0.5, width=120, height=80)
 """A 60 m x 40 m coarse grid; submodel a owns x < 30 m, b owns x > 30 m by the ownership."""
@@ -128,3 +137,75 @@ def test_least_cost_seam_distances_are_zero_for_the_owner() -> None:
     assert (e[1][:, x < 20] > 9).all() and (e[0][:, x > 40] > 9).all()
     part = seams.seam_distance(Block(37, 101, 64, 77), ["a", "b"])
     assert np.array_equal(e[:, 37:101, 101:178], part)
+
+
+def _two_submodels(tmp_path: Path) -> tuple[dict[str, Path], dict[str, Path], Ownership]:
+    """A 40 m x 20 m ground at 0.1 m in two overlapping submodels (a: x < 26 m, b: x > 14 m);
+    a 6 m x 10 m building of 8 m straddles the ownership seam x = 20 m. DSMs: a at 100 m,
+    b at 100.5 m, so the merged DSM tells which submodel a pixel came from."""
+    ground = ground_texture(200, 400)
+    x = (np.arange(400) + 0.5) * 0.1
+    y = (np.arange(200) + 0.5) * 0.1
+    gx, gy = np.meshgrid(x, y)
+    building = (np.abs(gx - 20) < 3) & (np.abs(gy - 10) < 5)
+    ortho, dsm = {}, {}
+    for sid, (c0, c1), base in (("a", (0, 260), 100.0), ("b", (140, 400), 100.5)):
+        ortho[sid] = write_rgba(
+            tmp_path / f"{sid}.tif", ground[:, :, c0:c1], LEFT + c0 * 0.1, TOP, 0.1
+        )
+        z = (base + 8.0 * building[:, c0:c1]).astype(np.float32)
+        dsm[sid] = write_dem(tmp_path / f"{sid}_dsm.tif", z, LEFT + c0 * 0.1, TOP, 0.1)
+    own = Ownership.from_cameras([(LEFT + 8.0, TOP - 10.0, "a"), (LEFT + 32.0, TOP - 10.0, "b")])
+    return ortho, dsm, own
+
+
+def test_orthophoto_dem_and_point_cloud_share_the_least_cost_labels(tmp_path: Path) -> None:
+    ortho, dsm, own = _two_submodels(tmp_path)
+    labels = merge_seamlines(own, orthophotos=ortho, dsms=dsm, crs_epsg=EPSG, colour_balance=True)
+    opts = MergeOptions(seam_method="least-cost", remove_vertical_offsets=False, dem_feather_m=2.0)
+    merge_dems(dsm, tmp_path / "dsm.tif", ownership=own, options=opts, seamlines=labels)
+    with rasterio.open(tmp_path / "dsm.tif") as ds:
+        z, tf = ds.read(1), ds.transform
+    gx, gy = np.meshgrid(
+        tf.c + (np.arange(z.shape[1]) + 0.5) * tf.a, tf.f + (np.arange(z.shape[0]) + 0.5) * tf.e
+    )
+    owner = labels.label_of_points(gx, gy)
+    roof = z > 105
+    # the roof comes from one submodel only: no seam (no blend of 108 and 108.5) across it
+    # (its edge, within the 1 m blending band of a seam that runs along it, may blend)
+    inner = ndimage.binary_erosion(roof, iterations=10)
+    assert inner.sum() > 2000
+    assert np.unique(np.round(z[inner], 3)).size == 1
+    # the DSM's owner away from seams is the label's owner
+    seams = seam_method(
+        "least-cost", own, Grid(tf.c, tf.f, tf.a, z.shape[1], z.shape[0]), seamlines=labels
+    )
+    e = seams.seam_distance(Block(0, 0, z.shape[0], z.shape[1]), ["a", "b"])
+    far = (e.max(axis=0) > 6.0) & (owner >= 0) & ~roof
+    assert far.sum() > 10_000
+    expected = np.where(owner == 0, 100.0, 100.5)
+    assert np.allclose(z[far], expected[far], atol=1e-4)
+    # and the point cloud keeps each point where the labels say its submodel owns it
+    rng = np.random.default_rng(5)
+    clouds = {}
+    for sid, (x0, x1) in (("a", (0.0, 26.0)), ("b", (14.0, 40.0))):
+        px, py = LEFT + rng.uniform(x0, x1, 20_000), TOP - rng.uniform(0, 20, 20_000)
+        clouds[sid] = _write_laz(tmp_path / f"{sid}.laz", px, py, 1 if sid == "a" else 2)
+    merge_point_clouds(clouds, tmp_path / "m.laz", ownership=own, seamlines=labels)
+    las = laspy.read(tmp_path / "m.laz")
+    lab = LabelOwners(labels, own).label_of_points(np.asarray(las.x), np.asarray(las.y))
+    assert np.array_equal(lab + 1, np.asarray(las.intensity))
+    moved = lab != own.label_of_points(np.asarray(las.x), np.asarray(las.y))
+    assert moved.sum() > 100  # the labels, not the nearest camera, decided
+
+
+def _write_laz(path: Path, x: np.ndarray, y: np.ndarray, tag: int) -> Path:
+    header = laspy.LasHeader(point_format=3, version="1.2")
+    header.scales = np.array([0.001, 0.001, 0.001])
+    header.offsets = np.array([np.floor(x.min()), np.floor(y.min()), 0.0])
+    header.add_crs(pyproj.CRS.from_epsg(EPSG))
+    las = laspy.LasData(header)
+    las.x, las.y, las.z = x, y, np.full(x.size, 100.0)
+    las.intensity = np.full(x.size, tag, np.uint16)
+    las.write(path)
+    return path
