@@ -16,8 +16,8 @@ The merge runs in four steps, each in its own module:
 4. **COG** (:mod:`.cog`): DEFLATE level 3 with predictor by default, validated, then moved to
    ``out``. GDAL's block cache is bounded by ``gdal_cache_mb`` for the whole merge.
 
-Not done yet: refining seams by a least-cost path through the overlap (avoiding buildings and
-roads); it would be another :class:`.seams.SeamMethod`.
+``seam_method='least-cost'`` moves the seams onto least-cost cuts through the overlaps
+(:mod:`.seamlines`) and adds colour offsets along them (:func:`.balance.seam_colour_offsets`).
 """
 
 from __future__ import annotations

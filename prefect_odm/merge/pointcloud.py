@@ -274,6 +274,17 @@ class _Streamer:
     done: int = 0
     seamlines: OwnerLabels | None = None
 
+    def write_all(self, infos: list[_Input]) -> tuple[list[SubmodelPoints], list[str]]:
+        """:meth:`write_input` of each input; returns the per-input counts and the ids of the
+        inputs that were reprojected."""
+        per, reprojected = [], []
+        for inp in infos:
+            points, warped = self.write_input(inp)
+            per.append(points)
+            if warped:
+                reprojected.append(inp.submodel_id)
+        return per, reprojected
+
     def write_input(self, inp: _Input) -> tuple[SubmodelPoints, bool]:
         """Write the points of ``inp`` that it owns.
 
@@ -389,8 +400,7 @@ def merge_point_clouds(
             the output CRS.
         chunk_points: points per streamed chunk (memory is a few chunks).
         progress: ``(points_done, points_total)`` callback.
-        seamlines: the merge's owner labels (in the output CRS) to follow instead of the
-            ownership rule (:class:`.seamlines.LabelOwners`), or None.
+        seamlines: owner labels (output CRS) followed instead of ``ownership``, or None.
 
     Returns:
         A :class:`.reports.PointCloudMergeReport`.
@@ -411,19 +421,14 @@ def merge_point_clouds(
     owners = _resolve_owners(infos, crs, ownership)
     header = _output_header(infos, crs)
     total_in = sum(int(i.header.point_count) for i in infos)
-    per, reprojected = [], []
     tmp = out.with_name(f".{out.stem}.{uuid.uuid4().hex[:8]}.tmp{out.suffix}")
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         compress = out.suffix.lower() == ".laz"
         with laspy.open(tmp, mode="w", header=header, do_compress=compress) as writer:
-            streamer = _Streamer(writer, header, crs, owners, chunk_points, progress, total_in,
-                                 seamlines=seamlines)  # fmt: skip
-            for inp in infos:
-                points, warped = streamer.write_input(inp)
-                per.append(points)
-                if warped:
-                    reprojected.append(inp.submodel_id)
+            streamer = _Streamer(writer, header, crs, owners, chunk_points, progress, total_in)
+            streamer.seamlines = seamlines
+            per, reprojected = streamer.write_all(infos)
         kept_total = sum(p.points_kept for p in per)
         mins, maxs = _check_written(tmp, out, kept_total, crs)
         os.replace(tmp, out)
