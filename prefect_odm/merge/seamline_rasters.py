@@ -58,11 +58,10 @@ def _read(
     cover = np.zeros((grid.height, grid.width), dtype=np.uint8)
     try:
         with rasterio.open(path) as ds:
-            for n, band in enumerate(bands):
-                reproject(
-                    rasterio.band(ds, band), out[n], dst_transform=grid.affine, dst_crs=crs,
-                    resampling=resampling,
-                )  # fmt: skip
+            reproject(
+                rasterio.band(ds, bands), out, dst_transform=grid.affine, dst_crs=crs,
+                resampling=resampling, num_threads=2,
+            )  # fmt: skip
             mask = ds.dataset_mask()
             reproject(
                 mask, cover, src_transform=ds.transform, src_crs=ds.crs, src_nodata=None,
