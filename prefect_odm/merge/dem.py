@@ -228,6 +228,8 @@ def merge_dems(
             defaults.
         edt_max_side_px: longest side of the decimated masks for the edge distances (memory:
             about ``8 * edt_max_side_px**2`` bytes per input).
+        seamlines: the merge's owner labels for ``seam_method='least-cost'``; None computes
+            them from ``inputs`` (:func:`.seamline_rasters.seams_for`).
         **raster: ``resolution_m``, ``crs_epsg``, ``workers``, ``block_size``, ``progress``,
             ``lattice_step_px``, ``gdal_cache_mb`` (see :class:`.blocks.RasterRun`).
 
