@@ -308,10 +308,11 @@ class MergeOptions(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    seam_method: Literal["ownership"] = Field(
+    seam_method: Literal["ownership", "least-cost"] = Field(
         "ownership",
         description="Where seams run: 'ownership' = the boundary between the submodels' own "
-        "areas (nearest core camera).",
+        "areas (nearest core camera); 'least-cost' = moved within the overlap onto the cut of "
+        "least colour difference, object height and DSM slope.",
     )
     orthophoto_feather_m: float = Field(
         2.0, ge=0, description="Width of the orthophoto's feathered band around a seam, metres."

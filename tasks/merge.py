@@ -34,6 +34,7 @@ from prefect_odm.registry import PRODUCTS, MergeMethod, ProductName
 
 if TYPE_CHECKING:  # the merge adapters (rasterio) are imported when a task runs
     from prefect_odm.merge.blocks import RasterMergeKeywords
+    from prefect_odm.merge.seamlines import OwnerLabels
 
 
 def _local_inputs(inputs: Mapping[str, str], work: Path, product: str) -> dict[str, Path]:
@@ -61,6 +62,7 @@ class MergeContext:
         options: how the products are merged.
         workers: threads of the raster merges.
         alignment: the alignment between submodels, applied to every product (None: none).
+        seamlines: the owner labels the raster merges share (``seam_method='least-cost'``).
     """
 
     work: Path
@@ -69,6 +71,7 @@ class MergeContext:
     options: MergeOptions = field(default_factory=MergeOptions)
     workers: int = 2
     alignment: AlignmentReport | None = None
+    seamlines: OwnerLabels | None = None
 
     def raster_keywords(self, product: str) -> RasterMergeKeywords:
         """The raster merges' run keywords (CRS, threads, progress events for ``product``)."""
@@ -91,7 +94,7 @@ def merge_orthophotos(
     keywords = context.raster_keywords("orthophoto")
     return _merge(
         local, out, ownership=context.ownership, options=context.options,
-        alignment=context.alignment, **keywords,
+        alignment=context.alignment, seamlines=context.seamlines, **keywords,
     )  # fmt: skip
 
 
@@ -107,7 +110,7 @@ def merge_dems(
     keywords = context.raster_keywords(product)
     return _merge(
         local, out, ownership=context.ownership, options=context.options,
-        alignment=context.alignment, **keywords,
+        alignment=context.alignment, seamlines=context.seamlines, **keywords,
     )  # fmt: skip
 
 
@@ -127,6 +130,7 @@ def merge_point_clouds(
         crs_epsg=context.crs_epsg,
         progress=_on_progress("point_cloud"),
         alignment=context.alignment,
+        seamlines=context.seamlines,
     )
 
 
@@ -217,6 +221,30 @@ def _derived_ownership(
     return ownership_from_rasters(local, crs_epsg=crs_epsg) if local else None
 
 
+def _shared_seamlines(
+    products: Mapping[str, Mapping[str, str]],
+    work: Path,
+    ownership: Ownership | None,
+    crs_epsg: int | None,
+    options: MergeOptions,
+) -> OwnerLabels | None:
+    """The least-cost owner labels of this merge, from the orthophotos and DSMs together
+    (:func:`prefect_odm.merge.seamline_rasters.merge_seamlines`); None for other seam methods."""
+    from prefect_odm.merge.seamline_rasters import merge_seamlines
+    from prefect_odm.merge.seams import LABEL_SEAM_METHODS
+
+    ortho, dsm = _inputs_of(products, "orthophoto"), _inputs_of(products, "dsm")
+    if options.seam_method not in LABEL_SEAM_METHODS or ownership is None or not (ortho or dsm):
+        return None
+    return merge_seamlines(
+        ownership,
+        orthophotos=_local_inputs(ortho, work, "orthophoto"),
+        dsms=_local_inputs(dsm, work, "dsm"),
+        crs_epsg=crs_epsg,
+        colour_balance=options.colour_balance,
+    )
+
+
 class MergeKeywords(TypedDict):
     """The keywords of :func:`merge_products` and :func:`merge_all`.
 
@@ -266,7 +294,11 @@ def merge_products(
             ownership = _derived_ownership(products, work, crs_epsg)
         alignment = kw.get("alignment")
         options = kw.get("options") or MergeOptions()
-        run = _MergeRun(MergeContext(work, ownership, crs_epsg, options, alignment=alignment))
+        seamlines = _shared_seamlines(products, work, ownership, crs_epsg, options)
+        context = MergeContext(
+            work, ownership, crs_epsg, options, alignment=alignment, seamlines=seamlines
+        )
+        run = _MergeRun(context)
         if alignment is not None:
             run.reports["alignment"] = alignment
         for name, product in PRODUCTS.items():

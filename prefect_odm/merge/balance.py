@@ -222,3 +222,105 @@ def solve_vertical_offsets(
         eq.add({i: 1e-6 * top}, 0.0)
     sol = eq.solve()
     return {sid: float(sol[i]) for i, sid in enumerate(ids)}
+
+
+@dataclass(frozen=True)
+class CoarseOffset:
+    """An additive colour correction field of one submodel over a crop of a coarse grid.
+
+    Attributes:
+        row_off, col_off: the crop's offset in the coarse grid, cells.
+        values: ``(bands, rows, cols)`` float32 offsets, DN.
+    """
+
+    row_off: int
+    col_off: int
+    values: NDArray[np.float32]
+
+
+def _low_pass_difference(
+    diff: NDArray[np.float64], weight: NDArray[np.bool_], sigma_cells: float
+) -> NDArray[np.float64]:
+    """Normalised Gaussian convolution of ``diff`` over ``weight`` cells, outliers clipped
+    at 3 robust standard deviations (1.4826 MAD) per band; 0 where no cell is near."""
+    from scipy import ndimage
+
+    out = np.zeros_like(diff)
+    den = ndimage.gaussian_filter(weight.astype(np.float64), sigma_cells)
+    for c in range(diff.shape[0]):
+        vals = diff[c][weight]
+        med = float(np.median(vals))
+        mad = 1.4826 * float(np.median(np.abs(vals - med))) + 1e-6
+        clipped = np.where(weight, np.clip(diff[c], med - 3 * mad, med + 3 * mad), 0.0)
+        num = ndimage.gaussian_filter(clipped, sigma_cells)
+        out[c] = np.where(den > 1e-3, num / np.maximum(den, 1e-3), 0.0)
+    return out
+
+
+def seam_colour_offsets(
+    labels: NDArray[np.integer],
+    rgb: Sequence[NDArray[np.float32] | None],
+    cell_m: float,
+    *,
+    smooth_m: float = 5.0,
+    fade_m: float = 20.0,
+) -> list[CoarseOffset | None]:
+    """Additive colour offsets that close the low-frequency colour step along every seam.
+
+    For each pair ``(a, b)`` whose labelled areas touch, the difference ``D = rgb_b - rgb_a``
+    where both have data is low-passed (normalised Gaussian convolution, ``sigma = smooth_m``,
+    outliers clipped); ``a`` gets ``+D t / 2`` and ``b`` gets ``-D t / 2`` with the taper
+    ``t = max(0, 1 - distance to the a|b seam / fade_m)``. At the seam the two then differ only
+    by the high frequencies of their difference (texture, misregistration), which feathering
+    hides; vignetting and tone steps are spread over ``2 fade_m``. This is the low band of a
+    two-band blend (Burt & Adelson, "A multiresolution spline with application to image
+    mosaics", ACM TOG 1983), computed once per merge on the coarse grid.
+
+    Args:
+        labels: ``(rows, cols)`` owner index per coarse cell (-1: no owner).
+        rgb: per owner index ``(bands, rows, cols)`` colours on the same cells (NaN without data),
+            or None for an owner without colour.
+        cell_m: cell size, metres.
+        smooth_m: standard deviation of the low pass, metres.
+        fade_m: distance from the seam over which the correction fades to 0, metres.
+
+    Returns:
+        Per owner index its offsets (cropped to where they are non-zero), or None.
+    """
+    from scipy import ndimage
+
+    k = len(rgb)
+    total: list[NDArray[np.float64] | None] = [None] * k
+    for i in range(k):
+        for j in range(i + 1, k):
+            ra, rb = rgb[i], rgb[j]
+            if ra is None or rb is None or not _touch(labels, i, j):
+                continue
+            to_b = ndimage.distance_transform_edt(labels != j) * cell_m
+            to_a = ndimage.distance_transform_edt(labels != i) * cell_m
+            dist = np.where(labels == i, to_b, np.where(labels == j, to_a, np.inf))
+            taper = np.clip(1.0 - dist / fade_m, 0.0, 1.0)
+            both = np.isfinite(ra).all(axis=0) & np.isfinite(rb).all(axis=0) & (taper > 0)
+            if not both.any():
+                continue
+            diff = np.where(both, rb.astype(np.float64) - ra, 0.0)
+            half = 0.5 * _low_pass_difference(diff, both, smooth_m / cell_m) * taper
+            for n, sign in ((i, 1.0), (j, -1.0)):
+                prev = total[n]
+                total[n] = sign * half if prev is None else prev + sign * half
+    return [None if t is None else _crop(t) for t in total]
+
+
+def _touch(labels: NDArray[np.integer], i: int, j: int) -> bool:
+    for p, q in ((labels[:, :-1], labels[:, 1:]), (labels[:-1, :], labels[1:, :])):
+        if np.any(((p == i) & (q == j)) | ((p == j) & (q == i))):
+            return True
+    return False
+
+
+def _crop(values: NDArray[np.float64]) -> CoarseOffset | None:
+    rows, cols = np.nonzero(np.any(values != 0, axis=0))
+    if rows.size == 0:
+        return None
+    r0, r1, c0, c1 = rows.min(), rows.max() + 1, cols.min(), cols.max() + 1
+    return CoarseOffset(int(r0), int(c0), values[:, r0:r1, c0:c1].astype(np.float32))

@@ -67,6 +67,7 @@ def balance_and_measure_seams(
     near: NDArray[np.bool_],
     ids: list[str],
     corrections: list[BandCorrection],
+    offsets: NDArray[np.float32] | None = None,
 ) -> SeamSums:
     """Apply each submodel's colour correction to ``raw`` in place, measuring the seams' colour
     differences before and after.
@@ -77,6 +78,8 @@ def balance_and_measure_seams(
         near: ``(k, rows, cols)`` True within the seam band of each submodel.
         ids: the ``k`` submodel ids, sorted.
         corrections: the ``k`` corrections.
+        offsets: ``(k, bands, rows, cols)`` colour offsets added after the corrections
+            (:meth:`.seams.SeamMethod.colour_offsets`), or None.
 
     Returns:
         The block's :data:`SeamSums`.
@@ -85,6 +88,8 @@ def balance_and_measure_seams(
     for n, corr in enumerate(corrections):
         raw[n] *= corr.gain
         raw[n] += corr.offset
+    if offsets is not None:
+        raw += offsets
     sums: SeamSums = {}
     for i, j, mask, cnt, before in pairs:
         after = _abs_diff_sum(raw, i, j, mask)

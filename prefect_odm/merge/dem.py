@@ -54,7 +54,9 @@ from prefect_odm.merge.cog import with_gdal_cache
 from prefect_odm.merge.footprints import resolve_ownership
 from prefect_odm.merge.grid import Block
 from prefect_odm.merge.reports import DemMergeReport
-from prefect_odm.merge.seams import SeamMethod, seam_method
+from prefect_odm.merge.seamline_rasters import seams_for
+from prefect_odm.merge.seamlines import OwnerLabels
+from prefect_odm.merge.seams import SeamMethod
 from prefect_odm.merge.sources import (
     GridPlan,
     RasterSource,
@@ -240,6 +242,7 @@ def merge_dems(
     options: MergeOptions | None = None,
     alignment: AlignmentReport | None = None,
     edt_max_side_px: int = 1024,
+    seamlines: OwnerLabels | None = None,
     **raster: Unpack[RasterMergeKeywords],
 ) -> DemMergeReport:
     """Merge per-submodel DSMs (or DTMs) into one float32 COG with nodata -9999.
@@ -258,6 +261,8 @@ def merge_dems(
             identity transforms, leave the inputs as they are.
         edt_max_side_px: longest side of the decimated masks for the edge distances (memory:
             about ``8 * edt_max_side_px**2`` bytes per input).
+        seamlines: the merge's owner labels for ``seam_method='least-cost'``; None computes
+            them from ``inputs`` (:func:`.seamline_rasters.seams_for`).
         **raster: ``resolution_m``, ``crs_epsg``, ``workers``, ``block_size``, ``progress``,
             ``lattice_step_px``, ``gdal_cache_mb`` (see :class:`.blocks.RasterRun`).
 
@@ -282,7 +287,8 @@ def merge_dems(
     remove = opts.remove_vertical_offsets and alignment is None
     offsets, medians = vertical_offsets(plan, remove, opts.max_dem_offset_m)
     edges = edge_distances(plan, edt_max_side_px)
-    seams = seam_method(opts.seam_method, owners, plan.grid, lattice_step_px=run.lattice_step_px)
+    seams = seams_for(opts.seam_method, owners, plan, run.lattice_step_px, seamlines=seamlines,
+                      dsms={k: Path(v) for k, v in inputs.items()})  # fmt: skip
     readers = ThreadReaders(plan)
     pixels, union_pixels = write_merged_raster(
         out,

@@ -44,6 +44,7 @@ from scipy.spatial import cKDTree
 from prefect_odm.align.report import AlignmentReport
 from prefect_odm.errors import MergeError
 from prefect_odm.merge.reports import PointCloudMergeReport, SubmodelPoints
+from prefect_odm.merge.seamlines import LabelOwners, OwnerLabels
 from prefect_odm.merge.seams import ownership_from_centres
 from prefect_odm.ownership import Ownership
 
@@ -293,6 +294,7 @@ class _Streamer:
     total_in: int
     transforms: Mapping[str, PointMover]
     done: int = 0
+    seamlines: OwnerLabels | None = None
 
     def write_input(self, inp: _Input) -> tuple[SubmodelPoints, bool]:
         """Write the points of ``inp`` that it owns.
@@ -311,7 +313,9 @@ class _Streamer:
         shift = _integer_shift(inp.header, self.header) if exact else None
         label = self.owners.submodel_ids.index(inp.submodel_id)
         lo, hi = _bounds_in(inp, self.crs, moved)
-        cells = CellOwners(self.owners, (lo[0], lo[1], hi[0], hi[1]))
+        cells: CellOwners | LabelOwners = CellOwners(self.owners, (lo[0], lo[1], hi[0], hi[1]))
+        if self.seamlines is not None:
+            cells = LabelOwners(self.seamlines, self.owners)
         kept_n = 0
         read_n = 0
         with laspy.open(inp.path) as reader:
@@ -335,7 +339,7 @@ class _Streamer:
         chunk: laspy.ScaleAwarePointRecord,
         moves: tuple[pyproj.Transformer | None, PointMover | None],
         shift: tuple[int, int, int] | None,
-        cells: CellOwners,
+        cells: CellOwners | LabelOwners,
         label: int,
     ) -> int:
         """Write the points of one chunk that ``label`` owns (reprojected, then moved by the
@@ -428,6 +432,7 @@ def merge_point_clouds(
     chunk_points: int = 2_000_000,
     progress: Callable[[int, int], None] | None = None,
     alignment: AlignmentReport | None = None,
+    seamlines: OwnerLabels | None = None,
 ) -> PointCloudMergeReport:
     """Merge per-submodel LAS/LAZ point clouds into one LAZ, each point kept once.
 
@@ -444,6 +449,7 @@ def merge_point_clouds(
         alignment: the alignment between submodels: each input's points are moved by its
             transform (plan CRS = output CRS) as they are streamed; None, or identity
             transforms, copy the points as they are (same bytes).
+        seamlines: owner labels (output CRS) followed instead of ``ownership``, or None.
 
     Returns:
         A :class:`.reports.PointCloudMergeReport`.
@@ -468,6 +474,7 @@ def merge_point_clouds(
     header = _output_header(infos, crs, moving)
     total_in = sum(int(i.header.point_count) for i in infos)
     streamer = _Streamer(None, header, crs, owners, chunk_points, progress, total_in, moving)
+    streamer.seamlines = seamlines
     per, reprojected, kept_total, (mins, maxs) = _write_all(streamer, infos, out)
     elapsed = time.perf_counter() - started
     return PointCloudMergeReport(

@@ -93,5 +93,5 @@ def test_unknown_seam_method_is_a_clear_error() -> None:
     own = Ownership.from_cameras(CAMERAS)
     grid = Grid(0.0, 10.0, 1.0, 10, 10)
     assert seam_method("ownership", own, grid).seam_distance is not None
-    with pytest.raises(InputError, match="unknown seam method 'least-cost'.*ownership"):
-        seam_method("least-cost", own, grid)
+    with pytest.raises(InputError, match="unknown seam method 'graph-cut'.*least-cost, ownership"):
+        seam_method("graph-cut", own, grid)
