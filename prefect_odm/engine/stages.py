@@ -136,6 +136,7 @@ def _stage_opensfm(ctx: StageContext) -> None:
             max_concurrency=ctx.settings["max-concurrency"],
             max_features=FEATURE_QUALITY_MAX_FEATURES[ctx.settings["feature-quality"]],
             max_neighbours=neighbours,
+            gps_accuracy_m=ctx.settings["gps-accuracy"],
             log=ctx.log,
         )
     scene.save(ctx.path(RECONSTRUCTION_DIR))
