@@ -6,10 +6,13 @@ Algorithms:
   nearest neighbours, robust MAD threshold), Delaunay-linear interpolation
   (``scipy.interpolate.griddata``) inside the points' convex hull, a NaN-aware Gaussian smoothing
   of ``DSM_SMOOTHING_M``, nodata outside the hull and outside every camera's view.
+* **DSM (dense)**: the mean height of the fused dense points per cell
+  (:func:`mean_height_per_cell`; the fusion, :mod:`.dense_fusion`, already kept only points that
+  two pairs agree on), small holes filled (:func:`.ground.fill_small_gaps`), nodata outside
+  every camera's view.
 * **DSM (direct)**: the ground plane over the area seen by at least one camera.
-* **DTM**: a morphological opening of the DSM (minimum then maximum filter over
-  ``DTM_WINDOW_M``), i.e. the surface a ``DTM_WINDOW_M`` square "rolls" under, then smoothed:
-  buildings and trees smaller than the window are removed. (A simple ground filter, not ODM's SMRF.)
+* **DTM**: the DSM's ground cells by the simple morphological filter
+  (:func:`.ground.smrf_ground`), interpolated under objects (:func:`.ground.dtm_from_ground`).
 """
 
 from __future__ import annotations
@@ -32,9 +35,6 @@ DSM_NODATA = -9999.0
 
 DSM_SMOOTHING_M = 0.5
 """Standard deviation in metres of the Gaussian smoothing of the interpolated DSM."""
-
-DTM_WINDOW_M = 12.0
-"""Side of the square window of the DTM's morphological opening, metres."""
 
 OUTLIER_NEIGHBOURS = 12
 OUTLIER_MAD_FACTOR = 5.0
@@ -116,22 +116,25 @@ def fill_nearest(data: NDArray[np.float32]) -> NDArray[np.float32]:
     return np.asarray(data[rows, cols], dtype=np.float32)
 
 
-def dtm_from_dsm(dsm: NDArray[np.float32], res_m: float) -> NDArray[np.float32]:
-    """A ground surface from a DSM (NaN = nodata): morphological opening, then smoothing.
+def mean_height_per_cell(xyz: FloatArray, grid: Grid) -> NDArray[np.float32]:
+    """Mean height of the points in each cell of ``grid`` (NaN where a cell has none).
+
+    Args:
+        xyz: UTM metres, shape ``(n, 3)``.
 
     Returns:
-        float32, same shape, NaN where the DSM is NaN; never above the DSM by more than the
-        smoothing changes.
+        float32, shape ``(grid.height, grid.width)``, metres.
     """
-    from scipy.ndimage import maximum_filter, minimum_filter
-
-    if not np.isfinite(dsm).any():
-        return dsm.copy()
-    size = max(3, int(round(DTM_WINDOW_M / res_m)) | 1)
-    filled = fill_nearest(dsm)
-    opened = maximum_filter(minimum_filter(filled, size=size), size=size)
-    smooth = _nan_gaussian(opened.astype(np.float32), size / 4.0)
-    return np.where(np.isfinite(dsm), np.minimum(smooth, dsm), np.nan).astype(np.float32)
+    col = np.floor((xyz[:, 0] - grid.left) / grid.resolution_m).astype(np.int64)
+    row = np.floor((grid.top - xyz[:, 1]) / grid.resolution_m).astype(np.int64)
+    inside = (col >= 0) & (col < grid.width) & (row >= 0) & (row < grid.height)
+    index = row[inside] * grid.width + col[inside]
+    size = grid.width * grid.height
+    sums = np.bincount(index, weights=xyz[inside, 2], minlength=size)
+    counts = np.bincount(index, minlength=size)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+    return means.reshape(grid.height, grid.width).astype(np.float32)
 
 
 def surface_sampler(surface: NDArray[np.float32], surface_grid: Grid, grid: Grid) -> HeightSampler:
