@@ -6,8 +6,10 @@ height) and the cell size in metres; they are pure (no I/O).
 * :func:`push_pull`: fills every unknown cell from the known ones by a pyramid of 2x2 sums
   (the "push-pull" scattered-data interpolation of Gortler et al., "The Lumigraph",
   SIGGRAPH 1996), O(cells); smoothed in the filled cells only.
-* :func:`fill_small_gaps`: ODM's ``dem-gapfill-steps``: step ``k = 1..steps`` fills the empty
-  cells within ``res * 2**k`` metres of a measured cell; larger holes stay nodata.
+* :func:`fill_small_gaps`: ODM's ``dem-gapfill-steps``: the holes that a morphological closing
+  of the measured cells with a disk of radius ``2**steps`` cells fills (gaps narrower than about
+  ``2 * res * 2**steps`` metres, without growing the outer edge) are interpolated; larger holes
+  stay nodata.
 * :func:`smrf_ground`: the Simple Morphological Filter (Pingel, Clarke and McBride, "An improved
   simple morphological filter for the terrain classification of airborne LIDAR data", ISPRS J.
   2013) on the DSM raster, with ODM's ``smrf-*`` options: progressive openings with windows up
@@ -81,7 +83,7 @@ def push_pull(values: Raster, known: NDArray[np.bool_]) -> Raster:
 def fill_small_gaps(
     dem: Raster, res_m: float, steps: int, inside: NDArray[np.bool_] | None = None
 ) -> Raster:
-    """Fill holes of ``dem`` narrower than about ``2 * res_m * 2**steps``; larger ones stay NaN.
+    """Fill gaps of ``dem`` narrower than about ``2 * res_m * 2**steps``; larger ones stay NaN.
 
     Args:
         dem: heights with NaN holes, shape ``(rows, cols)``.
@@ -90,16 +92,20 @@ def fill_small_gaps(
         inside: cells that may be filled (e.g. the cameras' coverage); default all.
 
     Returns:
-        float32, same shape: measured cells unchanged, cells within ``res_m * 2**steps`` of a
-        measured cell (and ``inside``) interpolated, the rest NaN.
+        float32, same shape: measured cells unchanged, the cells the closing adds (and
+        ``inside``) interpolated, the rest NaN.
     """
-    from scipy.ndimage import distance_transform_edt
+    from scipy.ndimage import binary_closing
 
     measured = np.isfinite(dem)
     if steps <= 0 or measured.all() or not measured.any():
         return dem.astype(np.float32, copy=True)
-    distance_m = distance_transform_edt(~measured) * res_m
-    reach = distance_m <= res_m * 2.0**steps
+    radius = max(1, int(round(2.0**steps)))
+    yy, xx = np.mgrid[-radius : radius + 1, -radius : radius + 1]
+    disk = (yy * yy + xx * xx) <= radius * radius
+    pad = radius + 1  # closing near the border must not see outside as measured
+    closed = binary_closing(np.pad(measured, pad), structure=disk)[pad:-pad, pad:-pad]
+    reach = closed & ~measured
     if inside is not None:
         reach &= inside
     filled = push_pull(dem, measured)
