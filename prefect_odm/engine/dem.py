@@ -23,6 +23,7 @@ from typing import Any, cast
 import numpy as np
 from numpy.typing import NDArray
 
+from prefect_odm.engine.camera import Scene
 from prefect_odm.engine.footprints import FloatArray
 from prefect_odm.errors import ProcessingFailedError
 from prefect_odm.merge.grid import Grid
@@ -135,6 +136,66 @@ def mean_height_per_cell(xyz: FloatArray, grid: Grid) -> NDArray[np.float32]:
     with np.errstate(invalid="ignore", divide="ignore"):
         means = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
     return means.reshape(grid.height, grid.width).astype(np.float32)
+
+
+def dense_dsm(
+    xyz: FloatArray, scene: Scene, grid: Grid, gapfill_steps: int
+) -> tuple[NDArray[np.float32], NDArray[np.float32], dict[str, int]]:
+    """The DSM of a dense cloud on ``grid`` (see the module docstring).
+
+    Args:
+        xyz: the fused dense points, UTM metres, ``(n, 3)``.
+        scene: the cameras (for the coverage).
+        grid: the DEM grid.
+        gapfill_steps: ODM's ``dem-gapfill-steps``.
+
+    Returns:
+        ``(gap-free surface for the orthophoto, DSM with NaN = nodata, counts)``; counts:
+        ``points_used``, ``coverage_cells``, ``measured_cells``, ``filled_cells``.
+
+    Raises:
+        ProcessingFailedError: no point lies on the grid.
+    """
+    from prefect_odm.engine import footprints, ground
+
+    measured = mean_height_per_cell(xyz, grid)
+    if not np.isfinite(measured).any():
+        raise ProcessingFailedError("the DSM is empty: no dense point lies on the DEM grid")
+    surface = ground.push_pull(measured, np.isfinite(measured))
+    seen = footprints.coverage_mask(scene, grid, surface)
+    measured = np.where(seen, measured, np.nan).astype(np.float32)
+    dsm = ground.fill_small_gaps(measured, grid.resolution_m, gapfill_steps, seen)
+    counts = {
+        "points_used": len(xyz),
+        "coverage_cells": int(seen.sum()),
+        "measured_cells": int(np.isfinite(measured).sum()),
+        "filled_cells": int(np.isfinite(dsm).sum() - np.isfinite(measured).sum()),
+    }
+    return surface, dsm, counts
+
+
+def smrf_dtm(
+    dsm: NDArray[np.float32], res_m: float, smrf: dict[str, float]
+) -> tuple[NDArray[np.float32], float]:
+    """``(DTM, share of the DSM's cells that are ground)`` by the SMRF ground filter.
+
+    Args:
+        dsm: heights, NaN = nodata (at least one valid cell).
+        res_m: cell size, metres.
+        smrf: ODM's ``smrf-slope``, ``-window``, ``-threshold``, ``-scalar`` by suffix.
+    """
+    from prefect_odm.engine import ground
+
+    cells = ground.smrf_ground(
+        dsm,
+        res_m,
+        slope=smrf["slope"],
+        window_m=smrf["window"],
+        threshold_m=smrf["threshold"],
+        scalar=smrf["scalar"],
+    )
+    share = float(cells.sum() / max(1, int(np.isfinite(dsm).sum())))
+    return ground.dtm_from_ground(dsm, cells), share
 
 
 def surface_sampler(surface: NDArray[np.float32], surface_grid: Grid, grid: Grid) -> HeightSampler:

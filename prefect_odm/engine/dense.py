@@ -192,8 +192,12 @@ def _rectify(
         cv2.initUndistortRectifyMap(k, d, r, p, (side, side), cv2.CV_32FC1)
         for k, d, r, p in ((k1, d1, rect1, p1), (k2, d2, rect2, p2))
     ]
-    left = cv2.remap(image1, *maps[0], cv2.INTER_LINEAR, borderValue=(0, 0, 0))
-    right = cv2.remap(image2, *maps[1], cv2.INTER_LINEAR, borderValue=(0, 0, 0))
+    left: NDArray[np.uint8] = np.asarray(
+        cv2.remap(image1, *maps[0], cv2.INTER_LINEAR, borderValue=(0, 0, 0)), dtype=np.uint8
+    )
+    right: NDArray[np.uint8] = np.asarray(
+        cv2.remap(image2, *maps[1], cv2.INTER_LINEAR, borderValue=(0, 0, 0)), dtype=np.uint8
+    )
     axis = 0 if abs(p2[0, 3]) >= abs(p2[1, 3]) else 1
     return _Rectified(left, right, np.asarray(rect1), np.asarray(p1), np.asarray(p2), axis)
 
@@ -231,7 +235,7 @@ def _match(
     min_disp = int(math.floor(low_pos))
     count = max(16, int(math.ceil((high_pos - min_disp) / 16.0)) * 16)
     block = SGBM_BLOCK_SIZE
-    sgbm = cv2.StereoSGBM_create(
+    sgbm = cv2.StereoSGBM.create(
         minDisparity=min_disp, numDisparities=count, blockSize=block,
         P1=8 * 3 * block * block, P2=32 * 3 * block * block, disp12MaxDiff=1,
         uniquenessRatio=10, speckleWindowSize=100, speckleRange=2,

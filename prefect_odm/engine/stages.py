@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from prefect_odm.engine import dem, footprints, ground, orthophoto, writers
+from prefect_odm.engine import dem, footprints, orthophoto, writers
 from prefect_odm.engine.camera import ImageMeta, Scene, read_images
 from prefect_odm.engine.pipeline_options import FEATURE_QUALITY_MAX_FEATURES
 from prefect_odm.errors import InputError, ProcessingFailedError
@@ -31,6 +31,9 @@ DEM_TO_ORTHOPHOTO_CELLS = 4
 """The DSM/DTM cell is at least this many orthophoto cells: the surface comes from sparse points
 (or a plane), finer cells would only repeat the interpolation."""
 
+
+SMRF = ("slope", "window", "threshold", "scalar")
+"""The ``smrf-*`` options, by their suffix."""
 
 DENSE_DEM_TO_SPACING = 1.2
 """On the dense path the DEM cell is at least this many depth-map sample spacings (most cells
@@ -272,23 +275,11 @@ def _surface_and_dsm(
         seen = footprints.coverage_mask(scene, grid, surface)
         dsm = np.where(seen, interpolated, np.nan).astype(np.float32)
         return surface, dsm, {"points_used": len(points), "coverage_cells": int(seen.sum())}
-    xyz, _ = cloud
-    measured = dem.mean_height_per_cell(xyz, grid)
-    if not np.isfinite(measured).any():
-        raise ProcessingFailedError("the DSM is empty: no dense point lies on the DEM grid")
-    surface = ground.push_pull(measured, np.isfinite(measured))
-    seen = footprints.coverage_mask(scene, grid, surface)
-    measured = np.where(seen, measured, np.nan).astype(np.float32)
-    res_m = grid.resolution_m
-    dsm = ground.fill_small_gaps(measured, res_m, int(ctx.settings["dem-gapfill-steps"]), seen)
-    counts = {
-        "points_used": len(xyz),
-        "coverage_cells": int(seen.sum()),
-        "measured_cells": int(np.isfinite(measured).sum()),
-        "filled_cells": int(np.isfinite(dsm).sum() - np.isfinite(measured).sum()),
-    }
+    surface, dsm, counts = dem.dense_dsm(
+        cloud[0], scene, grid, int(ctx.settings["dem-gapfill-steps"])
+    )
     ctx.log(
-        f"DSM from {len(xyz)} dense points: {counts['measured_cells']} of "
+        f"DSM from {len(cloud[0])} dense points: {counts['measured_cells']} of "
         f"{counts['coverage_cells']} covered cells measured, {counts['filled_cells']} gap-filled"
     )
     return surface, dsm, counts
@@ -296,21 +287,11 @@ def _surface_and_dsm(
 
 def _dtm(ctx: StageContext, scene: Scene, dsm: NDArray[np.float32], res_m: float) -> NDArray[Any]:
     """The DTM: the direct method's plane, else the DSM's SMRF ground cells interpolated."""
-    if scene.method == "direct":
+    if scene.method == "direct" or not np.isfinite(dsm).any():
         return dsm.copy()
-    if not np.isfinite(dsm).any():
-        return dsm.copy()
-    ground_cells = ground.smrf_ground(
-        dsm,
-        res_m,
-        slope=float(ctx.settings["smrf-slope"]),
-        window_m=float(ctx.settings["smrf-window"]),
-        threshold_m=float(ctx.settings["smrf-threshold"]),
-        scalar=float(ctx.settings["smrf-scalar"]),
-    )
-    share = ground_cells.sum() / max(1, int(np.isfinite(dsm).sum()))
+    dtm, share = dem.smrf_dtm(dsm, res_m, {k: float(ctx.settings[f"smrf-{k}"]) for k in SMRF})
     ctx.log(f"DTM: {100.0 * share:.0f}% of the DSM cells are ground (SMRF)")
-    return ground.dtm_from_ground(dsm, ground_cells)
+    return dtm
 
 
 def _write_dem(
