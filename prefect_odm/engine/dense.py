@@ -70,6 +70,10 @@ PAIRS_PER_IMAGE = 3
 MIN_SHARED_POINTS = 20
 """A pair needs this many sparse points seen by both (for the disparity range)."""
 
+MAX_DISPARITY_SHARE = 0.4
+"""A pair whose disparity range exceeds this share of the rectified image's side is skipped
+(steep relief or a bad pose: the matcher would search most of the image)."""
+
 SGBM_BLOCK_SIZE = 5
 """Matching window of the semi-global matcher, pixels."""
 
@@ -295,7 +299,8 @@ def match_pair(
         scale: image scale of the depth map (:data:`PC_QUALITY_SCALE`).
 
     Returns:
-        The pair's points; empty when the pair shares too few sparse points.
+        The pair's points; empty when the pair shares too few sparse points or its disparity
+        range exceeds :data:`MAX_DISPARITY_SHARE` of the image.
 
     Raises:
         OSError: an image cannot be read.
@@ -307,5 +312,7 @@ def match_pair(
         return PairPoints(np.zeros((0, 3)), np.zeros((0, 3), dtype=np.uint8))
     low, high = np.percentile(sparse, [1.0, 99.0])
     pad = 0.15 * (high - low) + 4.0
+    if (high - low) + 2 * pad > MAX_DISPARITY_SHARE * min(rect.left.shape[:2]):
+        return PairPoints(np.zeros((0, 3)), np.zeros((0, 3), dtype=np.uint8))
     disparity, valid = _match(rect, float(low - pad), float(high + pad))
     return _triangulate(rect, first, disparity, valid)
