@@ -1,19 +1,25 @@
-"""Benchmark of the built-in engine's pipeline: direct georeferencing vs structure from motion.
+"""Benchmark of the built-in engine's pipeline: sparse (fast-orthophoto), dense and direct.
 
 Runs, each in a fresh child process (so peak memory is per run):
 
-* brighton_beach_1600, all 18 images: ``direct`` and ``sfm``;
-* seneca_1200, the 50 images nearest the survey centre: ``direct`` and ``sfm``.
+* brighton_beach_1600, all 18 images: ``sparse`` (sfm with ``fast-orthophoto``, the baseline),
+  ``dense`` (sfm, ODM's default ``pc-quality`` medium), ``dense-high`` (``pc-quality`` high) and
+  ``direct``;
+* seneca_1200, the 50 images nearest the survey centre: ``sparse``, ``dense`` and ``direct``.
 
 Prints wall time, CPU time (all threads; on a shared machine it shows the work better than the
-wall time), time per stage, peak resident memory (``ru_maxrss`` of the child), registered
-images and points, and the ratio of each run's time to the baseline ``sfm`` run of the same survey
-(the named baseline, measured in the same process tree). For brighton it also prints the DSM and
-orthophoto accuracy against ODM's reference point cloud.
+wall time), time per stage, peak resident memory (``ru_maxrss`` of the child) and per image,
+registered images and points, and the ratio of each run's time to the baseline ``sparse`` run of
+the same survey (measured in the same process tree). For brighton it also prints the DSM and
+orthophoto accuracy against ODM's reference point cloud and, for the dense runs, the figures of
+``tests/engine/dense_figures.py`` (absolute DSM median / p90 |dz|, tilt, measured share of the
+footprint, points/m², object heights against ODM's); ``--png DIR`` renders hillshades of the
+DSMs and the dense cloud from above.
 
 Usage::
 
     python benchmarks/bench_engine.py [--only brighton|seneca] [--threads 2] [--keep DIR]
+        [--png DIR]
 """
 
 from __future__ import annotations
@@ -112,11 +118,59 @@ def brighton_accuracy(task: Path) -> str:
     )
 
 
+CASES: dict[str, dict[str, Any]] = {
+    "sparse": {"pipeline": "sfm", "fast-orthophoto": True},
+    "dense": {"pipeline": "sfm", "fast-orthophoto": False, "pc-quality": "medium"},
+    "dense-high": {"pipeline": "sfm", "fast-orthophoto": False, "pc-quality": "high"},
+    "direct": {"pipeline": "direct"},
+}
+"""Run name -> its options (besides ``dsm``, ``dtm`` and ``max-concurrency``); the first is the
+baseline."""
+
+
+def _print_result(
+    survey: str, name: str, result: dict[str, Any], baseline: float, args: Any
+) -> None:
+    report = result["report"]
+    if result["error"]:
+        print(f"{name:>10}: FAILED after {result['seconds']:.1f} s: {result['error']}")
+        return
+    stages = ", ".join(f"{k} {v:.1f}" for k, v in report["stage_seconds"].items())
+    print(
+        f"{name:>10}: {result['seconds']:6.1f} s  ratio to sparse "
+        f"{result['seconds'] / baseline:.3f}  CPU {result['cpu_seconds']:.1f} s  "
+        f"peak {result['peak_mib']:.0f} MiB ({result['peak_mib'] / report['images']:.0f} "
+        f"MiB/image)  registered {report['registered_images']}/{report['images']}  "
+        f"points {report['points']}  GSD {report['gsd_cm']:.2f} cm  "
+        f"DEM {report['dem_resolution_cm']:.1f} cm"
+    )
+    print(f"            stages (s): {stages}")
+    if survey != "brighton":
+        return
+    print(f"            {brighton_accuracy(result['task'])}")
+    if report.get("dense", {}).get("dense"):
+        figures = _dense_figures()
+        for line in figures.dense_figures(result["task"]).lines():
+            print(f"            {line}")
+        if args.png:
+            for path in figures.render_pngs(result["task"], args.png, name):
+                print(f"            wrote {path}")
+
+
+def _dense_figures() -> Any:
+    _test_pipeline()  # puts tests/engine on the path
+    import dense_figures
+
+    return dense_figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=["brighton", "seneca"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--keep", type=Path, help="keep the task folders here")
+    parser.add_argument("--png", type=Path, help="write the PNG renderings here")
+    parser.add_argument("--cases", default="", help="comma-separated subset of the runs")
     args = parser.parse_args()
     root = args.keep or Path(tempfile.mkdtemp(prefix="bench_engine_"))
     root.mkdir(parents=True, exist_ok=True)
@@ -128,32 +182,21 @@ def main() -> None:
     try:
         for survey, images in cases:
             count = len(images) if isinstance(images, list) else len(list(images.iterdir()))
+            names = [n for n in CASES if not args.cases or n in args.cases.split(",")]
+            if survey != "brighton":
+                names = [n for n in names if n != "dense-high"]
             results = {}
-            for method in ("sfm", "direct"):  # sfm first: it is the baseline
-                options = {"pipeline": method, "dsm": True, "max-concurrency": args.threads}
-                results[method] = run_case(root, f"{survey}-{method}", images, options)
-            baseline = results["sfm"]["seconds"]
+            for name in names:  # the baseline first
+                options = {**CASES[name], "dsm": True, "dtm": True}
+                options["max-concurrency"] = args.threads
+                results[name] = run_case(root, f"{survey}-{name}", images, options)
+            baseline = results[names[0]]["seconds"]
             print(
                 f"\n== {survey}: {count} images, {args.threads} threads "
-                f"(baseline: sfm {baseline:.1f} s) =="
+                f"(baseline: {names[0]} {baseline:.1f} s) =="
             )
-            for method, result in results.items():
-                report = result["report"]
-                if result["error"]:
-                    print(f"{method:>7}: FAILED after {result['seconds']:.1f} s: {result['error']}")
-                    continue
-                stages = ", ".join(f"{k} {v:.1f}" for k, v in report["stage_seconds"].items())
-                print(
-                    f"{method:>7}: {result['seconds']:6.1f} s  ratio to sfm "
-                    f"{result['seconds'] / baseline:.3f}  CPU {result['cpu_seconds']:.1f} s  "
-                    f"peak {result['peak_mib']:.0f} MiB  "
-                    f"registered {report['registered_images']}/{report['images']}  "
-                    f"points {report['points']}  GSD {report['gsd_cm']:.2f} cm  "
-                    f"ortho {report['orthophoto_resolution_cm']:.2f} cm"
-                )
-                print(f"         stages (s): {stages}")
-                if survey == "brighton":
-                    print(f"         {brighton_accuracy(result['task'])}")
+            for name, result in results.items():
+                _print_result(survey, name, result, baseline, args)
     finally:
         if args.keep is None:
             shutil.rmtree(root, ignore_errors=True)

@@ -6,10 +6,13 @@ Algorithms:
   nearest neighbours, robust MAD threshold), Delaunay-linear interpolation
   (``scipy.interpolate.griddata``) inside the points' convex hull, a NaN-aware Gaussian smoothing
   of ``DSM_SMOOTHING_M``, nodata outside the hull and outside every camera's view.
+* **DSM (dense)**: the mean height of the fused dense points per cell
+  (:func:`mean_height_per_cell`; the fusion, :mod:`.dense_fusion`, already kept only points that
+  two pairs agree on), small holes filled (:func:`.ground.fill_small_gaps`), nodata outside
+  every camera's view.
 * **DSM (direct)**: the ground plane over the area seen by at least one camera.
-* **DTM**: a morphological opening of the DSM (minimum then maximum filter over
-  ``DTM_WINDOW_M``), i.e. the surface a ``DTM_WINDOW_M`` square "rolls" under, then smoothed:
-  buildings and trees smaller than the window are removed. (A simple ground filter, not ODM's SMRF.)
+* **DTM**: the DSM's ground cells by the simple morphological filter
+  (:func:`.ground.smrf_ground`), interpolated under objects (:func:`.ground.dtm_from_ground`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any, cast
 import numpy as np
 from numpy.typing import NDArray
 
+from prefect_odm.engine.camera import Scene
 from prefect_odm.engine.footprints import FloatArray
 from prefect_odm.errors import ProcessingFailedError
 from prefect_odm.merge.grid import Grid
@@ -32,9 +36,6 @@ DSM_NODATA = -9999.0
 
 DSM_SMOOTHING_M = 0.5
 """Standard deviation in metres of the Gaussian smoothing of the interpolated DSM."""
-
-DTM_WINDOW_M = 12.0
-"""Side of the square window of the DTM's morphological opening, metres."""
 
 OUTLIER_NEIGHBOURS = 12
 OUTLIER_MAD_FACTOR = 5.0
@@ -116,22 +117,85 @@ def fill_nearest(data: NDArray[np.float32]) -> NDArray[np.float32]:
     return np.asarray(data[rows, cols], dtype=np.float32)
 
 
-def dtm_from_dsm(dsm: NDArray[np.float32], res_m: float) -> NDArray[np.float32]:
-    """A ground surface from a DSM (NaN = nodata): morphological opening, then smoothing.
+def mean_height_per_cell(xyz: FloatArray, grid: Grid) -> NDArray[np.float32]:
+    """Mean height of the points in each cell of ``grid`` (NaN where a cell has none).
+
+    Args:
+        xyz: UTM metres, shape ``(n, 3)``.
 
     Returns:
-        float32, same shape, NaN where the DSM is NaN; never above the DSM by more than the
-        smoothing changes.
+        float32, shape ``(grid.height, grid.width)``, metres.
     """
-    from scipy.ndimage import maximum_filter, minimum_filter
+    col = np.floor((xyz[:, 0] - grid.left) / grid.resolution_m).astype(np.int64)
+    row = np.floor((grid.top - xyz[:, 1]) / grid.resolution_m).astype(np.int64)
+    inside = (col >= 0) & (col < grid.width) & (row >= 0) & (row < grid.height)
+    index = row[inside] * grid.width + col[inside]
+    size = grid.width * grid.height
+    sums = np.bincount(index, weights=xyz[inside, 2], minlength=size)
+    counts = np.bincount(index, minlength=size)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+    return means.reshape(grid.height, grid.width).astype(np.float32)
 
-    if not np.isfinite(dsm).any():
-        return dsm.copy()
-    size = max(3, int(round(DTM_WINDOW_M / res_m)) | 1)
-    filled = fill_nearest(dsm)
-    opened = maximum_filter(minimum_filter(filled, size=size), size=size)
-    smooth = _nan_gaussian(opened.astype(np.float32), size / 4.0)
-    return np.where(np.isfinite(dsm), np.minimum(smooth, dsm), np.nan).astype(np.float32)
+
+def dense_dsm(
+    xyz: FloatArray, scene: Scene, grid: Grid, gapfill_steps: int
+) -> tuple[NDArray[np.float32], NDArray[np.float32], dict[str, int]]:
+    """The DSM of a dense cloud on ``grid`` (see the module docstring).
+
+    Args:
+        xyz: the fused dense points, UTM metres, ``(n, 3)``.
+        scene: the cameras (for the coverage).
+        grid: the DEM grid.
+        gapfill_steps: ODM's ``dem-gapfill-steps``.
+
+    Returns:
+        ``(gap-free surface for the orthophoto, DSM with NaN = nodata, counts)``; counts:
+        ``points_used``, ``coverage_cells``, ``measured_cells``, ``filled_cells``.
+
+    Raises:
+        ProcessingFailedError: no point lies on the grid.
+    """
+    from prefect_odm.engine import footprints, ground
+
+    measured = mean_height_per_cell(xyz, grid)
+    if not np.isfinite(measured).any():
+        raise ProcessingFailedError("the DSM is empty: no dense point lies on the DEM grid")
+    surface = ground.push_pull(measured, np.isfinite(measured))
+    seen = footprints.coverage_mask(scene, grid, surface)
+    measured = np.where(seen, measured, np.nan).astype(np.float32)
+    dsm = ground.fill_small_gaps(measured, grid.resolution_m, gapfill_steps, seen)
+    counts = {
+        "points_used": len(xyz),
+        "coverage_cells": int(seen.sum()),
+        "measured_cells": int(np.isfinite(measured).sum()),
+        "filled_cells": int(np.isfinite(dsm).sum() - np.isfinite(measured).sum()),
+    }
+    return surface, dsm, counts
+
+
+def smrf_dtm(
+    dsm: NDArray[np.float32], res_m: float, smrf: dict[str, float]
+) -> tuple[NDArray[np.float32], float]:
+    """``(DTM, share of the DSM's cells that are ground)`` by the SMRF ground filter.
+
+    Args:
+        dsm: heights, NaN = nodata (at least one valid cell).
+        res_m: cell size, metres.
+        smrf: ODM's ``smrf-slope``, ``-window``, ``-threshold``, ``-scalar`` by suffix.
+    """
+    from prefect_odm.engine import ground
+
+    cells = ground.smrf_ground(
+        dsm,
+        res_m,
+        slope=smrf["slope"],
+        window_m=smrf["window"],
+        threshold_m=smrf["threshold"],
+        scalar=smrf["scalar"],
+    )
+    share = float(cells.sum() / max(1, int(np.isfinite(dsm).sum())))
+    return ground.dtm_from_ground(dsm, cells), share
 
 
 def surface_sampler(surface: NDArray[np.float32], surface_grid: Grid, grid: Grid) -> HeightSampler:

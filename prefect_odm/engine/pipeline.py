@@ -11,7 +11,10 @@ survey's WGS 84 / UTM zone (EPSG 326xx/327xx of the mean position):
   counts, points, GSD, resolution, seconds per stage).
 
 Two methods (option ``pipeline``): ``sfm`` (:mod:`.sfm`, structure from motion with pycolmap,
-georegistered to GPS; DSM from its sparse points) and ``direct`` (:mod:`.direct`, poses from GPS and
+the camera GPS as position priors in its bundle adjustment; then, unless ``fast-orthophoto``,
+dense matching in ODM's ``openmvs`` stage, :mod:`.dense` and :mod:`.dense_fusion`, whose fused
+cloud makes the DSM, the DTM (SMRF ground filter, :mod:`.ground`) and the point cloud; with
+``fast-orthophoto`` they come from the sparse points) and ``direct`` (:mod:`.direct`, poses from GPS and
 attitude onto a ground plane; a second or two). Every raster carries the GeoTIFF tag
 ``PREFECT_ODM_ENGINE_METHOD``.
 

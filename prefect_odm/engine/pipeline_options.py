@@ -17,13 +17,18 @@ from prefect_odm.errors import InputError
 STAGES: tuple[str, ...] = (
     "dataset",
     "opensfm",
+    "openmvs",
     "odm_dem",
     "odm_orthophoto",
     "odm_georeferencing",
     "odm_report",
 )
-"""Stage names, in processing order (ODM's names; georeferencing after the orthophoto because
-the direct method colours its points from the orthophoto)."""
+"""Stage names, in processing order (ODM's names; ``openmvs`` is the dense matching, a no-op
+with ``fast-orthophoto`` or the direct method; georeferencing after the orthophoto because the
+direct method colours its points from the orthophoto)."""
+
+PC_QUALITY_LEVELS: tuple[str, ...] = ("ultra", "high", "medium", "low", "lowest")
+"""ODM's ``pc-quality`` levels (the image scale of each: :data:`.dense.PC_QUALITY_SCALE`)."""
 
 METHODS: tuple[str, ...] = ("sfm", "direct")
 
@@ -64,6 +69,9 @@ def stage_option(name: str, value: str, help_: str) -> dict[str, Any]:
     return enum_option(name, value, domain, help_)
 
 
+FAST_ORTHOPHOTO_DEFAULT = "false"
+"""The engine's ``fast-orthophoto`` default (ODM's: false, i.e. dense matching)."""
+
 OPTIONS: list[dict[str, Any]] = [
     option(
         "orthophoto-resolution",
@@ -81,7 +89,75 @@ OPTIONS: list[dict[str, Any]] = [
     ),
     bool_option("dsm", "Build a digital surface model. Default: false"),
     bool_option(
-        "dtm", "Build a digital terrain model (simple morphological ground filter). Default: false"
+        "dtm",
+        "Build a digital terrain model (ground cells by the simple morphological filter, SMRF). "
+        "Default: false",
+    ),
+    option(
+        "fast-orthophoto",
+        "bool",
+        FAST_ORTHOPHOTO_DEFAULT,
+        "",
+        "Skip dense matching: the DSM and the point cloud come from the sparse tie points. "
+        f"Default: {FAST_ORTHOPHOTO_DEFAULT}",
+    ),
+    enum_option(
+        "pc-quality",
+        "medium",
+        list(PC_QUALITY_LEVELS),
+        "Dense matching image scale: ultra 1, high 0.5, medium 0.25, low 0.125, lowest 0.0675 "
+        "of the image size. Default: medium",
+    ),
+    option(
+        "pc-sample",
+        "float",
+        "0",
+        "positive float",
+        "Keep one dense point per cube of this side in metres (0: keep all). Default: 0",
+    ),
+    option(
+        "dem-gapfill-steps",
+        "int",
+        "3",
+        "positive integer",
+        "Fill DEM holes within resolution x 2^N of a measured cell (0: no filling); larger "
+        "holes stay nodata. Default: 3",
+    ),
+    option(
+        "smrf-scalar",
+        "float",
+        "1.25",
+        "positive float",
+        "SMRF ground filter: elevation scaling factor. Default: 1.25",
+    ),
+    option(
+        "smrf-slope",
+        "float",
+        "0.15",
+        "float > 0.0",
+        "SMRF ground filter: slope (rise over run) of the terrain. Default: 0.15",
+    ),
+    option(
+        "smrf-threshold",
+        "float",
+        "0.5",
+        "positive float",
+        "SMRF ground filter: elevation threshold in metres. Default: 0.5",
+    ),
+    option(
+        "smrf-window",
+        "float",
+        "18.0",
+        "float > 0.0",
+        "SMRF ground filter: window radius in metres (largest object removed). Default: 18.0",
+    ),
+    option(
+        "gps-accuracy",
+        "float",
+        "3",
+        "float > 0.0",
+        "Standard deviation of the GPS positions in metres: the weight of the position priors "
+        "in the bundle adjustment. Default: 3",
     ),
     enum_option(
         "pipeline",
@@ -137,12 +213,9 @@ _IGNORED_HELP = "Accepted for ODM compatibility; ignored."
 OPTIONS += [
     bool_option(name, _IGNORED_HELP)
     for name in (
-        "fast-orthophoto skip-3dmodel skip-report use-3dmesh cog build-overviews "
+        "skip-3dmodel skip-report use-3dmesh cog build-overviews "
         "optimize-disk-space auto-boundary orthophoto-cutline pc-ept pc-copc"
     ).split()
-]
-OPTIONS += [
-    enum_option("pc-quality", "medium", ["ultra", "high", "medium", "low", "lowest"], _IGNORED_HELP)
 ]
 OPTIONS += [
     option(name, type_, value, domain, _IGNORED_HELP)
@@ -150,7 +223,6 @@ OPTIONS += [
         ("min-num-features", "int", "10000", "integer"),
         ("mesh-size", "int", "200000", "positive integer"),
         ("crop", "float", "3", "positive float"),
-        ("gps-accuracy", "float", "3", "positive float"),
         ("split", "int", "999999", "positive integer"),
         ("split-overlap", "float", "150", "positive float"),
         ("sm-cluster", "string", "", "string"),

@@ -14,9 +14,13 @@ CVPR 2016):
    (brighton: the refined focal length drifts from 849 to 1107 px and the ground sinks 10 m).
    Radial distortion is refined. SIFT's peak threshold is lowered so near-textureless frames
    still register (seneca_1200's fields).
-4. Geo-registration: a similarity transform (scale, rotation, translation) from the model's
-   camera centres to the GPS positions in UTM metres, fitted with RANSAC
-   (``pycolmap.align_reconstruction_to_locations``, Umeyama's least squares inside).
+4. Georeferencing inside the bundle adjustment: every image's GPS position (UTM metres less a
+   survey origin, standard deviation ``gps-accuracy``) is a position prior in COLMAP's database;
+   the mapper aligns each model to the priors (a similarity) and its global bundle adjustments add
+   the priors as (robust) residuals, as OpenSfM does for ODM, so a model bent or tilted by the
+   similarity-only fit is pulled onto the GPS. A final similarity fit with RANSAC
+   (``pycolmap.align_reconstruction_to_locations``) reports the camera-to-GPS residuals and
+   catches a model the mapper left unaligned.
 """
 
 from __future__ import annotations
@@ -58,6 +62,9 @@ GPS_RANSAC_MAX_ERROR_M = 5.0
 MAX_POINT_REPROJECTION_ERROR_PX = 2.0
 """3D points with a larger mean reprojection error are dropped from the products."""
 
+GPS_ACCURACY_M = 3.0
+"""Default standard deviation of a camera's GPS position, metres (ODM's ``gps-accuracy``)."""
+
 MIN_TRACK_LENGTH = 3
 """3D points seen in fewer images are dropped from the products."""
 
@@ -88,6 +95,7 @@ def reconstruct_sfm(
     max_concurrency: int = 2,
     max_features: int = MAX_FEATURES,
     max_neighbours: int = MAX_NEIGHBOURS,
+    gps_accuracy_m: float = GPS_ACCURACY_M,
     log: Callable[[str], None] = logger.info,
 ) -> Scene:
     """Reconstruct the cameras and a sparse point cloud, in the survey's UTM CRS.
@@ -101,6 +109,8 @@ def reconstruct_sfm(
         max_concurrency: threads for extraction, matching and bundle adjustment.
         max_features: SIFT features per image.
         max_neighbours: images each image is matched with (nearest GPS positions first).
+        gps_accuracy_m: standard deviation of each GPS position, metres (ODM's
+            ``gps-accuracy``): the weight of the position priors in the bundle adjustment.
         log: progress line sink.
 
     Returns:
@@ -121,9 +131,10 @@ def reconstruct_sfm(
     pycolmap.logging.minloglevel = 2  # COLMAP's INFO lines go to stderr; we log our own
     try:
         _extract_features(run, resize_to, max_features)
+        origin = _write_gps_priors(run, epsg, gps_accuracy_m)
         pairs = _match_neighbours(run, max_neighbours)
         model = _map_incrementally(run, pairs)
-        origin, residual, scale = _align_to_gps(run, model, epsg)
+        residual, scale = _align_to_gps(run, model, epsg, origin)
         cameras, points, colours = _scene_parts(model, origin)
         return Scene(
             method="sfm",
@@ -180,6 +191,36 @@ def _extract_features(run: _Colmap, resize_to: int, max_features: int) -> None:
     )
 
 
+def _write_gps_priors(run: _Colmap, epsg: int, accuracy_m: float) -> NDArray[np.float64]:
+    """Replace the database's pose priors by Cartesian UTM GPS positions (less an origin).
+
+    COLMAP's feature extraction writes WGS 84 priors from EXIF; the bundle adjustment needs metric
+    coordinates, so each image gets ``UTM - origin`` with covariance ``accuracy_m**2 * I``.
+
+    Returns:
+        The origin (3,), UTM metres (mean easting and northing, z 0).
+    """
+    import pycolmap
+
+    gps = utm_positions(run.images, epsg)
+    origin = np.array([gps[:, 0].mean(), gps[:, 1].mean(), 0.0])
+    by_name = dict(zip((m.name for m in run.images), gps - origin, strict=True))
+    variance = max(float(accuracy_m), 0.01) ** 2
+    db = pycolmap.Database.open(run.database)
+    try:
+        db.clear_pose_priors()
+        for image in db.read_all_images():
+            prior = pycolmap.PosePrior()
+            prior.corr_data_id = image.data_id
+            prior.position = by_name[image.name]
+            prior.position_covariance = np.eye(3) * variance
+            prior.coordinate_system = pycolmap.PosePriorCoordinateSystem.CARTESIAN
+            db.write_pose_prior(prior)
+    finally:
+        db.close()
+    return origin
+
+
 def _match_neighbours(run: _Colmap, max_neighbours: int) -> int:
     """Match each image with its GPS neighbours within about one footprint; verified pairs."""
     import pycolmap
@@ -230,6 +271,8 @@ def _map_incrementally(run: _Colmap, pairs: int) -> Any:
     options.ba_refine_extra_params = True
     options.mapper.abs_pose_refine_focal_length = False
     options.min_model_size = 3
+    options.use_prior_position = True
+    options.use_robust_loss_on_prior_position = True
     sparse = run.work_dir / "sparse"
     sparse.mkdir(exist_ok=True)
     models = pycolmap.incremental_mapping(run.database, run.image_dir, sparse, options)
@@ -255,12 +298,14 @@ def _map_incrementally(run: _Colmap, pairs: int) -> Any:
 
 
 def _align_to_gps(
-    run: _Colmap, model: Any, epsg: int
-) -> tuple[NDArray[np.float64], NDArray[np.float64], float]:
-    """Transform ``model`` (in place) onto the GPS positions, in UTM metres less an origin.
+    run: _Colmap, model: Any, epsg: int, origin: NDArray[np.float64]
+) -> tuple[NDArray[np.float64], float]:
+    """Transform ``model`` (in place) onto the GPS positions, in UTM metres less ``origin``.
+
+    After the prior-constrained bundle adjustment the similarity is close to the identity.
 
     Returns:
-        ``(origin (3,) UTM metres, camera-to-GPS residuals (n,) metres, similarity scale)``.
+        ``(camera-to-GPS residuals (n,) metres, similarity scale)``.
 
     Raises:
         ProcessingFailedError: no similarity transform fits the GPS positions.
@@ -271,7 +316,6 @@ def _align_to_gps(
     reg_ids = list(model.reg_image_ids())
     reg_names = [model.images[i].name for i in reg_ids]
     gps = utm_positions([by_name[n] for n in reg_names], epsg)
-    origin = np.array([gps[:, 0].mean(), gps[:, 1].mean(), 0.0])
     ransac = pycolmap.RANSACOptions()
     ransac.max_error = GPS_RANSAC_MAX_ERROR_M
     sim = pycolmap.align_reconstruction_to_locations(model, reg_names, gps - origin, 3, ransac)
@@ -286,7 +330,7 @@ def _align_to_gps(
         f"Aligned to GPS (scale {sim.scale:.3f}): camera residual mean "
         f"{residual.mean():.2f} m, max {residual.max():.2f} m"
     )
-    return origin, residual, float(sim.scale)
+    return residual, float(sim.scale)
 
 
 def _scene_parts(

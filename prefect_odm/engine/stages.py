@@ -32,6 +32,17 @@ DEM_TO_ORTHOPHOTO_CELLS = 4
 (or a plane), finer cells would only repeat the interpolation."""
 
 
+SMRF = ("slope", "window", "threshold", "scalar")
+"""The ``smrf-*`` options, by their suffix."""
+
+DENSE_DEM_TO_SPACING = 1.2
+"""On the dense path the DEM cell is at least this many depth-map sample spacings (most cells
+then hold a point of each pair)."""
+
+FUSION_CELL_TO_SPACING = 2.0
+"""The fusion cell (the consistency test's) is at least this many sample spacings, so that each
+pair has a few points in each cell."""
+
 ENGINE_REPORT = f"{REPORT_FOLDER}/engine.json"
 """The engine's report: method, image counts, points, GSD, resolutions, seconds per stage."""
 
@@ -39,6 +50,10 @@ SHOTS = f"{REPORT_FOLDER}/{REPORT_FILES['shots']}"
 STAGE_SECONDS = f"{REPORT_FOLDER}/stage_seconds.json"
 DATASET = "images.json"
 RECONSTRUCTION_DIR = "opensfm"
+DENSE_RECORD = "openmvs/dense.json"
+"""What the dense stage did: ``{"dense": bool, ...}`` (pairs, points, image scale, cell)."""
+DENSE_CLOUD = "openmvs/scene_dense.npz"
+"""The fused dense cloud: ``xyz`` (n, 3) float64 UTM metres, ``rgb`` (n, 3) uint8."""
 SURFACE = "odm_dem/engine_surface.tif"
 """The gap-free surface the orthophoto is draped on (on the DEM grid)."""
 SURFACE_GRID = "odm_dem/engine_dem.json"
@@ -52,6 +67,7 @@ POINT_CLOUD = PRODUCTS["point_cloud"].odm_path
 STAGE_OUTPUTS: dict[str, tuple[str, ...]] = {
     "dataset": (DATASET,),
     "opensfm": (f"{RECONSTRUCTION_DIR}/scene.json", f"{RECONSTRUCTION_DIR}/scene_points.npz"),
+    "openmvs": (DENSE_RECORD,),
     "odm_dem": (SURFACE, SURFACE_GRID),
     "odm_orthophoto": (ORTHOPHOTO,),
     "odm_georeferencing": (POINT_CLOUD,),
@@ -136,6 +152,7 @@ def _stage_opensfm(ctx: StageContext) -> None:
             max_concurrency=ctx.settings["max-concurrency"],
             max_features=FEATURE_QUALITY_MAX_FEATURES[ctx.settings["feature-quality"]],
             max_neighbours=neighbours,
+            gps_accuracy_m=ctx.settings["gps-accuracy"],
             log=ctx.log,
         )
     scene.save(ctx.path(RECONSTRUCTION_DIR))
@@ -149,28 +166,132 @@ def _stage_opensfm(ctx: StageContext) -> None:
 
 
 def _resolutions(ctx: StageContext, scene: Scene, ground_z: float) -> tuple[float, float, float]:
-    """(GSD cm, orthophoto resolution cm, DEM resolution cm)."""
+    """(GSD cm, orthophoto resolution cm, DEM resolution cm).
+
+    The DEM cell is at least :data:`DENSE_DEM_TO_SPACING` times the dense depth maps' sample
+    spacing (GSD / ``pc-quality`` scale) on the dense path, at least :data:`DEM_TO_ORTHOPHOTO_CELLS` orthophoto cells on the sparse.
+    """
+    from prefect_odm.engine.dense import PC_QUALITY_SCALE
+
     gsd_cm = footprints.estimate_gsd_cm(scene, ground_z)
     ortho_cm = max(float(ctx.settings["orthophoto-resolution"]), gsd_cm)
-    dem_cm = max(float(ctx.settings["dem-resolution"]), DEM_TO_ORTHOPHOTO_CELLS * ortho_cm)
+    if dense_wanted(ctx, scene):
+        spacing_cm = gsd_cm / PC_QUALITY_SCALE[ctx.settings["pc-quality"]]
+        floor_cm = max(ortho_cm, DENSE_DEM_TO_SPACING * spacing_cm)
+    else:
+        floor_cm = DEM_TO_ORTHOPHOTO_CELLS * ortho_cm
+    dem_cm = max(float(ctx.settings["dem-resolution"]), floor_cm)
     return gsd_cm, ortho_cm, dem_cm
+
+
+def dense_wanted(ctx: StageContext, scene: Scene) -> bool:
+    """True when the DEMs and the point cloud come from dense matching: structure from motion
+    and not ``fast-orthophoto``."""
+    return scene.method == "sfm" and not ctx.settings["fast-orthophoto"]
+
+
+def _dem_grid(ctx: StageContext, scene: Scene) -> tuple[Grid, float, float]:
+    """(the DEM grid, GSD cm, DEM resolution cm)."""
+    ground_z = footprints.reference_ground_z_m(scene)
+    gsd_cm, _, dem_cm = _resolutions(ctx, scene, ground_z)
+    res_m = dem_cm / 100.0
+    return Grid.covering(footprints.coverage_bounds(scene, ground_z), res_m, res_m), gsd_cm, dem_cm
+
+
+# -- dense matching -------------------------------------------------------------------------------
+
+
+def _stage_openmvs(ctx: StageContext) -> None:
+    from prefect_odm.engine.dense import PC_QUALITY_SCALE
+    from prefect_odm.engine.dense_fusion import densify
+
+    scene = _load_scene(ctx)
+    ctx.path(DENSE_CLOUD).unlink(missing_ok=True)
+    if not dense_wanted(ctx, scene):
+        reason = "fast-orthophoto" if scene.method == "sfm" else f"method {scene.method}"
+        ctx.log(f"Dense matching skipped ({reason}): products from the sparse model")
+        write_json(ctx.path(DENSE_RECORD), {"dense": False})
+        return
+    dem_grid, gsd_cm, dem_cm = _dem_grid(ctx, scene)
+    scale = PC_QUALITY_SCALE[ctx.settings["pc-quality"]]
+    cell_m = max(dem_cm, FUSION_CELL_TO_SPACING * gsd_cm / scale) / 100.0
+    grid = Grid.covering(dem_grid.bounds, cell_m, cell_m)
+    fused, pairs = densify(
+        scene,
+        ctx.images_dir,
+        grid,
+        scale=scale,
+        workers=int(ctx.settings["max-concurrency"]),
+        sample_m=float(ctx.settings["pc-sample"]),
+        log=ctx.log,
+    )
+    if len(fused.xyz) == 0:
+        raise ProcessingFailedError("dense matching found no point that two pairs agree on")
+    ctx.path(DENSE_CLOUD).parent.mkdir(parents=True, exist_ok=True)
+    tmp = ctx.path(DENSE_CLOUD + ".tmp.npz")
+    np.savez(tmp, xyz=fused.xyz, rgb=fused.rgb)
+    tmp.replace(ctx.path(DENSE_CLOUD))
+    write_json(
+        ctx.path(DENSE_RECORD),
+        {
+            "dense": True,
+            "pairs": len(pairs),
+            "points": len(fused.xyz),
+            "image_scale": scale,
+            "fusion_cell_cm": round(cell_m * 100.0, 3),
+            "measured_cells": int(np.isfinite(fused.heights).sum()),
+        },
+    )
+
+
+def _load_dense(ctx: StageContext) -> tuple[NDArray[np.float64], NDArray[np.uint8]] | None:
+    """The dense cloud ``(xyz, rgb)`` when the dense stage made one, else None."""
+    if not _read_json(ctx, DENSE_RECORD).get("dense"):
+        return None
+    with np.load(ctx.path(DENSE_CLOUD)) as data:
+        return np.asarray(data["xyz"]), np.asarray(data["rgb"])
 
 
 def _surface_and_dsm(
     ctx: StageContext, scene: Scene, grid: Grid, ground_z: float
-) -> tuple[NDArray[np.float32], NDArray[np.float32], int]:
-    """``(gap-free surface, DSM with NaN outside coverage, points used)`` on ``grid``."""
+) -> tuple[NDArray[np.float32], NDArray[np.float32], dict[str, int]]:
+    """``(gap-free surface, DSM with NaN = nodata, counts)`` on ``grid``.
+
+    Counts: ``points_used``, ``coverage_cells`` (seen by a camera), ``measured_cells`` (heights
+    from points in the cell; dense path) and ``filled_cells`` (``dem-gapfill-steps``).
+    """
     if scene.method == "direct":
         surface = np.full((grid.height, grid.width), ground_z, dtype=np.float32)
         seen = footprints.coverage_mask(scene, grid, surface)
-        return surface, np.where(seen, surface, np.nan).astype(np.float32), 0
-    keep = dem.filter_point_outliers(scene.points_xyz)
-    points = scene.points_xyz[keep]
-    ctx.log(f"DSM from {len(points)} points ({int((~keep).sum())} outliers removed)")
-    interpolated = dem.surface_from_points(points, grid)
-    surface = dem.fill_nearest(interpolated)
-    seen = footprints.coverage_mask(scene, grid, surface)
-    return surface, np.where(seen, interpolated, np.nan).astype(np.float32), len(points)
+        dsm = np.where(seen, surface, np.nan).astype(np.float32)
+        return surface, dsm, {"points_used": 0, "coverage_cells": int(seen.sum())}
+    cloud = _load_dense(ctx)
+    if cloud is None:
+        keep = dem.filter_point_outliers(scene.points_xyz)
+        points = scene.points_xyz[keep]
+        ctx.log(f"DSM from {len(points)} sparse points ({int((~keep).sum())} outliers removed)")
+        interpolated = dem.surface_from_points(points, grid)
+        surface = dem.fill_nearest(interpolated)
+        seen = footprints.coverage_mask(scene, grid, surface)
+        dsm = np.where(seen, interpolated, np.nan).astype(np.float32)
+        return surface, dsm, {"points_used": len(points), "coverage_cells": int(seen.sum())}
+    surface, dsm, counts = dem.dense_dsm(
+        cloud[0], scene, grid, int(ctx.settings["dem-gapfill-steps"])
+    )
+    ctx.log(
+        f"DSM from {len(cloud[0])} dense points: {counts['measured_cells']} of "
+        f"{counts['coverage_cells']} covered cells measured, {counts['filled_cells']} gap-filled"
+    )
+    return surface, dsm, counts
+
+
+def _dtm(ctx: StageContext, scene: Scene, dsm: NDArray[np.float32], res_m: float) -> NDArray[Any]:
+    """The DTM: the direct method's plane, else the DSM's SMRF ground cells interpolated."""
+    if scene.method == "direct" or not np.isfinite(dsm).any():
+        return dsm.copy()
+    dtm, share = dem.smrf_dtm(dsm, res_m, {k: float(ctx.settings[f"smrf-{k}"]) for k in SMRF})
+    ctx.log(f"DTM: {100.0 * share:.0f}% of the DSM cells are ground (SMRF)")
+    return dtm
 
 
 def _write_dem(
@@ -190,10 +311,9 @@ def _write_dem(
 def _stage_dem(ctx: StageContext) -> None:
     scene = _load_scene(ctx)
     ground_z = footprints.reference_ground_z_m(scene)
-    gsd_cm, ortho_cm, dem_cm = _resolutions(ctx, scene, ground_z)
+    grid, gsd_cm, dem_cm = _dem_grid(ctx, scene)
     dem_res_m = dem_cm / 100.0
-    grid = Grid.covering(footprints.coverage_bounds(scene, ground_z), dem_res_m, dem_res_m)
-    surface, dsm, points_used = _surface_and_dsm(ctx, scene, grid, ground_z)
+    surface, dsm, counts = _surface_and_dsm(ctx, scene, grid, ground_z)
     if not np.isfinite(dsm).any():
         raise ProcessingFailedError("the DSM is empty: no reconstructed surface under the cameras")
     tags = {writers.ENGINE_TAG: scene.method}
@@ -201,9 +321,7 @@ def _stage_dem(ctx: StageContext) -> None:
     if ctx.settings["dsm"]:
         _write_dem(ctx, DSM, dsm, grid, scene)
     if ctx.settings["dtm"]:
-        # the direct method's surface is the ground plane already
-        dtm = dsm.copy() if scene.method == "direct" else dem.dtm_from_dsm(dsm, dem_res_m)
-        _write_dem(ctx, DTM, dtm, grid, scene)
+        _write_dem(ctx, DTM, _dtm(ctx, scene, dsm, dem_res_m), grid, scene)
     write_json(
         ctx.path(SURFACE_GRID),
         {
@@ -214,7 +332,7 @@ def _stage_dem(ctx: StageContext) -> None:
             "height": grid.height,
             "gsd_cm": gsd_cm,
             "dem_resolution_cm": dem_cm,
-            "points_used": points_used,
+            **counts,
         },
     )
     ctx.log(
@@ -295,6 +413,8 @@ def _stage_georeferencing(ctx: StageContext) -> None:
         xyz, rgb = orthophoto.grid_points_from_orthophoto(
             rgba, grid, height_at, DIRECT_POINT_SPACING_M
         )
+    elif (cloud := _load_dense(ctx)) is not None:
+        xyz, rgb = cloud
     else:
         keep = dem.filter_point_outliers(scene.points_xyz)
         xyz, rgb = scene.points_xyz[keep], scene.points_rgb[keep]
@@ -323,6 +443,8 @@ def _stage_report(ctx: StageContext) -> None:
         with rasterio.open(ortho) as src:
             ortho_cm = float(src.res[0] * 100.0)
     seconds = read_stage_seconds(ctx)
+    dense_record = _read_json(ctx, DENSE_RECORD)
+    dem_record = _read_json(ctx, SURFACE_GRID)
     write_json(
         ctx.path(ENGINE_REPORT),
         {
@@ -335,14 +457,23 @@ def _stage_report(ctx: StageContext) -> None:
             "dem_resolution_cm": round(dem_cm, 3),
             "epsg": scene.epsg,
             "stats": scene.stats,
+            "dense": dense_record,
+            "dem": {k: v for k, v in dem_record.items() if k.endswith(("_cells", "_used"))},
             "stage_seconds": seconds,
         },
     )
 
 
+def _read_json(ctx: StageContext, relative: str) -> dict[str, Any]:
+    """A JSON file of the task folder as a dict (empty when missing)."""
+    path = ctx.path(relative)
+    return dict(json.loads(path.read_text())) if path.exists() else {}
+
+
 STAGE_FUNCTIONS: dict[str, Callable[[StageContext], None]] = {
     "dataset": _stage_dataset,
     "opensfm": _stage_opensfm,
+    "openmvs": _stage_openmvs,
     "odm_dem": _stage_dem,
     "odm_orthophoto": _stage_orthophoto,
     "odm_georeferencing": _stage_georeferencing,

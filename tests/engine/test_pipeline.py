@@ -6,7 +6,8 @@ OpenDroneMap made from the full-resolution images (EPSG:32615):
 * DSM: median absolute height difference to the reference points averaged per DSM cell, over the
   cells both cover;
 * orthophoto: horizontal offset found by phase correlation between our orthophoto and the
-  reference colours, both at 25 cm cells.
+  reference colours, both at 25 cm cells;
+* the dense products' figures: :mod:`dense_figures`.
 """
 
 from __future__ import annotations
@@ -381,6 +382,49 @@ def test_sfm_brighton_registers_all_and_is_accurate(sfm_task: tuple[Path, float,
     assert min(seconds, cpu_seconds) < 90, (
         f"sfm on brighton took {seconds:.1f} s wall, {cpu_seconds:.1f} s CPU"
     )
+
+
+def test_sfm_brighton_dense_products_against_odm(sfm_task: tuple[Path, float, float]) -> None:
+    """The default sfm run is dense (ODM's openmvs stage): figures against ODM's own cloud.
+
+    The absolute bound is loose because the georeferencing differs from ODM's by a tilt of
+    ~1 degree and +0.8 m (see the benchmark); the shape, with that plane removed, is tight.
+    """
+    from .dense_figures import dense_figures
+
+    task, _, _ = sfm_task
+    report = json.loads((task / "odm_report" / "engine.json").read_text())
+    assert report["dense"]["dense"] is True and report["dense"]["pairs"] >= 18
+    assert report["points"] == report["dense"]["points"] > 200_000
+    figures = dense_figures(task)
+    print("\n".join(figures.lines()))
+    assert figures.dsm_median_abs_m <= 1.0 and figures.dsm_p90_abs_m <= 1.8
+    assert figures.plane_removed_median_abs_m <= 0.3
+    assert figures.measured_share_of_reference >= 0.85
+    assert figures.points_per_m2 >= 40 and figures.coloured_share >= 0.99
+    assert figures.object_height_ratio >= 0.25 and figures.object_cells > 300
+
+
+def test_fast_orthophoto_keeps_the_sparse_path(
+    sfm_task: tuple[Path, float, float], tmp_path: Path
+) -> None:
+    """``fast-orthophoto`` skips dense matching: the DSM and cloud come from the tie points."""
+    import shutil
+
+    done, _, _ = sfm_task
+    task = make_task(tmp_path, BRIGHTON / "images")
+    shutil.copy(done / "images.json", task / "images.json")
+    shutil.copytree(done / "opensfm", task / "opensfm", ignore=shutil.ignore_patterns("*.db"))
+    lines: list[str] = []
+    options = {"dsm": True, "fast-orthophoto": True, "end-with": "odm_dem"}
+    pipeline.run(task, options, rerun_from="openmvs", log=lines.append)
+    assert any("Dense matching skipped (fast-orthophoto)" in line for line in lines)
+    assert json.loads((task / "openmvs" / "dense.json").read_text()) == {"dense": False}
+    assert not (task / "openmvs" / "scene_dense.npz").exists()
+    median_abs, _, cells = dsm_median_abs_diff_m(task / "odm_dem" / "dsm.tif")
+    assert cells > 10000 and median_abs <= 1.0
+    with rasterio.open(task / "odm_dem" / "dsm.tif") as src:
+        assert src.res == pytest.approx((0.2, 0.2))  # 4 orthophoto cells on the sparse path
 
 
 def test_sfm_fails_clearly_without_overlap(tmp_path: Path) -> None:

@@ -1,0 +1,171 @@
+"""Raster algorithms of the dense DEMs: gap interpolation, small-gap filling, the ground filter.
+
+All functions take north-up rasters on one grid (``(rows, cols)`` float32, metres, NaN = no
+height) and the cell size in metres; they are pure (no I/O).
+
+* :func:`push_pull`: fills every unknown cell from the known ones by a pyramid of 2x2 sums
+  (the "push-pull" scattered-data interpolation of Gortler et al., "The Lumigraph",
+  SIGGRAPH 1996), O(cells); smoothed in the filled cells only.
+* :func:`fill_small_gaps`: ODM's ``dem-gapfill-steps``: the holes that a morphological closing
+  of the measured cells with a disk of radius ``2**steps`` cells fills (gaps narrower than about
+  ``2 * res * 2**steps`` metres, without growing the outer edge) are interpolated; larger holes
+  stay nodata.
+* :func:`smrf_ground`: the Simple Morphological Filter (Pingel, Clarke and McBride, "An improved
+  simple morphological filter for the terrain classification of airborne LIDAR data", ISPRS J.
+  2013) on the DSM raster, with ODM's ``smrf-*`` options: progressive openings with windows up
+  to ``window_m`` flag objects whose height above the opened surface grows faster than
+  ``slope``; a provisional ground surface is interpolated under them; a cell is ground when it
+  lies within ``threshold_m + scalar * local slope`` of that surface.
+* :func:`dtm_from_ground`: the DTM: DSM heights of ground cells, interpolated elsewhere, never
+  above the DSM, nodata where the DSM is.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+SMRF_SLOPE = 0.15
+"""ODM's ``smrf-slope`` default: rise over run that terrain does not exceed."""
+
+SMRF_WINDOW_M = 18.0
+"""ODM's ``smrf-window`` default: the largest object (building) to remove, metres."""
+
+SMRF_THRESHOLD_M = 0.5
+"""ODM's ``smrf-threshold`` default: height above the provisional ground still ground, metres."""
+
+SMRF_SCALAR = 1.25
+"""ODM's ``smrf-scalar`` default: extra threshold per unit of local ground slope, metres."""
+
+SMOOTHING_CELLS = 2.0
+"""Gaussian standard deviation (cells) applied to interpolated cells only."""
+
+Raster = NDArray[np.float32]
+
+
+def push_pull(values: Raster, known: NDArray[np.bool_]) -> Raster:
+    """Interpolate ``values`` at the cells not ``known`` (every cell gets a value).
+
+    Args:
+        values: heights, shape ``(rows, cols)``; only ``known`` cells are read.
+        known: cells whose value is given; at least one.
+
+    Returns:
+        float32, same shape: the known cells unchanged, the others interpolated.
+
+    Raises:
+        ValueError: no cell is known.
+    """
+    from scipy.ndimage import gaussian_filter
+
+    if not known.any():
+        raise ValueError("push_pull: no known cell")
+    sums = [np.where(known, values, 0.0).astype(np.float64)]
+    weights = [known.astype(np.float64)]
+    while min(sums[-1].shape) > 1 and not (weights[-1] > 0).all():
+        s, w = sums[-1], weights[-1]
+        rows, cols = (s.shape[0] + 1) // 2 * 2, (s.shape[1] + 1) // 2 * 2
+        s = np.pad(s, ((0, rows - s.shape[0]), (0, cols - s.shape[1])))
+        w = np.pad(w, ((0, rows - w.shape[0]), (0, cols - w.shape[1])))
+        sums.append(s.reshape(rows // 2, 2, cols // 2, 2).sum(axis=(1, 3)))
+        weights.append(w.reshape(rows // 2, 2, cols // 2, 2).sum(axis=(1, 3)))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        estimate = np.where(weights[-1] > 0, sums[-1] / weights[-1], 0.0)
+        if not (weights[-1] > 0).all():  # a 1-cell-wide pyramid top: the mean of what is known
+            estimate[:] = sums[-1].sum() / weights[-1].sum()
+        for s, w in zip(reversed(sums[:-1]), reversed(weights[:-1]), strict=True):
+            up = np.repeat(np.repeat(estimate, 2, axis=0), 2, axis=1)[: s.shape[0], : s.shape[1]]
+            estimate = np.where(w > 0, s / w, up)
+    smooth = gaussian_filter(estimate, SMOOTHING_CELLS, mode="nearest")
+    return np.where(known, values, smooth).astype(np.float32)
+
+
+def fill_small_gaps(
+    dem: Raster, res_m: float, steps: int, inside: NDArray[np.bool_] | None = None
+) -> Raster:
+    """Fill gaps of ``dem`` narrower than about ``2 * res_m * 2**steps``; larger ones stay NaN.
+
+    Args:
+        dem: heights with NaN holes, shape ``(rows, cols)``.
+        res_m: cell size, metres.
+        steps: ODM's ``dem-gapfill-steps`` (0: no filling).
+        inside: cells that may be filled (e.g. the cameras' coverage); default all.
+
+    Returns:
+        float32, same shape: measured cells unchanged, the cells the closing adds (and
+        ``inside``) interpolated, the rest NaN.
+    """
+    from scipy.ndimage import binary_closing
+
+    measured = np.isfinite(dem)
+    if steps <= 0 or measured.all() or not measured.any():
+        return dem.astype(np.float32, copy=True)
+    radius = max(1, int(round(2.0**steps)))
+    yy, xx = np.mgrid[-radius : radius + 1, -radius : radius + 1]
+    disk = (yy * yy + xx * xx) <= radius * radius
+    pad = radius + 1  # closing near the border must not see outside as measured
+    closed = binary_closing(np.pad(measured, pad), structure=disk)[pad:-pad, pad:-pad]
+    reach = closed & ~measured
+    if inside is not None:
+        reach &= inside
+    filled = push_pull(dem, measured)
+    return np.where(measured | reach, filled, np.nan).astype(np.float32)
+
+
+def _open(surface: NDArray[np.float64], size: int) -> NDArray[np.float64]:
+    from scipy.ndimage import maximum_filter, minimum_filter
+
+    return np.asarray(maximum_filter(minimum_filter(surface, size=size), size=size))
+
+
+def smrf_ground(
+    dsm: Raster,
+    res_m: float,
+    *,
+    slope: float = SMRF_SLOPE,
+    window_m: float = SMRF_WINDOW_M,
+    threshold_m: float = SMRF_THRESHOLD_M,
+    scalar: float = SMRF_SCALAR,
+) -> NDArray[np.bool_]:
+    """Ground cells of a DSM by the Simple Morphological Filter (see the module docstring).
+
+    Args:
+        dsm: heights, NaN = nodata, shape ``(rows, cols)``; at least one valid cell.
+        res_m: cell size, metres.
+        slope, window_m, threshold_m, scalar: ODM's ``smrf-slope``, ``smrf-window``,
+            ``smrf-threshold``, ``smrf-scalar``.
+
+    Returns:
+        bool, same shape: True on ground cells (never on nodata).
+
+    Raises:
+        ValueError: the DSM has no valid cell.
+    """
+    valid = np.isfinite(dsm)
+    surface = push_pull(dsm, valid).astype(np.float64)
+    max_radius = max(1, int(round(window_m / res_m / 2.0)))
+    radii = np.unique(np.round(np.geomspace(1, max_radius, num=min(max_radius, 12))).astype(int))
+    objects = np.zeros(dsm.shape, dtype=bool)
+    previous, previous_radius = surface, 0
+    for radius in radii:
+        opened = _open(previous, 2 * int(radius) + 1)
+        limit = slope * (int(radius) - previous_radius) * res_m
+        objects |= (previous - opened) > max(limit, 0.05)
+        previous, previous_radius = opened, int(radius)
+    provisional = push_pull(surface.astype(np.float32), valid & ~objects).astype(np.float64)
+    gy, gx = np.gradient(provisional, res_m)
+    allowed = threshold_m + scalar * np.hypot(gx, gy)
+    return np.asarray(valid & (surface - provisional <= allowed), dtype=bool)
+
+
+def dtm_from_ground(dsm: Raster, ground: NDArray[np.bool_]) -> Raster:
+    """The DTM: DSM heights on ``ground`` cells, interpolated under objects, clipped to the DSM.
+
+    Returns:
+        float32, same shape, NaN where the DSM is NaN (also everywhere when no cell is ground).
+    """
+    valid = np.isfinite(dsm)
+    if not ground.any():
+        return np.full(dsm.shape, np.nan, dtype=np.float32)
+    terrain = push_pull(dsm, ground & valid)
+    return np.where(valid, np.minimum(terrain, dsm), np.nan).astype(np.float32)

@@ -1,0 +1,188 @@
+"""Figures of the built-in engine's dense products against ODM's own cloud of brighton.
+
+Shared by ``tests/engine/test_dense.py`` (thresholds) and ``benchmarks/bench_engine.py``
+(printed figures, PNGs). The reference is ``brighton_beach_1600/reference/model.laz``
+(OpenDroneMap from the full-resolution images, EPSG:32615).
+
+* DSM |dz|: our DSM minus the mean reference height per DSM cell, over the cells both have
+  (absolute: no plane removed; the plane fitted to dz is reported apart as the tilt).
+* Measured share: cells of the orthophoto footprint (alpha > 0) that hold a dense point (not a
+  gap-filled height); also of the reference's footprint (cells holding reference points).
+* Density: dense points per m² of the orthophoto footprint, and the share with a colour.
+* Object heights: DSM minus DTM (each from its own ground filter, so georeferencing offsets
+  cancel) in the cells where ODM's DSM stands more than 1 m above its ground: the median of
+  ours over the median of ODM's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import laspy
+import numpy as np
+import rasterio
+from rasterio.enums import Resampling
+
+from prefect_odm.engine import ground
+
+DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+REFERENCE = DATA / "brighton_beach_1600" / "reference" / "model.laz"
+OBJECT_MIN_HEIGHT_M = 1.0
+
+
+@dataclass(frozen=True)
+class DenseFigures:
+    """The figures of one run (see the module docstring); heights in metres."""
+
+    dsm_median_abs_m: float
+    dsm_p90_abs_m: float
+    dsm_median_signed_m: float
+    tilt_deg: float
+    plane_removed_median_abs_m: float
+    measured_share_of_orthophoto: float
+    measured_share_of_reference: float
+    points_per_m2: float
+    coloured_share: float
+    object_height_ratio: float
+    object_cells: int
+
+    def lines(self) -> list[str]:
+        """The figures as printable lines."""
+        return [
+            f"DSM |dz| vs ODM: median {self.dsm_median_abs_m:.2f} m, p90 {self.dsm_p90_abs_m:.2f}"
+            f" m (signed median {self.dsm_median_signed_m:+.2f} m, tilt {self.tilt_deg:.2f} deg;"
+            f" plane removed: median {self.plane_removed_median_abs_m:.2f} m)",
+            f"measured heights: {100 * self.measured_share_of_orthophoto:.0f}% of the orthophoto"
+            f" footprint, {100 * self.measured_share_of_reference:.0f}% of ODM's cloud footprint",
+            f"dense cloud: {self.points_per_m2:.0f} points/m2 over the orthophoto footprint,"
+            f" {100 * self.coloured_share:.0f}% coloured",
+            f"object heights (DSM - DTM where ODM's > {OBJECT_MIN_HEIGHT_M:g} m, "
+            f"{self.object_cells} cells): {100 * self.object_height_ratio:.0f}% of ODM's",
+        ]
+
+
+def points_of(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """``(xyz (n, 3) float64, rgb (n, 3) float64)`` of a LAS/LAZ file."""
+    las = laspy.read(path)
+    xyz = np.column_stack([las.x, las.y, las.z])
+    rgb = np.column_stack([las.red, las.green, las.blue]).astype(np.float64)
+    return xyz, rgb
+
+
+def rasterise(
+    xyz: np.ndarray, transform: rasterio.Affine, shape: tuple[int, int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(mean z per cell (NaN where empty), points per cell)``."""
+    col = np.floor((xyz[:, 0] - transform.c) / transform.a).astype(np.int64)
+    row = np.floor((xyz[:, 1] - transform.f) / transform.e).astype(np.int64)
+    ok = (col >= 0) & (col < shape[1]) & (row >= 0) & (row < shape[0])
+    index = row[ok] * shape[1] + col[ok]
+    counts = np.bincount(index, minlength=shape[0] * shape[1])
+    sums = np.bincount(index, weights=xyz[ok, 2], minlength=shape[0] * shape[1])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+    return mean.reshape(shape), counts.reshape(shape)
+
+
+def _read(path: Path) -> tuple[np.ndarray, rasterio.Affine]:
+    with rasterio.open(path) as src:
+        data = src.read(1).astype(np.float64)
+        return np.where(data == src.nodata, np.nan, data), src.transform
+
+
+def _tilt(diff: np.ndarray, valid: np.ndarray, res_m: float) -> tuple[float, float]:
+    """(tilt of the plane fitted to ``diff`` in degrees, median |residual| after removing it)."""
+    rows, cols = np.nonzero(valid)
+    d = diff[valid]
+    a = np.column_stack([cols * res_m, rows * res_m, np.ones_like(d)])
+    coef = np.linalg.lstsq(a, d, rcond=None)[0]
+    return float(np.degrees(np.arctan(np.hypot(*coef[:2])))), float(np.median(np.abs(d - a @ coef)))
+
+
+def _object_heights(
+    ours: np.ndarray, reference: np.ndarray, dtm: np.ndarray, res_m: float
+) -> tuple[float, int]:
+    ref_valid = np.isfinite(reference)
+    ref_dtm = ground.dtm_from_ground(
+        reference.astype(np.float32), ground.smrf_ground(reference.astype(np.float32), res_m)
+    )
+    odm_height = reference - ref_dtm
+    objects = ref_valid & (odm_height > OBJECT_MIN_HEIGHT_M) & np.isfinite(ours) & np.isfinite(dtm)
+    if not objects.any():
+        return 0.0, 0
+    ratio = float(np.median(ours[objects] - dtm[objects]) / np.median(odm_height[objects]))
+    return ratio, int(objects.sum())
+
+
+def dense_figures(task: Path) -> DenseFigures:
+    """The figures of a finished brighton task with ``dsm`` and ``dtm`` (module docstring)."""
+    dsm, transform = _read(task / "odm_dem" / "dsm.tif")
+    dtm, _ = _read(task / "odm_dem" / "dtm.tif")
+    res_m = transform.a
+    ref_xyz, _ = points_of(REFERENCE)
+    reference, ref_counts = rasterise(ref_xyz, transform, dsm.shape)
+    both = np.isfinite(dsm) & (ref_counts > 0)
+    diff = np.where(both, dsm - reference, np.nan)
+    tilt_deg, plane_removed = _tilt(diff, both, res_m)
+    xyz, rgb = points_of(task / "odm_georeferencing" / "odm_georeferenced_model.laz")
+    _, our_counts = rasterise(xyz, transform, dsm.shape)
+    with rasterio.open(task / "odm_orthophoto" / "odm_orthophoto.tif") as src:
+        alpha = src.read(
+            4, out_shape=dsm.shape, resampling=Resampling.nearest
+        )  # same bounds: the orthophoto grid is the DEM grid's box
+    footprint = alpha > 0
+    measured = our_counts > 0
+    inside = footprint[np.clip(np.floor((transform.f - xyz[:, 1]) / res_m).astype(int), 0, dsm.shape[0] - 1),
+                       np.clip(np.floor((xyz[:, 0] - transform.c) / res_m).astype(int), 0, dsm.shape[1] - 1)]  # fmt: skip
+    ratio, cells = _object_heights(dsm, reference, dtm, res_m)
+    return DenseFigures(
+        dsm_median_abs_m=float(np.median(np.abs(diff[both]))),
+        dsm_p90_abs_m=float(np.percentile(np.abs(diff[both]), 90)),
+        dsm_median_signed_m=float(np.median(diff[both])),
+        tilt_deg=tilt_deg,
+        plane_removed_median_abs_m=plane_removed,
+        measured_share_of_orthophoto=float((measured & footprint).sum() / max(1, footprint.sum())),
+        measured_share_of_reference=float(
+            (measured & (ref_counts > 0)).sum() / (ref_counts > 0).sum()
+        ),
+        points_per_m2=float(inside.sum() / max(1e-9, footprint.sum() * res_m * res_m)),
+        coloured_share=float((rgb.sum(axis=1) > 0).mean()) if len(rgb) else 0.0,
+        object_height_ratio=ratio,
+        object_cells=cells,
+    )
+
+
+def render_pngs(task: Path, folder: Path, name: str) -> list[Path]:
+    """Hillshades of our DSM and of ODM's cloud on the same grid, and our cloud from above.
+
+    Returns:
+        The PNG paths written into ``folder``.
+    """
+    import cv2
+
+    folder.mkdir(parents=True, exist_ok=True)
+    dsm, transform = _read(task / "odm_dem" / "dsm.tif")
+    reference, _ = rasterise(points_of(REFERENCE)[0], transform, dsm.shape)
+    written = []
+    for label, surface in ((name, dsm), ("odm_reference", reference)):
+        gy, gx = np.gradient(
+            np.where(np.isfinite(surface), surface, np.nanmedian(surface)), transform.a
+        )
+        shade = np.clip(255 * (0.5 + 0.5 * (-gx - gy) / np.sqrt(2 + gx * gx + gy * gy)), 0, 255)
+        shade = np.where(np.isfinite(surface), shade, 0).astype(np.uint8)
+        path = folder / f"{label}_dsm_hillshade.png"
+        cv2.imwrite(str(path), shade)
+        written.append(path)
+    xyz, rgb = points_of(task / "odm_georeferencing" / "odm_georeferenced_model.laz")
+    cell = 0.1
+    cols = np.floor((xyz[:, 0] - transform.c) / cell).astype(int)
+    rows = np.floor((transform.f - xyz[:, 1]) / cell).astype(int)
+    shape = (int(dsm.shape[0] * transform.a / cell) + 1, int(dsm.shape[1] * transform.a / cell) + 1)
+    ok = (rows >= 0) & (rows < shape[0]) & (cols >= 0) & (cols < shape[1])
+    image = np.zeros((*shape, 3), dtype=np.uint8)
+    image[rows[ok], cols[ok]] = np.clip(rgb[ok][:, ::-1], 0, 255).astype(np.uint8)
+    path = folder / f"{name}_cloud_top.png"
+    cv2.imwrite(str(path), image)
+    written.append(path)
+    return written

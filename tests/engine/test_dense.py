@@ -1,0 +1,144 @@
+"""Dense matching, fusion, gap filling and the ground filter of the built-in engine.
+
+Unit tests on small synthesized rasters and point sets (the true answer is known by
+construction); the dense brighton run itself is checked in ``test_pipeline.py`` (it shares that
+module's structure-from-motion run).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from prefect_odm.engine import ground
+from prefect_odm.engine.dense import PairPoints
+from prefect_odm.engine.dense_fusion import fuse_pairs, sample_points
+from prefect_odm.merge.grid import Grid
+
+RES_M = 0.5
+
+
+def _terrain(shape: tuple[int, int] = (160, 160)) -> np.ndarray:
+    """A tilted plane (2 %) with a gentle 1 m hill: the ground, metres."""
+    rows, cols = np.mgrid[0 : shape[0], 0 : shape[1]].astype(np.float64)
+    hill = np.exp(-((rows - 100) ** 2 + (cols - 40) ** 2) / (2 * 25.0**2))
+    return (100.0 + 0.02 * RES_M * cols + 1.0 * hill).astype(np.float32)
+
+
+def _buildings(terrain: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The terrain with two boxes (6 m and 3 m high, 10 m and 7 m wide) and a 2 m car."""
+    dsm = terrain.copy()
+    objects = np.zeros(terrain.shape, dtype=bool)
+    for (r, c), size, height in (((30, 30), 20, 6.0), ((100, 110), 14, 3.0), ((60, 120), 4, 2.0)):
+        objects[r : r + size, c : c + size] = True
+        dsm[r : r + size, c : c + size] += height
+    return dsm, objects
+
+
+def test_smrf_separates_objects_from_sloped_ground() -> None:
+    terrain = _terrain()
+    dsm, objects = _buildings(terrain)
+    is_ground = ground.smrf_ground(dsm, RES_M)
+    assert is_ground[~objects].mean() >= 0.97
+    assert (~is_ground[objects]).mean() >= 0.95
+    dtm = ground.dtm_from_ground(dsm, is_ground)
+    assert np.abs(dtm - terrain).max() <= 0.3  # under the boxes too
+    assert np.all(dtm <= dsm + 1e-6)
+
+
+def test_smrf_window_bounds_the_objects_removed() -> None:
+    """A box wider than ``smrf-window`` is terrain (a plateau), as in ODM."""
+    terrain = _terrain()
+    dsm, objects = _buildings(terrain)
+    small_window = ground.smrf_ground(dsm, RES_M, window_m=4.0)
+    assert small_window[30:50, 30:50].mean() > 0.5  # the 10 m box survives a 4 m window
+    assert not small_window[60:64, 120:124].any()  # the 2 m car does not
+
+
+def test_dtm_keeps_nodata_and_never_exceeds_dsm() -> None:
+    dsm, _ = _buildings(_terrain())
+    dsm[:10] = np.nan
+    dtm = ground.dtm_from_ground(dsm, ground.smrf_ground(dsm, RES_M))
+    assert np.isnan(dtm[:10]).all() and np.isfinite(dtm[10:]).all()
+    assert np.all(dtm[10:] <= dsm[10:] + 1e-6)
+
+
+def test_fill_small_gaps_fills_small_holes_only() -> None:
+    dem = _terrain()
+    truth = dem.copy()
+    dem[20:23, 20:23] = np.nan  # 1.5 m hole
+    dem[60:120, 60:120] = np.nan  # 30 m hole
+    filled = ground.fill_small_gaps(dem, RES_M, steps=3)
+    assert np.isfinite(filled[20:23, 20:23]).all()
+    assert np.abs(filled[20:23, 20:23] - truth[20:23, 20:23]).max() <= 0.05
+    big = filled[60:120, 60:120]
+    assert np.isnan(big[8:-8, 8:-8]).all() and np.isnan(big).mean() >= 0.9
+    measured = np.isfinite(dem)
+    assert np.array_equal(filled[measured], dem[measured])  # measured cells untouched
+    assert np.isnan(ground.fill_small_gaps(dem, RES_M, steps=0)[20:23, 20:23]).all()
+
+
+def test_fill_small_gaps_does_not_grow_the_outer_edge_or_leave_inside() -> None:
+    dem = np.full((60, 60), np.nan, dtype=np.float32)
+    dem[10:50, 10:50] = 5.0
+    dem[30, 30] = np.nan
+    filled = ground.fill_small_gaps(dem, RES_M, steps=3)
+    assert np.isnan(filled[:10]).all() and np.isnan(filled[:, 50:]).all()
+    assert filled[30, 30] == pytest.approx(5.0)
+    outside = np.ones(dem.shape, dtype=bool)
+    outside[30, 30] = False
+    assert np.isnan(ground.fill_small_gaps(dem, RES_M, 3, inside=outside)[30, 30])
+
+
+def test_push_pull_interpolates_every_cell_and_keeps_the_known() -> None:
+    rng = np.random.default_rng(0)
+    truth = _terrain((50, 70))
+    known = rng.random(truth.shape) < 0.05
+    out = ground.push_pull(truth, known)
+    assert np.isfinite(out).all() and np.array_equal(out[known], truth[known])
+    assert np.abs(out - truth).max() < 0.6
+    with pytest.raises(ValueError):
+        ground.push_pull(truth, np.zeros(truth.shape, dtype=bool))
+
+
+def _pair(z: float, xy: np.ndarray, colour: int) -> PairPoints:
+    xyz = np.column_stack([xy, np.full(len(xy), z)])
+    return PairPoints(xyz, np.full((len(xy), 3), colour, dtype=np.uint8))
+
+
+def test_fusion_keeps_heights_two_pairs_agree_on() -> None:
+    grid = Grid(left=0.0, top=10.0, resolution_m=1.0, width=10, height=10)
+    xs, ys = np.meshgrid(np.arange(0.25, 10, 0.5), np.arange(0.25, 10, 0.5))
+    xy = np.column_stack([xs.ravel(), ys.ravel()])
+    left = xy[:, 0] < 5.0
+    pairs = [
+        _pair(10.0, xy, 1),
+        _pair(10.1, xy, 2),
+        _pair(13.0, xy, 3),  # a blunder pair everywhere
+        _pair(10.05, xy[~left], 4),  # a third agreeing pair on the right half only
+    ]
+    fused = fuse_pairs(pairs, grid, tolerance_m=0.3, min_pairs=2)
+    assert np.isfinite(fused.heights).all()
+    assert np.allclose(fused.heights, np.where(xs[::2, ::2] < 5, 10.05, 10.05), atol=0.06)
+    assert not (fused.rgb == 3).any() and np.all(np.abs(fused.xyz[:, 2] - 10.05) <= 0.06)
+    assert (fused.agreeing_pairs[:, 5:] == 3).all() and (fused.agreeing_pairs[:, :5] == 2).all()
+    # one pair alone never makes a measured cell
+    alone = fuse_pairs([pairs[0], pairs[2]], grid, tolerance_m=0.3, min_pairs=2)
+    assert np.isnan(alone.heights).all() and len(alone.xyz) == 0
+
+
+def test_fusion_drops_isolated_cells() -> None:
+    grid = Grid(left=0.0, top=10.0, resolution_m=1.0, width=10, height=10)
+    lone = np.array([[5.5, 4.5]])
+    fused = fuse_pairs([_pair(1.0, lone, 1), _pair(1.0, lone, 2)], grid)
+    assert np.isnan(fused.heights).all()
+
+
+def test_pc_sample_keeps_one_point_per_cube_deterministically() -> None:
+    rng = np.random.default_rng(1)
+    xyz = rng.random((5000, 3)) * 10.0
+    chosen = sample_points(xyz, 1.0)
+    keys = np.floor((xyz[chosen] - xyz.min(axis=0)) / 1.0)
+    assert len(np.unique(keys, axis=0)) == len(chosen) <= 1000
+    assert np.array_equal(chosen, sample_points(xyz, 1.0))
+    assert np.array_equal(sample_points(xyz, 0.0), np.arange(5000))
