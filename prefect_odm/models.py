@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from prefect_odm.gps_records import GpsWarning
 from prefect_odm.registry import ProductName as ProductName  # re-exported
 
 OptionValue = str | int | float | bool
@@ -232,6 +233,11 @@ class SplitPlan(BaseModel):
     submodels: list[Submodel]
     cameras: list[CameraPosition]
     fingerprint: str
+    gps_warnings: list[GpsWarning] = Field(
+        default_factory=list,
+        description="What the camera GPS shows wrong before compute (gps_quality.check_gps): "
+        "altitude trends, implausible speeds, jumping positions. Not in the fingerprint.",
+    )
     warnings: list[str] = Field(default_factory=list, exclude=True)
     """What the planner found wasteful (overlap, merged duplicate submodels); not stored in
     ``plan.json`` nor in the fingerprint, shown by the command line and the flow's log."""

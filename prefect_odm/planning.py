@@ -62,7 +62,12 @@ from prefect_odm.partition import (
     partition_positions,
     target_sizes,
 )
-from prefect_odm.plan_checks import find_duplicate_submodels, kept_submodel_of, overlap_warning
+from prefect_odm.plan_checks import (
+    find_duplicate_submodels,
+    gps_warnings,
+    kept_submodel_of,
+    overlap_warning,
+)
 from prefect_odm.settings import DEFAULT_SPLIT, DEFAULT_SPLIT_OVERLAP_M
 
 logger = logging.getLogger(__name__)
@@ -327,6 +332,7 @@ def _plan_fingerprint(plan: SplitPlan, images: Sequence[ImageRecord]) -> str:
         mode="json",
         exclude={
             "fingerprint": True,
+            "gps_warnings": True,
             "cameras": True,
             "submodels": {"__all__": {"image_names", "core_image_names"}},
         },
@@ -369,7 +375,10 @@ def plan_submodels(
 
     Returns:
         The :class:`~prefect_odm.models.SplitPlan` in ``survey.crs_epsg``; identical (byte for
-        byte as JSON) for shuffled input.
+        byte as JSON) for shuffled input. Its ``gps_warnings`` (also logged, and in
+        ``warnings`` as lines starting ``GPS:``) are what the camera GPS shows wrong along the
+        capture sequence (:func:`prefect_odm.plan_checks.gps_warnings`); they never stop the
+        plan.
 
     Raises:
         PlanningError: no images, a bad ``split``, ``"auto"`` without node memory, or a submodel
@@ -419,7 +428,11 @@ def plan_submodels(
         fingerprint="",
     )
     fp = _plan_fingerprint(plan, images)
-    return plan.model_copy(update={"fingerprint": fp, "warnings": warnings})
+    gps = gps_warnings([(im.name, im) for im in images], x, y)
+    for w in gps:
+        logger.warning("GPS: %s", w.message)
+    warnings += [f"GPS: {w.message}" for w in gps]
+    return plan.model_copy(update={"fingerprint": fp, "warnings": warnings, "gps_warnings": gps})
 
 
 @dataclass(frozen=True)
