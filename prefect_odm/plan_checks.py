@@ -16,7 +16,7 @@ tens of metres on turns left two submodels 9-25 m apart with no warning).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Protocol, TypeVar
@@ -123,8 +123,8 @@ def _seconds(t: datetime) -> float:
 
 def gps_warnings(
     images: Sequence[tuple[str, CaptureMetadata]],
-    x_m: Sequence[float],
-    y_m: Sequence[float],
+    x_m: Iterable[float],
+    y_m: Iterable[float],
     options: GpsQualityOptions | None = None,
 ) -> list[GpsWarning]:
     """The GPS warnings of a survey's images (:func:`prefect_odm.gps_quality.check_gps`).
