@@ -40,12 +40,14 @@ ImageFormat = Literal["JPEG", "TIFF", "PNG", "OTHER"]
 class CaptureMetadata(BaseModel):
     """What an image's header says about the shot: size, position, attitude, camera, time.
 
-    The one declaration of these fields: the header reader's :class:`ImageMetadata`, the survey's
-    :class:`ImageRecord` and the built-in engine's ``ImageMeta`` all derive from it.
-    Latitude/longitude are WGS 84 degrees (EPSG:4326, south and west negative), ``None`` when the
-    file has no GPS IFD; ``altitude_m`` is the EXIF GPS altitude (metres above sea level as the
-    camera records it); ``relative_altitude_m`` is DJI's height above the take-off point. Angles
-    are degrees as DJI writes them (gimbal pitch -90 = nadir, yaw clockwise from north).
+        The one declaration of these fields: the header reader's :class:`ImageMetadata`, the survey's
+        :class:`ImageRecord` and the built-in engine's ``ImageMeta`` all derive from it.
+        Latitude/longitude are WGS 84 degrees (EPSG:4326, south and west negative), ``None`` when the
+        file has no GPS IFD; ``altitude_m`` is the EXIF GPS altitude (metres above sea level as the
+        camera records it); ``relative_altitude_m`` is DJI's height above the take-off point (not above the ground below);
+    ``above_ground_altitude_m`` the height above the ground under the camera where a camera writes
+    it (XMP ``Camera:AboveGroundAltitude``). Angles
+        are degrees as DJI writes them (gimbal pitch -90 = nadir, yaw clockwise from north).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -62,6 +64,10 @@ class CaptureMetadata(BaseModel):
     gimbal_pitch_deg: float | None = Field(None, description="drone-dji:GimbalPitchDegree")
     gimbal_yaw_deg: float | None = Field(None, description="drone-dji:GimbalYawDegree")
     flight_yaw_deg: float | None = Field(None, description="drone-dji:FlightYawDegree")
+    # XMP Camera: namespace (Parrot, Sentera, MicaSense): height above the ground below.
+    above_ground_altitude_m: float | None = Field(
+        None, description="Camera:AboveGroundAltitude, metres above the ground under the camera"
+    )
     # EXIF IFD0 Make and Model, EXIF IFD FocalLength and FocalLengthIn35mmFilm.
     make: str | None = None
     model: str | None = None
