@@ -16,10 +16,13 @@ tens of metres on turns left two submodels 9-25 m apart with no warning).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Protocol, TypeVar
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from prefect_odm.gps_records import GpsQualityOptions, GpsWarning
@@ -126,8 +129,9 @@ def gps_warnings(
     x_m: Iterable[float],
     y_m: Iterable[float],
     options: GpsQualityOptions | None = None,
-) -> list[GpsWarning]:
-    """The GPS warnings of a survey's images (:func:`prefect_odm.gps_quality.check_gps`).
+) -> tuple[list[GpsWarning], list[str]]:
+    """The GPS warnings of a survey's images (:func:`prefect_odm.gps_quality.check_gps`), each
+    logged; they never stop the plan.
 
     Args:
         images: ``(name, metadata)`` per image; those without a capture time or a GPS altitude
@@ -136,7 +140,8 @@ def gps_warnings(
         options: thresholds (:class:`~prefect_odm.gps_records.GpsQualityOptions` defaults).
 
     Returns:
-        The warnings, in flight order; empty when the GPS looks right.
+        The warnings in flight order (empty when the GPS looks right), and each as a line
+        starting ``GPS:`` for ``SplitPlan.warnings``.
     """
     from prefect_odm.gps_quality import GpsFix, check_gps
 
@@ -152,4 +157,8 @@ def gps_warnings(
         for (name, meta), x, y in zip(images, x_m, y_m, strict=True)
         if meta.capture_time is not None and meta.altitude_m is not None
     ]
-    return check_gps(fixes, options)
+    found = check_gps(fixes, options)
+    lines = [f"GPS: {w.message}" for w in found]
+    for line in lines:
+        logger.warning("%s", line)
+    return found, lines

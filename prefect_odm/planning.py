@@ -375,10 +375,7 @@ def plan_submodels(
 
     Returns:
         The :class:`~prefect_odm.models.SplitPlan` in ``survey.crs_epsg``; identical (byte for
-        byte as JSON) for shuffled input. Its ``gps_warnings`` (also logged, and in
-        ``warnings`` as lines starting ``GPS:``) are what the camera GPS shows wrong along the
-        capture sequence (:func:`prefect_odm.plan_checks.gps_warnings`); they never stop the
-        plan.
+        byte as JSON) for shuffled input; with :func:`~prefect_odm.plan_checks.gps_warnings`.
 
     Raises:
         PlanningError: no images, a bad ``split``, ``"auto"`` without node memory, or a submodel
@@ -387,8 +384,7 @@ def plan_submodels(
     options = options or ProcessingOptions.model_validate({})
     if split_overlap_m < 0:
         raise PlanningError(f"split_overlap_m must be >= 0, got {split_overlap_m}")
-    if memory_model is None:
-        memory_model = _default_memory_model(engine_identity)
+    memory_model = memory_model or _default_memory_model(engine_identity)
     images = sorted(survey.images, key=lambda im: (im.identity, im.name))
     if not images:
         raise PlanningError(f"{survey.source}: no accepted image to plan")
@@ -427,12 +423,9 @@ def plan_submodels(
         cameras=_cameras(images, x, y, pplan.labels, ids),
         fingerprint="",
     )
-    fp = _plan_fingerprint(plan, images)
-    gps = gps_warnings([(im.name, im) for im in images], x, y)
-    for w in gps:
-        logger.warning("GPS: %s", w.message)
-    warnings += [f"GPS: {w.message}" for w in gps]
-    return plan.model_copy(update={"fingerprint": fp, "warnings": warnings, "gps_warnings": gps})
+    gps, lines = gps_warnings([(im.name, im) for im in images], x, y)
+    extra = {"warnings": warnings + lines, "gps_warnings": gps}
+    return plan.model_copy(update={"fingerprint": _plan_fingerprint(plan, images), **extra})
 
 
 @dataclass(frozen=True)

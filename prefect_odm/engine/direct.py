@@ -283,6 +283,33 @@ def check_headings(
     return result
 
 
+def _ground_heights(
+    images: Sequence[ImageMeta],
+    positions: NDArray[np.float64],
+    plane: tuple[float, str],
+    log: Callable[[str], None],
+) -> tuple[NDArray[np.float64], list[float]]:
+    """The ground points of the cameras that know their height above ground (``(m, 3)``, see
+    :func:`~prefect_odm.engine.terrain.camera_ground_points`) and the ground height under every
+    camera (the ground plane ``plane = (z, how it was found)`` where unknown)."""
+    ground_z_m, how = plane
+    log(f"Ground plane at {ground_z_m:.2f} m ({how})")
+    ground_xyz = camera_ground_points(images, positions)
+    under = [
+        m.altitude_m - m.above_ground_altitude_m
+        if m.altitude_m is not None and m.above_ground_altitude_m is not None
+        else ground_z_m
+        for m in images
+    ]
+    if len(ground_xyz):
+        low, high = float(ground_xyz[:, 2].min()), float(ground_xyz[:, 2].max())
+        log(
+            f"Ground heights under {len(ground_xyz)}/{len(images)} cameras "
+            f"(altitude - AboveGroundAltitude): {low:.2f} to {high:.2f} m"
+        )
+    return ground_xyz, under
+
+
 def reconstruct_direct(
     images: Sequence[ImageMeta],
     epsg: int,
@@ -301,14 +328,12 @@ def reconstruct_direct(
 
     Returns:
         A :class:`Scene` with method ``"direct"``, every image posed, no points,
-        ``ground_z_m`` set and ``ground_xyz`` the ground heights under the cameras that carry
-        their height above ground.
+        ``ground_z_m`` and ``ground_xyz`` (the cameras' ground heights) set.
 
     Raises:
         InputError: no image has an altitude.
     """
     ground_z, how = estimate_ground_z_m(images)
-    log(f"Ground plane at {ground_z:.2f} m ({how})")
     positions = utm_positions(images, epsg)
     has_yaw = [m.gimbal_yaw_deg is not None or m.flight_yaw_deg is not None for m in images]
     track = None
@@ -345,19 +370,7 @@ def reconstruct_direct(
                 center=(float(positions[index, 0]), float(positions[index, 1]), float(z)),
             )
         )
-    ground_xyz = camera_ground_points(images, positions)
-    under = [
-        m.altitude_m - m.above_ground_altitude_m
-        if m.altitude_m is not None and m.above_ground_altitude_m is not None
-        else ground_z
-        for m in images
-    ]
-    if len(ground_xyz):
-        low, high = float(ground_xyz[:, 2].min()), float(ground_xyz[:, 2].max())
-        log(
-            f"Ground heights under {len(ground_xyz)}/{len(images)} cameras "
-            f"(altitude - AboveGroundAltitude): {low:.2f} to {high:.2f} m"
-        )
+    ground_xyz, under = _ground_heights(images, positions, (ground_z, how), log)
     stats: dict[str, float] = {"ground_z_m": ground_z, "ground_points": float(len(ground_xyz))}
     if image_dir is not None:
         turns = (90, 180, 270) if track is not None else (180,)
