@@ -132,6 +132,15 @@ def _plan(images: Path, out: Path, capsys: pytest.CaptureFixture[str]) -> tuple[
     return capsys.readouterr().out, json.loads((out / "plan.json").read_text())
 
 
+def _plan_report(folder: Path) -> str:
+    """The plan report (the flow's ``plan-report`` artifact) of a ``prefect-odm plan`` folder."""
+    from prefect_odm.models import SplitPlan, Survey
+    from prefect_odm.planviz import plan_markdown
+
+    plan = SplitPlan.model_validate_json((folder / "plan.json").read_text())
+    return plan_markdown(plan, Survey.model_validate_json((folder / "survey.json").read_text()))
+
+
 def test_plan_warns_on_a_seneca_copy_with_drift_and_lag(
     seneca: list[GpsFix], data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -150,7 +159,12 @@ def test_plan_warns_on_a_seneca_copy_with_drift_and_lag(
     assert kinds == ["altitude_trend", "position_jump"]
     jumped = set(plan["gps_warnings"][1]["images"])
     assert len(jumped & set(lagged)) >= len(lagged) // 2
+    report = _plan_report(tmp_path / "bad-plan")
+    assert "## GPS before compute" in report
+    drift = plan["gps_warnings"][0]["value"]
+    assert f"| altitude trend | {drift:.2f} | 10 |" in report and "| position jumps |" in report
     clean_printed, clean = _plan(images, tmp_path / "clean-plan", capsys)
+    assert "None found (altitude trend" in _plan_report(tmp_path / "clean-plan")
     assert "GPS" not in clean_printed and clean["gps_warnings"] == []
     with capsys.disabled():
         print("\n" + "\n".join(lines))
