@@ -277,6 +277,8 @@ class _ProgressBars:
                     completed=event.get("fraction", 0.0),
                     state=event["state"],
                 )
+            elif kind == "warning":
+                self.bar.console.print(f"warning: {event['text']}")
             elif kind == "merge":
                 done = f"{event['done']}/{event['total']}"
                 self.bar.update(self.stage, state=f"merge {event['product']} {done}")

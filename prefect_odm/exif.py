@@ -15,7 +15,9 @@ the result is the :class:`~prefect_odm.models.ImageMetadata` model.
 Sources: JPEG markers, ITU-T T.81 annex B; EXIF 2.32 (CIPA DC-008) for the GPS IFD (tags 1-6) and
 the EXIF IFD (FocalLength 0x920A, FocalLengthIn35mmFilm 0xA405, DateTimeOriginal 0x9003,
 FocalPlaneXResolution 0xA20E with FocalPlaneResolutionUnit 0xA210); DJI XMP
-``drone-dji:`` namespace as written by DJI cameras (RelativeAltitude, GimbalPitchDegree, ...).
+``drone-dji:`` namespace as written by DJI cameras (RelativeAltitude, GimbalPitchDegree, ...);
+the XMP ``Camera:`` namespace's ``AboveGroundAltitude`` (Parrot, Sentera and MicaSense cameras
+write it, as a decimal or a ``num/den`` rational; read by OpenDroneMap's ``opendm/photo.py`` too).
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ __all__ = [
     "file_range_reader",
     "jpeg_header_end",
     "jpeg_is_complete",
+    "parse_above_ground_xmp",
     "parse_dji_xmp",
     "parse_metadata",
     "read_header",
@@ -242,6 +245,35 @@ def parse_dji_xmp(data: bytes) -> dict[str, float]:
     return out
 
 
+_AGL_ATTR = re.compile(rb'Camera:AboveGroundAltitude\s*=\s*"([^"]*)"')
+_AGL_ELEM = re.compile(rb"<Camera:AboveGroundAltitude>([^<]*)</Camera:AboveGroundAltitude>")
+
+
+def parse_above_ground_xmp(data: bytes) -> float | None:
+    """XMP ``Camera:AboveGroundAltitude`` in ``data``: metres above the ground below, or None.
+
+    The value is a decimal (``"80.25"``) or a rational (``"8025/100"``); anything else, or a
+    zero denominator, reads as None.
+    """
+    start = data.find(b"<x:xmpmeta")
+    if start < 0:
+        return None
+    stop = data.find(b"</x:xmpmeta>", start)
+    block = data[start : stop if stop > 0 else len(data)]
+    for pattern in (_AGL_ATTR, _AGL_ELEM):
+        found = pattern.search(block)
+        if found is None:
+            continue
+        text = found.group(1).decode("ascii", "replace").strip()
+        num, _, den = text.partition("/")
+        try:
+            value = float(num) / float(den) if den else float(num)
+        except (ValueError, ZeroDivisionError):
+            return None
+        return value if math.isfinite(value) else None
+    return None
+
+
 def _raw_tags(
     fmt: ImageFormat, header: bytes
 ) -> tuple[tuple[int, int], dict[int, Any], dict[int, Any], dict[int, Any]]:
@@ -336,6 +368,7 @@ def parse_metadata(header: bytes) -> ImageMetadata:
         gimbal_pitch_deg=xmp.get("GimbalPitchDegree"),
         gimbal_yaw_deg=xmp.get("GimbalYawDegree"),
         flight_yaw_deg=xmp.get("FlightYawDegree"),
+        above_ground_altitude_m=parse_above_ground_xmp(header),
         make=_clean_text(main.get(TAG_MAKE)),
         model=_clean_text(main.get(TAG_MODEL)),
         focal_length_mm=_rational(sub.get(TAG_FOCAL_LENGTH)),

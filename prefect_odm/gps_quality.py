@@ -25,12 +25,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import BaseModel, ConfigDict, Field
-from scipy.stats import theilslopes
+
+from prefect_odm.gps_records import GpsQualityOptions, GpsWarning
+
+__all__ = [
+    "GpsFix",
+    "GpsQualityOptions",
+    "GpsWarning",
+    "altitude_trend",
+    "check_gps",
+    "implausible_speeds",
+    "jump_distances",
+    "position_jumps",
+]
 
 FloatArray = NDArray[np.float64]
 NAMES_SHOWN = 8
@@ -56,30 +66,6 @@ class GpsFix:
     relative_alt_m: float | None = None
 
 
-class GpsQualityOptions(BaseModel):
-    """Thresholds of the GPS checks."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    max_altitude_drift_m: float = Field(10.0, gt=0, description="Altitude trend over a flight.")
-    max_speed_m_s: float = Field(30.0, gt=0, description="Fastest plausible speed between shots.")
-    time_resolution_s: float = Field(1.0, ge=0, description="Resolution of the capture times.")
-    jump_m: float = Field(20.0, gt=0, description="A constant-velocity miss this large is a jump.")
-    max_jump_share: float = Field(0.1, ge=0, le=1, description="Share of jumping shots allowed.")
-    flight_gap_s: float = Field(120.0, gt=0, description="A longer pause starts a new flight.")
-    min_images: int = Field(8, ge=3, description="Shorter flights are not checked.")
-
-
-class GpsWarning(BaseModel):
-    """One problem the camera GPS shows before any compute."""
-
-    kind: Literal["altitude_trend", "implausible_speed", "position_jump"]
-    images: list[str] = Field(description="The images concerned (first and last for a trend).")
-    value: float = Field(description="Drift (m), speed (m/s) or share of jumping shots.")
-    threshold: float
-    message: str
-
-
 def _flights(fixes: Sequence[GpsFix], gap_s: float) -> list[list[GpsFix]]:
     ordered = sorted(fixes, key=lambda f: (f.time_s, f.name))
     flights: list[list[GpsFix]] = []
@@ -98,6 +84,8 @@ def _shown(names: Sequence[str]) -> str:
 
 def altitude_trend(flight: Sequence[GpsFix], options: GpsQualityOptions) -> GpsWarning | None:
     """The altitude drift warning for one flight (sorted by time), or None."""
+    from scipy.stats import theilslopes  # ~0.3 s to import: only when a survey is checked
+
     with_rel = all(f.relative_alt_m is not None for f in flight)
     h = np.array([f.alt_m - (f.relative_alt_m or 0.0) if with_rel else f.alt_m for f in flight])
     slope, _, low, high = theilslopes(h, np.arange(len(h)), alpha=0.95)

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from prefect_odm.align.report import AlignmentOptions, AlignmentReport
+from prefect_odm.gps_records import GpsWarning
 from prefect_odm.registry import ProductName as ProductName  # re-exported
 
 OptionValue = str | int | float | bool
@@ -40,12 +41,14 @@ ImageFormat = Literal["JPEG", "TIFF", "PNG", "OTHER"]
 class CaptureMetadata(BaseModel):
     """What an image's header says about the shot: size, position, attitude, camera, time.
 
-    The one declaration of these fields: the header reader's :class:`ImageMetadata`, the survey's
-    :class:`ImageRecord` and the built-in engine's ``ImageMeta`` all derive from it.
-    Latitude/longitude are WGS 84 degrees (EPSG:4326, south and west negative), ``None`` when the
-    file has no GPS IFD; ``altitude_m`` is the EXIF GPS altitude (metres above sea level as the
-    camera records it); ``relative_altitude_m`` is DJI's height above the take-off point. Angles
-    are degrees as DJI writes them (gimbal pitch -90 = nadir, yaw clockwise from north).
+        The one declaration of these fields: the header reader's :class:`ImageMetadata`, the survey's
+        :class:`ImageRecord` and the built-in engine's ``ImageMeta`` all derive from it.
+        Latitude/longitude are WGS 84 degrees (EPSG:4326, south and west negative), ``None`` when the
+        file has no GPS IFD; ``altitude_m`` is the EXIF GPS altitude (metres above sea level as the
+        camera records it); ``relative_altitude_m`` is DJI's height above the take-off point (not above the ground below);
+    ``above_ground_altitude_m`` the height above the ground under the camera where a camera writes
+    it (XMP ``Camera:AboveGroundAltitude``). Angles
+        are degrees as DJI writes them (gimbal pitch -90 = nadir, yaw clockwise from north).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -62,6 +65,10 @@ class CaptureMetadata(BaseModel):
     gimbal_pitch_deg: float | None = Field(None, description="drone-dji:GimbalPitchDegree")
     gimbal_yaw_deg: float | None = Field(None, description="drone-dji:GimbalYawDegree")
     flight_yaw_deg: float | None = Field(None, description="drone-dji:FlightYawDegree")
+    # XMP Camera: namespace (Parrot, Sentera, MicaSense): height above the ground below.
+    above_ground_altitude_m: float | None = Field(
+        None, description="Camera:AboveGroundAltitude, metres above the ground under the camera"
+    )
     # EXIF IFD0 Make and Model, EXIF IFD FocalLength and FocalLengthIn35mmFilm.
     make: str | None = None
     model: str | None = None
@@ -233,6 +240,11 @@ class SplitPlan(BaseModel):
     submodels: list[Submodel]
     cameras: list[CameraPosition]
     fingerprint: str
+    gps_warnings: list[GpsWarning] = Field(
+        default_factory=list,
+        description="What the camera GPS shows wrong before compute (gps_quality.check_gps): "
+        "altitude trends, implausible speeds, jumping positions. Not in the fingerprint.",
+    )
     warnings: list[str] = Field(default_factory=list, exclude=True)
     """What the planner found wasteful (overlap, merged duplicate submodels); not stored in
     ``plan.json`` nor in the fingerprint, shown by the command line and the flow's log."""

@@ -6,13 +6,27 @@ submodels of all 18 images, which share one fingerprint and so one task, reused 
 (issue 13). The planner calls :func:`find_duplicate_submodels` and keeps one submodel of each
 group (:func:`drop_duplicate_submodels`), and warns with :func:`overlap_warning` when the overlap
 makes each image processed more than :data:`MAX_DUPLICATION_FACTOR` times.
+
+It also looks at the camera GPS before any compute (:func:`gps_warnings`, over
+:func:`prefect_odm.gps_quality.check_gps`): an altitude trend along the capture sequence,
+implausible speeds between consecutive shots and positions that jump off their track. A survey
+placed by such GPS lands its submodels metres apart (issue 11: a drift of over 100 m and a lag of
+tens of metres on turns left two submodels 9-25 m apart with no warning).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+logger = logging.getLogger(__name__)
+
+if TYPE_CHECKING:
+    from prefect_odm.gps_records import GpsQualityOptions, GpsWarning
+    from prefect_odm.models import CaptureMetadata
 
 MAX_DUPLICATION_FACTOR = 1.5
 """Images processed / distinct images above which the plan is reported as wasteful."""
@@ -103,3 +117,48 @@ def overlap_warning(duplication: Duplication, split_overlap_m: float) -> str | N
         f"processed for {duplication.distinct_images}); use a smaller --split-overlap-m or fewer "
         "submodels"
     )
+
+
+def _seconds(t: datetime) -> float:
+    """A capture time as seconds; EXIF times are naive (the camera's clock), read as UTC."""
+    return (t if t.tzinfo is not None else t.replace(tzinfo=UTC)).timestamp()
+
+
+def gps_warnings(
+    images: Sequence[tuple[str, CaptureMetadata]],
+    x_m: Iterable[float],
+    y_m: Iterable[float],
+    options: GpsQualityOptions | None = None,
+) -> tuple[list[GpsWarning], list[str]]:
+    """The GPS warnings of a survey's images (:func:`prefect_odm.gps_quality.check_gps`), each
+    logged; they never stop the plan.
+
+    Args:
+        images: ``(name, metadata)`` per image; those without a capture time or a GPS altitude
+            cannot be placed in the sequence and are left out.
+        x_m, y_m: each image's position in the plan's projected CRS, metres, same order.
+        options: thresholds (:class:`~prefect_odm.gps_records.GpsQualityOptions` defaults).
+
+    Returns:
+        The warnings in flight order (empty when the GPS looks right), and each as a line
+        starting ``GPS:`` for ``SplitPlan.warnings``.
+    """
+    from prefect_odm.gps_quality import GpsFix, check_gps
+
+    fixes = [
+        GpsFix(
+            name,
+            _seconds(meta.capture_time),
+            float(x),
+            float(y),
+            meta.altitude_m,
+            meta.relative_altitude_m,
+        )
+        for (name, meta), x, y in zip(images, x_m, y_m, strict=True)
+        if meta.capture_time is not None and meta.altitude_m is not None
+    ]
+    found = check_gps(fixes, options)
+    lines = [f"GPS: {w.message}" for w in found]
+    for line in lines:
+        logger.warning("%s", line)
+    return found, lines

@@ -62,7 +62,12 @@ from prefect_odm.partition import (
     partition_positions,
     target_sizes,
 )
-from prefect_odm.plan_checks import find_duplicate_submodels, kept_submodel_of, overlap_warning
+from prefect_odm.plan_checks import (
+    find_duplicate_submodels,
+    gps_warnings,
+    kept_submodel_of,
+    overlap_warning,
+)
 from prefect_odm.settings import DEFAULT_SPLIT, DEFAULT_SPLIT_OVERLAP_M
 
 logger = logging.getLogger(__name__)
@@ -334,6 +339,7 @@ def _plan_fingerprint(plan: SplitPlan, images: Sequence[ImageRecord]) -> str:
         mode="json",
         exclude={
             "fingerprint": True,
+            "gps_warnings": True,
             "cameras": True,
             "submodels": {"__all__": {"image_names", "core_image_names"}},
         },
@@ -376,7 +382,7 @@ def plan_submodels(
 
     Returns:
         The :class:`~prefect_odm.models.SplitPlan` in ``survey.crs_epsg``; identical (byte for
-        byte as JSON) for shuffled input.
+        byte as JSON) for shuffled input; with :func:`~prefect_odm.plan_checks.gps_warnings`.
 
     Raises:
         PlanningError: no images, a bad ``split``, ``"auto"`` without node memory, or a submodel
@@ -425,8 +431,9 @@ def plan_submodels(
         cameras=_cameras(images, x, y, pplan.labels, ids),
         fingerprint="",
     )
-    fp = _plan_fingerprint(plan, images)
-    return plan.model_copy(update={"fingerprint": fp, "warnings": warnings})
+    gps, lines = gps_warnings([(im.name, im) for im in images], x, y)
+    extra = {"warnings": warnings + lines, "gps_warnings": gps}
+    return plan.model_copy(update={"fingerprint": _plan_fingerprint(plan, images), **extra})
 
 
 @dataclass(frozen=True)

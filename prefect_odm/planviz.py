@@ -255,7 +255,28 @@ def plan_markdown(plan: SplitPlan, survey: Survey) -> str:
             f"Take-off/landing tails (shots flying to or from the survey lines): "
             f"{len(gaps['flight_tail_images'])} images, kept in the plan.",
         ]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + gps_markdown(plan)) + "\n"
+
+
+GPS_WARNING_TITLES = {
+    "altitude_trend": "altitude trend",
+    "implausible_speed": "implausible speed",
+    "position_jump": "position jumps",
+}
+
+
+def gps_markdown(plan: SplitPlan) -> list[str]:
+    """The plan report's "GPS before compute" section: one row per GPS warning, or "None found."."""
+    lines = ["", "## GPS before compute", ""]
+    if not plan.gps_warnings:
+        return [*lines, "None found (altitude trend, speeds, jumping positions checked)."]
+    lines += ["| check | value | threshold | detail |", "|---|---:|---:|---|"]
+    lines += [
+        f"| {GPS_WARNING_TITLES[w.kind]} | {w.value:.2f} | {w.threshold:g} | "
+        f"{_md_escape(w.message)} |"
+        for w in plan.gps_warnings
+    ]
+    return lines
 
 
 def survey_gaps(plan: SplitPlan, survey: Survey) -> dict[str, Any]:

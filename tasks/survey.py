@@ -28,10 +28,16 @@ def plan_submodels(
     engine_identity: str,
     node_memory_gib: Sequence[float] = (),
 ) -> SplitPlan:
-    """Split the survey into submodels (see :func:`prefect_odm.planning.plan_submodels`)."""
+    """Split the survey into submodels (see :func:`prefect_odm.planning.plan_submodels`).
+
+    Each of the plan's warnings (wasteful overlap, merged duplicates, GPS problems seen before
+    compute) is sent as a ``warning`` progress event, which the command line prints as
+    ``warning: ...`` before any submodel runs (the flow logs them to the run).
+    """
+    from prefect_odm import progress
     from prefect_odm.planning import plan_submodels as _plan
 
-    return _plan(
+    plan = _plan(
         survey,
         split=split,
         split_overlap_m=split_overlap_m,
@@ -39,3 +45,6 @@ def plan_submodels(
         engine_identity=engine_identity,
         node_memory_gib=node_memory_gib,
     )
+    for warning in plan.warnings:
+        progress.emit("warning", text=warning)
+    return plan

@@ -109,3 +109,62 @@ def test_jump_distances_zero_on_a_straight_line_and_flights_split() -> None:
     a = [GpsFix(f"A{k}", k * 3.0, 0.0, 0.0, 100.0 + 5 * k) for k in range(4)]
     b = [GpsFix(f"B{k}", 1000.0 + k * 3.0, 0.0, 0.0, 100.0) for k in range(10)]
     assert check_gps(a + b) == []  # the drifting flight is too short to judge
+
+
+def _bad_gps_copy(src: Path, dst: Path, fixes: list[GpsFix]) -> None:
+    """Copy the images of ``src`` into ``dst`` with the EXIF GPS of ``fixes`` (UTM 17N)."""
+    from exif_gps_edit import set_gps
+
+    to_lonlat = Transformer.from_crs(32617, 4326, always_xy=True)
+    dst.mkdir()
+    for f in fixes:
+        lon, lat = to_lonlat.transform(f.x_m, f.y_m)
+        (dst / f.name).write_bytes(set_gps((src / f.name).read_bytes(), lat, lon, f.alt_m))
+
+
+def _plan(images: Path, out: Path, capsys: pytest.CaptureFixture[str]) -> tuple[str, dict]:
+    """``prefect-odm plan IMAGES --split 50``: (what it printed, plan.json)."""
+    import json
+
+    from prefect_odm.cli import main
+
+    assert main(["plan", str(images), "--split", "50", "--output", str(out)]) == 0
+    return capsys.readouterr().out, json.loads((out / "plan.json").read_text())
+
+
+def _plan_report(folder: Path) -> str:
+    """The plan report (the flow's ``plan-report`` artifact) of a ``prefect-odm plan`` folder."""
+    from prefect_odm.models import SplitPlan, Survey
+    from prefect_odm.planviz import plan_markdown
+
+    plan = SplitPlan.model_validate_json((folder / "plan.json").read_text())
+    return plan_markdown(plan, Survey.model_validate_json((folder / "survey.json").read_text()))
+
+
+def test_plan_warns_on_a_seneca_copy_with_drift_and_lag(
+    seneca: list[GpsFix], data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 11's acceptance: 0.5 m per image of altitude drift and a 20 m lag on turns written
+    into the EXIF of a copy of seneca; ``prefect-odm plan`` names both, the clean survey neither."""
+    images = data_dir / "seneca_1200" / "images"
+    bad, lagged = with_lag_on_turns(with_drift(seneca, 0.5), lag_m=20.0)
+    _bad_gps_copy(images, tmp_path / "bad", bad)
+    printed, plan = _plan(tmp_path / "bad", tmp_path / "bad-plan", capsys)
+    lines = [line for line in printed.splitlines() if line.startswith("warning: GPS: ")]
+    assert len(lines) == 2, printed
+    assert "GPS altitude (constant height assumed) drifts +0.50 m per image" in lines[0]
+    assert f"from {seneca[0].name} to {seneca[-1].name} (167 images)" in lines[0]
+    assert "positions jump more than 20 m off their track" in lines[1]
+    kinds = [w["kind"] for w in plan["gps_warnings"]]
+    assert kinds == ["altitude_trend", "position_jump"]
+    jumped = set(plan["gps_warnings"][1]["images"])
+    assert len(jumped & set(lagged)) >= len(lagged) // 2
+    report = _plan_report(tmp_path / "bad-plan")
+    assert "## GPS before compute" in report
+    drift = plan["gps_warnings"][0]["value"]
+    assert f"| altitude trend | {drift:.2f} | 10 |" in report and "| position jumps |" in report
+    clean_printed, clean = _plan(images, tmp_path / "clean-plan", capsys)
+    assert "None found (altitude trend" in _plan_report(tmp_path / "clean-plan")
+    assert "GPS" not in clean_printed and clean["gps_warnings"] == []
+    with capsys.disabled():
+        print("\n" + "\n".join(lines))

@@ -274,6 +274,9 @@ class Scene:
         points_xyz: reconstructed points, UTM metres, shape ``(n, 3)`` (``n == 0`` for direct).
         points_rgb: their colours, uint8, shape ``(n, 3)``.
         ground_z_m: the ground plane elevation of the direct method (None for sfm).
+        ground_xyz: the direct method's ground heights under the cameras that know theirs
+            (x, y of the camera, z = GPS altitude - height above ground), UTM metres, shape
+            ``(m, 3)``; ``m == 0`` for sfm and for images without a height above ground.
         images: number of input images.
         stats: free-form numbers for the report (e.g. GPS residual of the alignment).
     """
@@ -286,6 +289,7 @@ class Scene:
     images: int
     ground_z_m: float | None = None
     stats: dict[str, float] = field(default_factory=dict)
+    ground_xyz: NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, 3)))
 
     def save(self, folder: Path) -> None:
         """Write ``scene.json`` and ``scene_points.npz`` into ``folder``."""
@@ -294,6 +298,7 @@ class Scene:
             folder / "scene_points.npz",
             xyz=np.asarray(self.points_xyz, dtype=np.float64).reshape(-1, 3),
             rgb=np.asarray(self.points_rgb, dtype=np.uint8).reshape(-1, 3),
+            ground=np.asarray(self.ground_xyz, dtype=np.float64).reshape(-1, 3),
         )
         meta = {
             "method": self.method,
@@ -317,6 +322,7 @@ class Scene:
         meta = json.loads((folder / "scene.json").read_text())
         with np.load(folder / "scene_points.npz") as data:
             xyz, rgb = data["xyz"], data["rgb"]
+            ground = data["ground"] if "ground" in data.files else np.zeros((0, 3))
         return cls(
             method=meta["method"],
             epsg=int(meta["epsg"]),
@@ -326,6 +332,7 @@ class Scene:
             images=int(meta["images"]),
             ground_z_m=meta.get("ground_z_m"),
             stats=dict(meta.get("stats") or {}),
+            ground_xyz=ground,
         )
 
 

@@ -3,9 +3,14 @@
 Every image is treated as a pinhole camera (focal length from EXIF, no distortion) at its GPS
 position, looking at a horizontal ground plane:
 
-* **ground elevation**: the median of ``altitude - RelativeAltitude`` over the images that carry
-  DJI's ``RelativeAltitude`` (metres above the take-off point, so this is the take-off elevation);
-  without it, ``min(altitude) - DEFAULT_FLIGHT_HEIGHT_M``.
+* **ground**: each image that carries its height above the ground below (XMP
+  ``Camera:AboveGroundAltitude``) gives a ground height, ``altitude - AboveGroundAltitude``; the
+  surface through them (:mod:`prefect_odm.engine.terrain`) is the DSM, the DTM and the surface
+  the orthophoto is projected on, so the products follow a slope. The **ground plane**, used
+  where nothing better is known (and by the heading check), is the median of those heights; else
+  the median of ``altitude - RelativeAltitude`` over the images that carry DJI's
+  ``RelativeAltitude`` (metres above the take-off point, so this is the take-off elevation, not
+  the ground under each camera); else ``min(altitude) - DEFAULT_FLIGHT_HEIGHT_M``.
 * **heading check** (when the image files are given): attitude tags can be wrong by a half or
   quarter turn (brighton_beach_1600's return line reports a gimbal yaw of -132 degrees while its
   images point at +45 degrees, like the other lines; a camera on a fixed-wing may be mounted
@@ -22,8 +27,11 @@ position, looking at a horizontal ground plane:
 
 Fast (only 1/32-scale previews are read, for the heading check) and as accurate as the GPS and
 attitude sensors: a few metres with a gimbal (brighton), much worse on a fixed-wing without one
-(seneca: the airframe's bank and crab are not in the metadata). The DSM is a plane: trees and
-buildings are missing (brighton: median 3.6 m below ODM's surface, whose trees reach 11 m).
+(seneca: the airframe's bank and crab are not in the metadata). The DSM is the terrain through
+the cameras' ground heights, as accurate as those (see :mod:`prefect_odm.engine.terrain`: GPS
+altitude error plus that of the height above ground), or a plane without them (brighton and
+seneca carry no height above ground); trees and buildings are missing either way (brighton:
+median 3.6 m below ODM's surface, whose trees reach 11 m).
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from prefect_odm.engine.camera import (
     rotation_tuple,
     utm_positions,
 )
+from prefect_odm.engine.terrain import camera_ground_points
 from prefect_odm.errors import InputError
 
 logger = logging.getLogger(__name__)
@@ -115,6 +124,13 @@ def estimate_ground_z_m(images: Sequence[ImageMeta]) -> tuple[float, str]:
     Raises:
         InputError: no image carries an altitude.
     """
+    above_ground = [
+        m.altitude_m - m.above_ground_altitude_m
+        for m in images
+        if m.altitude_m is not None and m.above_ground_altitude_m is not None
+    ]
+    if above_ground:
+        return float(np.median(above_ground)), "median of altitude - AboveGroundAltitude"
     relative = [
         m.altitude_m - m.relative_altitude_m
         for m in images
@@ -200,7 +216,7 @@ def check_headings(
     cameras: Sequence[CameraPose],
     order: Sequence[int],
     image_dir: Path,
-    ground_z_m: float,
+    ground_z_m: float | Sequence[float],
     turns_deg: Sequence[int],
     *,
     log: Callable[[str], None] = logger.info,
@@ -211,7 +227,8 @@ def check_headings(
         cameras: posed cameras.
         order: camera indices in capture order.
         image_dir: folder of the image files.
-        ground_z_m: the ground plane.
+        ground_z_m: the ground plane, or the ground height under each camera (metres, one per
+            camera): a pair is compared on the plane at the mean of its two heights.
         turns_deg: the rotations about the optical axis to try besides 0 (e.g. ``(180,)``).
         log: progress line sink.
 
@@ -219,6 +236,7 @@ def check_headings(
         The cameras, with the lines whose turned heading agrees clearly better turned.
     """
     result = list(cameras)
+    heights = np.broadcast_to(np.asarray(ground_z_m, dtype=np.float64), (len(cameras),))
     lines: list[list[int]] = []
     for index in order:
         camera = cameras[index]
@@ -247,7 +265,7 @@ def check_headings(
                     _turned(cameras[b], turn),
                     small[a],
                     small[b],
-                    ground_z_m,
+                    float(heights[a] + heights[b]) / 2.0,
                 )
                 for a, b in zip(line[:-1], line[1:], strict=True)
             ]
@@ -263,6 +281,33 @@ def check_headings(
             for index in line:
                 result[index] = _turned(cameras[index], best)
     return result
+
+
+def _ground_heights(
+    images: Sequence[ImageMeta],
+    positions: NDArray[np.float64],
+    plane: tuple[float, str],
+    log: Callable[[str], None],
+) -> tuple[NDArray[np.float64], list[float]]:
+    """The ground points of the cameras that know their height above ground (``(m, 3)``, see
+    :func:`~prefect_odm.engine.terrain.camera_ground_points`) and the ground height under every
+    camera (the ground plane ``plane = (z, how it was found)`` where unknown)."""
+    ground_z_m, how = plane
+    log(f"Ground plane at {ground_z_m:.2f} m ({how})")
+    ground_xyz = camera_ground_points(images, positions)
+    under = [
+        m.altitude_m - m.above_ground_altitude_m
+        if m.altitude_m is not None and m.above_ground_altitude_m is not None
+        else ground_z_m
+        for m in images
+    ]
+    if len(ground_xyz):
+        low, high = float(ground_xyz[:, 2].min()), float(ground_xyz[:, 2].max())
+        log(
+            f"Ground heights under {len(ground_xyz)}/{len(images)} cameras "
+            f"(altitude - AboveGroundAltitude): {low:.2f} to {high:.2f} m"
+        )
+    return ground_xyz, under
 
 
 def reconstruct_direct(
@@ -282,14 +327,13 @@ def reconstruct_direct(
         log: progress line sink.
 
     Returns:
-        A :class:`Scene` with method ``"direct"``, every image posed, no points and
-        ``ground_z_m`` set.
+        A :class:`Scene` with method ``"direct"``, every image posed, no points,
+        ``ground_z_m`` and ``ground_xyz`` (the cameras' ground heights) set.
 
     Raises:
         InputError: no image has an altitude.
     """
     ground_z, how = estimate_ground_z_m(images)
-    log(f"Ground plane at {ground_z:.2f} m ({how})")
     positions = utm_positions(images, epsg)
     has_yaw = [m.gimbal_yaw_deg is not None or m.flight_yaw_deg is not None for m in images]
     track = None
@@ -326,10 +370,11 @@ def reconstruct_direct(
                 center=(float(positions[index, 0]), float(positions[index, 1]), float(z)),
             )
         )
-    stats: dict[str, float] = {"ground_z_m": ground_z}
+    ground_xyz, under = _ground_heights(images, positions, (ground_z, how), log)
+    stats: dict[str, float] = {"ground_z_m": ground_z, "ground_points": float(len(ground_xyz))}
     if image_dir is not None:
         turns = (90, 180, 270) if track is not None else (180,)
-        checked = check_headings(cameras, order, image_dir, ground_z, turns, log=log)
+        checked = check_headings(cameras, order, image_dir, under, turns, log=log)
         stats["turned_images"] = float(
             sum(a is not b for a, b in zip(cameras, checked, strict=True))
         )
@@ -343,4 +388,5 @@ def reconstruct_direct(
         images=len(images),
         ground_z_m=ground_z,
         stats=stats,
+        ground_xyz=ground_xyz,
     )

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from prefect_odm.engine import dem, footprints, orthophoto, writers
+from prefect_odm.engine import dem, footprints, orthophoto, terrain, writers
 from prefect_odm.engine.camera import ImageMeta, Scene, read_images
 from prefect_odm.engine.pipeline_options import FEATURE_QUALITY_MAX_FEATURES
 from prefect_odm.errors import InputError, ProcessingFailedError
@@ -261,7 +261,7 @@ def _surface_and_dsm(
     from points in the cell; dense path) and ``filled_cells`` (``dem-gapfill-steps``).
     """
     if scene.method == "direct":
-        surface = np.full((grid.height, grid.width), ground_z, dtype=np.float32)
+        surface = terrain.direct_surface(scene, grid)
         seen = footprints.coverage_mask(scene, grid, surface)
         dsm = np.where(seen, surface, np.nan).astype(np.float32)
         return surface, dsm, {"points_used": 0, "coverage_cells": int(seen.sum())}
@@ -380,10 +380,7 @@ def _stage_orthophoto(ctx: StageContext) -> None:
     grid = _orthophoto_grid(ctx, scene, dem_grid)
     height_at: dem.HeightSampler
     if scene.method == "direct":
-        ground = float(scene.ground_z_m if scene.ground_z_m is not None else surface.mean())
-
-        def height_at(rows: Any, cols: Any) -> Any:
-            return np.full(rows.shape, ground)
+        height_at = terrain.direct_height_sampler(scene, surface, dem_grid, grid)
     else:
         height_at = dem.surface_sampler(surface, dem_grid, grid)
     rgba = orthophoto.render_orthophoto(scene, ctx.images_dir, grid, height_at, log=ctx.log)

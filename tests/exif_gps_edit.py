@@ -1,0 +1,65 @@
+"""Rewrite a JPEG's EXIF GPS position in place (tests only; no library needed).
+
+Real camera headers (seneca's Canon EXIF) hold tags that piexif cannot write back, so the GPS
+rationals are overwritten where they are: latitude (tag 2), longitude (tag 4) and altitude
+(tag 6) of the GPS IFD (TIFF 6.0 section 2, EXIF 2.3 section 4.6.6), each already stored as
+RATIONALs at an offset. The hemisphere references (tags 1, 3, 5) are kept, so the new position
+must be in the same hemisphere and above the datum; anything else is an AssertionError.
+"""
+
+from __future__ import annotations
+
+import struct
+
+RATIONAL = 5
+DENOMINATOR = 10_000
+
+
+def _exif_tiff_start(data: bytes) -> int:
+    """Offset of the TIFF header inside the JPEG's Exif APP1 segment."""
+    pos = 2
+    while pos + 4 <= len(data) and data[pos] == 0xFF:
+        marker, length = data[pos + 1], struct.unpack(">H", data[pos + 2 : pos + 4])[0]
+        if marker == 0xE1 and data[pos + 4 : pos + 10] == b"Exif\x00\x00":
+            return pos + 10
+        pos += 2 + length
+    raise AssertionError("no Exif APP1 segment")
+
+
+def _entries(data: bytes, tiff: int, ifd: int, endian: str) -> dict[int, tuple[int, int, int]]:
+    """Tag -> (type, count, value offset from the TIFF start) of one IFD."""
+    (n,) = struct.unpack(endian + "H", data[tiff + ifd : tiff + ifd + 2])
+    out = {}
+    for k in range(n):
+        at = tiff + ifd + 2 + 12 * k
+        tag, kind, count, value = struct.unpack(endian + "HHII", data[at : at + 12])
+        out[tag] = (kind, count, value)
+    return out
+
+
+def _rationals(values: list[float], endian: str) -> bytes:
+    return b"".join(struct.pack(endian + "II", round(v * DENOMINATOR), DENOMINATOR) for v in values)
+
+
+def _dms(degrees: float) -> list[float]:
+    d = abs(degrees)
+    whole, minutes = int(d), (d - int(d)) * 60.0
+    return [float(whole), float(int(minutes)), (minutes - int(minutes)) * 60.0]
+
+
+def set_gps(data: bytes, latitude: float, longitude: float, altitude_m: float) -> bytes:
+    """``data`` (a JPEG) with its EXIF GPS latitude, longitude (degrees) and altitude (m) set."""
+    assert altitude_m >= 0
+    tiff = _exif_tiff_start(data)
+    endian = "<" if data[tiff : tiff + 2] == b"II" else ">"
+    (ifd0,) = struct.unpack(endian + "I", data[tiff + 4 : tiff + 8])
+    gps_ifd = _entries(data, tiff, ifd0, endian)[0x8825][2]
+    gps = _entries(data, tiff, gps_ifd, endian)
+    out = bytearray(data)
+    for tag, values in ((2, _dms(latitude)), (4, _dms(longitude)), (6, [altitude_m])):
+        kind, count, offset = gps[tag]
+        assert kind == RATIONAL and count == len(values), (
+            f"GPS tag {tag} is not {len(values)} rationals"
+        )
+        out[tiff + offset : tiff + offset + 8 * count] = _rationals(values, endian)
+    return bytes(out)
