@@ -110,7 +110,8 @@ class LiveSubmodelTable:
 
     Args:
         board: the submodels' states.
-        key: artifact key of the table (``submodels-{survey fingerprint[:12]}``).
+        key: artifact key of the table (``submodels-{survey fingerprint[:12]}``); the progress
+            artifact's is ``submodels-done-{survey fingerprint[:12]}``.
     """
 
     def __init__(self, board: SubmodelBoard, key: str) -> None:
@@ -123,7 +124,9 @@ class LiveSubmodelTable:
         self.progress_id = cast(
             UUID,
             create_progress_artifact(
-                progress=board.counts().percent_done, description=self._description()
+                progress=board.counts().percent_done,
+                key=key.replace("submodels-", "submodels-done-", 1),
+                description=self._description(),
             ),
         )
 

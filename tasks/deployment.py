@@ -56,6 +56,9 @@ SUBMODEL_DEPLOYMENT = "process_submodel/process-submodel"
 POLL_INTERVAL_SECONDS = 2.0
 """How often a parent polls its children's states (``run_deployment``'s own default is 5 s)."""
 
+API_PAGE_LIMIT = 200
+"""The most runs the Prefect API answers in one read (its own limit)."""
+
 _FINAL_FAILED = {"FAILED", "CRASHED", "CANCELLED"}
 
 __all__ = [
@@ -222,9 +225,16 @@ def wait_for_runs(
     with get_client(sync_client=True) as client:
         while len(done) < len(by_id):
             pending = [i for i, k in by_id.items() if k not in done]
-            runs = client.read_flow_runs(
-                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=pending)), limit=len(pending)
-            )
+            runs = [  # in pages of API_PAGE_LIMIT runs (one call below 200 submodels)
+                run
+                for n in range(0, len(pending), API_PAGE_LIMIT)
+                for run in client.read_flow_runs(
+                    flow_run_filter=FlowRunFilter(
+                        id=FlowRunFilterId(any_=pending[n : n + API_PAGE_LIMIT])
+                    ),
+                    limit=API_PAGE_LIMIT,
+                )
+            ]
             if on_poll is not None:
                 on_poll({by_id[run.id]: run for run in runs})
             for run in runs:
@@ -300,8 +310,15 @@ def child_runs(parent_flow_run_id: UUID | str) -> dict[str, FlowRun]:
     flow_filter = FlowRunFilter(
         parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[UUID(str(parent_flow_run_id))])
     )
+    runs: list[FlowRun] = []
     with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(flow_run_filter=flow_filter, limit=10_000)
+        while True:  # the API answers at most API_PAGE_LIMIT runs per call
+            page = client.read_flow_runs(
+                flow_run_filter=flow_filter, limit=API_PAGE_LIMIT, offset=len(runs)
+            )
+            runs += page
+            if len(page) < API_PAGE_LIMIT:
+                break
     return {
         str(r.parameters["submodel_id"]): r for r in runs if "submodel_id" in (r.parameters or {})
     }
