@@ -184,12 +184,12 @@ class SubmodelBoard:
             {
                 "submodel": r.submodel_id,
                 "state": r.state,
-                "node": r.node or "-",
+                "node": r.node or "not known",
                 "runs": r.runs,
                 "attempts": r.attempts,
-                "seconds": "-" if r.seconds is None else round(r.seconds, 1),
-                "history": "; ".join(r.history) or "-",
-                "error": r.error or "-",
+                "seconds": "not known" if r.seconds is None else round(r.seconds, 1),
+                "history": "; ".join(r.history) or "none",
+                "error": r.error or "none",
             }
             for r in rows
         ]

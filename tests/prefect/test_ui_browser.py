@@ -75,13 +75,12 @@ class Pages:
 
     def press_retry(self) -> None:
         """Press the run page's Retry button (and confirm in the dialog when one opens)."""
-        self.page.get_by_role("button", name=re.compile(r"^\s*Retry\s*$")).first.click()
-        dialog = self.page.get_by_role("dialog")
-        try:
-            dialog.wait_for(timeout=3000)
-        except Exception:  # no confirmation dialog in this UI version
-            return
-        dialog.get_by_role("button", name=re.compile("Retry|Submit|Confirm")).last.click()
+        retry = self.page.get_by_role("button", name=re.compile(r"^\s*Retry\s*$"))
+        retry.first.click()
+        self.wait_for("This will retry flow run")  # the confirmation modal
+        self.shot("retry-dialog")
+        retry.last.click()  # the modal's own Retry button, last in the page
+        self.page.get_by_text("This will retry flow run").wait_for(state="hidden")
 
 
 def _api(api_url: str, path: str, body: dict | None = None) -> str:
@@ -217,7 +216,7 @@ def _retry_round(pages: Pages, parent_id, output: Path) -> None:
     survey_fp = json.loads(next(output.glob("*/plan/survey.json")).read_text())["fingerprint"]
     table_id = _artifact_id(pages.ui_url + "/api", f"submodels-{survey_fp[:12]}")
     pages.open(f"/artifacts/artifact/{table_id}", FAILING)
-    pages.wait_for(r"run 1 Failed: Injected failure; run 2 Completed")
+    pages.wait_for(r"run 1 Failed: .*Injected failure.*; run 2 Completed")
     pages.wait_for("cached")
     pages.shot("submodel-table-after-retry")
     report_id = _artifact_id(pages.ui_url + "/api", f"report-{survey_fp[:12]}")
