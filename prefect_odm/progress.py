@@ -143,10 +143,12 @@ class SubmodelBoard:
             return vars(row) != before
 
     def apply(self, event: dict[str, Any]) -> bool:
-        """Apply a ``submodel`` progress event (``id``, ``state``, ``fraction``, ``node``)."""
+        """Apply a ``submodel`` progress event (``id``, ``state``, ``fraction``, ``node``); a
+        ``reused`` submodel shows as ``cached``."""
         if event.get("kind") != "submodel":
             return False
-        fields: dict[str, Any] = {"state": str(event.get("state", "running"))}
+        state = str(event.get("state", "running"))
+        fields: dict[str, Any] = {"state": "cached" if state == "reused" else state}
         if "fraction" in event:
             fields["fraction"] = float(event["fraction"])
         if event.get("node"):

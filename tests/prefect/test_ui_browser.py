@@ -208,7 +208,7 @@ def _retry_round(pages: Pages, parent_id, output: Path) -> None:
 
     pages.open(f"/runs/flow-run/{parent_id}", "Completed")
     pages.shot("parent-completed")
-    pages.page.get_by_role("tab", name=re.compile("Task Runs")).first.click()
+    pages.page.get_by_text("Task Runs", exact=True).first.click()
     pages.wait_for(r"reuse-submodel-00\d")
     pages.wait_for("Cached")
     pages.shot("parent-task-runs-cached")
