@@ -28,6 +28,7 @@ from prefect_odm.inbox import (
     survey_tag,
 )
 from prefect_odm.layout import OutputLayout
+from prefect_odm.node_refs import refuse_credentials
 
 __all__ = [
     "RECONSTRUCT_DEPLOYMENT",
@@ -67,9 +68,10 @@ def process_inbox(
         The report (also published as the markdown artifact ``inbox-report``).
 
     Raises:
-        InputError: the inbox does not exist.
+        InputError: the inbox does not exist; a node URL in ``settings`` carries a credential.
     """
     settings = settings or ReconstructSettings()
+    refuse_credentials(settings.nodes, parameter="settings.nodes")
     report = InboxReport(inbox=inbox, output=output)
     todo = [_triage(folder, output, report) for folder in survey_folders(inbox)]
     new = [(entry, fp) for entry, fp in todo if fp is not None]

@@ -10,20 +10,26 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import Annotated, Any, Literal, cast
 
 from prefect import flow, get_run_logger
-from prefect.client.schemas.objects import FlowRun
 from prefect.futures import PrefectFuture, as_completed
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 from prefect_odm.tasks.align import align_submodels
-from prefect_odm.tasks.artifacts import new_progress, set_progress
-from prefect_odm.tasks.deployment import result_of, start_submodel_run, wait_for_runs
+from prefect_odm.tasks.artifacts import (
+    LiveSubmodelTable,
+    rename_this_run,
+    reuse_stored,
+)
+from prefect_odm.tasks.deployment import (
+    SubmodelChildren,
+    show_child_history,
+)
 from prefect_odm.tasks.merge import merge_all
 from prefect_odm.tasks.report import publish_plan, publish_report
 from prefect_odm.tasks.submodels import run_submodel, sharing_cluster
 from prefect_odm.tasks.survey import plan_submodels, scan_survey
-from pydantic import Field
+from pydantic import Field, WithJsonSchema
 
 from prefect_odm import progress, storage
 from prefect_odm.cluster import (
@@ -45,7 +51,13 @@ from prefect_odm.models import (
     Survey,
 )
 from prefect_odm.node_capacity import memory_for_auto_split
+from prefect_odm.node_refs import (
+    refuse_credentials,
+    survey_label,
+    survey_run_name,
+)
 from prefect_odm.ownership import Ownership
+from prefect_odm.progress import SubmodelBoard
 from prefect_odm.run_policy import (
     MIN_SURVEY_IMAGES,
     asked_products,
@@ -69,6 +81,33 @@ _SUBMODEL_DEPLOYMENT: Any = Field(
         "PREFECT_ODM_SUBMODEL_DEPLOYMENT names one ('inline' forces inline)."
     ),
 )
+_NODES: Any = Field(
+    None,
+    description=(
+        "NodeODM node URLs without credentials (a URL with ?token= or user:password@ is "
+        "refused: parameters are shown here and passed to every child run). Tokens go in a "
+        "NodeODMPool block (node_pool) or PREFECT_ODM_NODE_TOKENS / PREFECT_ODM_NODE_TOKEN on "
+        "the workers. None: the built-in engine."
+    ),
+)
+_SPLIT: Any = Field(
+    DEFAULT_SPLIT,
+    description="Target images per submodel (core images), or 'auto' from the nodes' memory.",
+)
+SplitParameter = Annotated[
+    int | Literal["auto"],
+    # Pydantic writes a one-value Literal as {"const": "auto"}, which the UI's form cannot set
+    # ("split is a const and cannot be changed"): an enum of one is a choice it renders.
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "title": "images per submodel"},
+                {"type": "string", "enum": ["auto"], "title": "auto"},
+            ]
+        }
+    ),
+]
+"""The ``split`` parameter: images per submodel or ``"auto"``, fillable in the UI's form."""
 _PRIORITY: Any = Field(
     "normal",
     description="'urgent' sends the submodel runs to the urgent work queue; never part of a fingerprint.",
@@ -93,9 +132,16 @@ class _StageTimer:
         return self.seconds
 
 
+def _first_run_name() -> str:
+    """The run's name until the survey is scanned (then ``{survey}-{fingerprint[:8]}``)."""
+    from prefect.runtime import flow_run
+
+    return f"reconstruct-{survey_label(str(flow_run.parameters.get('images', 'survey')))}"
+
+
 @flow(
     name="reconstruct",
-    flow_run_name="reconstruct-{images}",
+    flow_run_name=_first_run_name,
     # Prefect's own flows cast their task runner the same way: the decorator's type names the
     # base future type, which ThreadPoolTaskRunner's concurrent futures specialise.
     task_runner=cast(TaskRunner[PrefectFuture[Any]], ThreadPoolTaskRunner(max_workers=4)),
@@ -103,8 +149,8 @@ class _StageTimer:
 def reconstruct(
     images: str,
     output: str,
-    nodes: list[str] | None = None,
-    split: int | Literal["auto"] = DEFAULT_SPLIT,
+    nodes: list[str] | None = _NODES,
+    split: SplitParameter = _SPLIT,
     split_overlap_m: float = Field(DEFAULT_SPLIT_OVERLAP_M, ge=0),
     options: ProcessingOptions | None = None,
     allow_partial: bool = False,
@@ -120,7 +166,9 @@ def reconstruct(
         images: folder (searched recursively) or fsspec URL prefix of geotagged images.
         output: output root (local path or fsspec URL); products go to
             ``{output}/{survey fingerprint[:16]}/merged/``.
-        nodes: NodeODM node URLs; none starts the built-in engine on a loopback port.
+        nodes: NodeODM node URLs without credentials; none starts the built-in engine on a
+            loopback port. Tokens come from a ``NodeODMPool`` block or
+            ``PREFECT_ODM_NODE_TOKEN(S)``, never from a parameter.
         split: target images per submodel (core images), or "auto" from node memory.
         split_overlap_m: overlap between neighbouring submodels, metres.
         options: processing options sent to every node (ODM names).
@@ -140,25 +188,23 @@ def reconstruct(
         The manifest (also written to ``manifest.json`` next to the products, last).
 
     Raises:
-        InputError: the images location is missing, empty, or has no geotagged image.
+        InputError: the images location is missing, empty, or has no geotagged image; a node
+            URL carries a credential.
         IncompleteRunError: some submodels failed and ``allow_partial`` is off (after the
             others finished, so a rerun reuses them).
         MergeError: the merged result is empty or does not cover what the submodels cover.
     """
+    refuse_credentials(nodes)
     timer = _StageTimer()
     with timer.stage("scan"):
-        progress.emit("stage", name="scan")
-        survey: Survey = scan_survey(images)
-    _check_survey(survey, images)
-    nodes, cluster = _connect(nodes, node_pool)
-    if cluster is not None:  # before the plan is written: a bad option leaves nothing behind
-        cluster.check_options((options or ProcessingOptions()).to_nodeodm())
+        survey = _scan(images)
+    nodes, cluster = _connect(nodes, node_pool, options)
     with timer.stage("plan"):
         plan, layout = _plan(survey, output, split, split_overlap_m, options, cluster)
     with timer.stage("process"):
-        results, health = _process(
-            plan, layout, nodes, cluster, force, submodel_deployment, priority
-        )
+        table = LiveSubmodelTable(SubmodelBoard([s.id for s in plan.submodels]), key=_key(plan))
+        mode = (force, submodel_deployment, priority)
+        results, health = _process(plan, layout, _Nodes(nodes, cluster, node_pool), table, *mode)
     failed = failed_submodels(results)
     if failed and not allow_partial:
         raise IncompleteRunError(failed)
@@ -176,10 +222,25 @@ def reconstruct(
         timings_seconds=timer.finish(),
         node_health=health,
     )
-    publish_report(manifest, plan, survey, layout, reports)
+    table.publish()
+    publish_report(manifest, plan, survey, layout, reports, table.board.table())
     storage.write_json_atomic(layout.manifest, manifest.model_dump(mode="json"))
     progress.emit("stage", name="done")
     return manifest
+
+
+def _scan(images: str) -> Survey:
+    """Scan the images, refuse a survey too small, and name the run after the survey."""
+    progress.emit("stage", name="scan")
+    survey: Survey = scan_survey(images)
+    _check_survey(survey, images)
+    rename_this_run(survey_run_name(images, survey.fingerprint))
+    return survey
+
+
+def _key(plan: SplitPlan) -> str:
+    """The live submodel table's artifact key (one per survey)."""
+    return f"submodels-{plan.survey_fingerprint[:12]}"
 
 
 def _check_survey(survey: Survey, images: str) -> None:
@@ -198,16 +259,20 @@ def _check_survey(survey: Survey, images: str) -> None:
 
 
 def _connect(
-    nodes: list[str] | None, node_pool: str | None
+    nodes: list[str] | None, node_pool: str | None, options: ProcessingOptions | None
 ) -> tuple[list[str] | None, Cluster | None]:
-    """The node URLs and their cluster (the pool block's when one is named); ``(None, None)``
-    when the built-in engine is to be started for the processing."""
+    """The node URLs and their cluster (the pool block's when one is named), the options
+    checked against them before the plan is written (a bad option leaves nothing behind);
+    ``(None, None)`` when the built-in engine is to be started for the processing."""
     settings = None
     if node_pool:
         from prefect_odm.blocks import load_pool_block
 
         nodes, settings = load_pool_block(node_pool)
-    return nodes, connect_nodes(nodes, settings=settings) if nodes else None
+    cluster = connect_nodes(nodes, settings=settings) if nodes else None
+    if cluster is not None:
+        cluster.check_options((options or ProcessingOptions()).to_nodeodm())
+    return nodes, cluster
 
 
 def _plan(
@@ -238,38 +303,56 @@ def _plan(
     return plan, layout
 
 
+@dataclass(frozen=True)
+class _Nodes:
+    """The nodes of a run: URLs without credentials, their cluster (``None``: the built-in
+    engine), and the pool block they came from (children load it themselves)."""
+
+    urls: list[str] | None
+    cluster: Cluster | None
+    pool_block: str | None
+
+
 def _process(
     plan: SplitPlan,
     layout: OutputLayout,
-    nodes: list[str] | None,
-    cluster: Cluster | None,
+    nodes: _Nodes,
+    live: LiveSubmodelTable,
     force: bool,
     submodel_deployment: str | None,
     priority: str,
 ) -> tuple[dict[str, SubmodelResult], list[dict[str, object]]]:
-    """Every submodel's result: stored ones reused, the pending ones run as deployment runs when
-    a submodel deployment is configured, else as concurrent inline subflows sharing one
-    placement pool; and each node's health record when they ran inline (empty otherwise)."""
+    """Every submodel's result: stored ones reused (a ``Cached`` task run each), the pending
+    ones run as deployment runs when a submodel deployment is configured, else as concurrent
+    inline subflows sharing one placement pool; and each node's health record when they ran
+    inline (empty otherwise). The live table follows every submodel."""
     logger = get_run_logger()
     results, pending = reused_and_pending(plan, layout, force=force)
     for sid, result in results.items():
         logger.info("%s: reused (fingerprint %s)", sid, result.fingerprint[:12])
-    if not pending:
-        return results, []
-    progress.emit("stage", name="process")
+        reuse_stored(sid, result.fingerprint)
+        live.show_result(result, builtin=nodes.cluster is None)
     # Deployment mode (issue 7, tasks/deployment.py): keep this branch when editing _process.
     deployment = configured_submodel_deployment(submodel_deployment)
     if deployment is not None:
-        queue = work_queue_for(priority)
-        results.update(_run_as_deployments(deployment, pending, plan, layout, nodes, force, queue))
+        show_child_history(live)  # a retried parent: its children's tries so far
+    if not pending:
         return results, []
-    if cluster is not None:
-        assert nodes is not None
-        results.update(_run_inline(cluster, list(nodes), pending, plan, layout, force))
-        return results, cluster.pool.health.report()
+    progress.emit("stage", name="process")
+    if deployment is not None:
+        queue = work_queue_for(priority)
+        children = SubmodelChildren(deployment, queue, nodes.urls, nodes.pool_block, force)
+        results.update(children.run(pending, plan, layout, live))
+        return results, []
+    if nodes.cluster is not None:
+        assert nodes.urls is not None
+        results.update(
+            _run_inline(nodes.cluster, list(nodes.urls), pending, plan, layout, live, force)
+        )
+        return results, nodes.cluster.pool.health.report()
     with embedded_engine(plan.options.pipeline) as engine:
         urls = list(engine.clients)
-        results.update(_run_inline(engine, urls, pending, plan, layout, force))
+        results.update(_run_inline(engine, urls, pending, plan, layout, live, force, builtin=True))
         return results, engine.pool.health.report()
 
 
@@ -279,28 +362,39 @@ def _run_inline(
     pending: list[str],
     plan: SplitPlan,
     layout: OutputLayout,
+    live: LiveSubmodelTable,
     force: bool,
+    builtin: bool = False,
 ) -> dict[str, SubmodelResult]:
-    """One ``run_submodel`` task per pending submodel, all placing work through ``cluster``.
+    """One ``run_submodel`` task per pending submodel, all placing work through ``cluster``;
+    the board follows their progress events (the table is published on each change of state).
 
     Raises:
         InputError: an option is not accepted by some node (checked before any upload).
     """
     cluster.check_options(plan.options.to_nodeodm())
+
+    def follow(event: dict[str, Any]) -> None:
+        if event.get("kind") != "submodel" or event.get("id") not in pending:
+            return
+        row = live.board.rows.get(str(event["id"]))
+        before = row.state if row else None
+        live.board.apply({**event, "node": "built-in engine" if builtin else event.get("node")})
+        if row is not None and row.state != before:
+            live.publish()
+
+    unsubscribe = progress.subscribe(follow)
     with sharing_cluster(cluster):
         futures = [
             run_submodel.submit(layout.plan_json, sid, layout.root, urls, force) for sid in pending
         ]
-        artifact_id = new_progress(
-            f"Submodels finished of {len(pending)} to process",
-            key=f"submodels-done-{plan.survey_fingerprint[:12]}",
-        )
         by_future = dict(zip(futures, pending, strict=True))
         try:
             results: dict[str, SubmodelResult] = {}
             for future in as_completed(futures):
-                results[by_future[future]] = future.result()
-                set_progress(artifact_id, 100.0 * len(results) / len(pending))
+                result = future.result()
+                results[by_future[future]] = result
+                live.show_result(result, builtin)
             return results
         except BaseException:
             # Cancelled or interrupted: every runner cancels its remote task and returns
@@ -309,41 +403,8 @@ def _run_inline(
             for f in futures:
                 f.wait(timeout=60)
             raise
-
-
-def _run_as_deployments(
-    deployment: str,
-    pending: list[str],
-    plan: SplitPlan,
-    layout: OutputLayout,
-    nodes: list[str] | None,
-    force: bool,
-    queue: str | None,
-) -> dict[str, SubmodelResult]:
-    """One deployment run per pending submodel (created from tasks, so each is linked to this
-    run and can be retried from the UI), then wait for all of them (see tasks/deployment.py)."""
-    logger = get_run_logger()
-    node_urls = list(nodes) if nodes else None
-    futures = [
-        start_submodel_run.submit(
-            deployment, layout.plan_json, sid, layout.root, node_urls, force, queue
-        )
-        for sid in pending
-    ]
-    run_ids = {sid: f.result() for sid, f in zip(pending, futures, strict=True)}
-    artifact_id = new_progress(f"submodel runs finished ({len(pending)} started)")
-    finished: list[str] = []
-
-    def on_final(sid: str, run: FlowRun) -> None:
-        finished.append(sid)
-        state = run.state.name if run.state and run.state.name else "?"
-        logger.info("%s: deployment run %s ended %s", sid, run.name, state)
-        progress.emit("submodel", id=sid, state=state.lower(), fraction=1.0)
-        if artifact_id is not None:
-            set_progress(artifact_id, 100.0 * len(finished) / len(pending))
-
-    runs = wait_for_runs(run_ids, on_final=on_final)
-    return {sid: result_of(runs[sid], plan, sid, layout.root) for sid in pending}
+        finally:
+            unsubscribe()
 
 
 def _merge_or_reuse(
@@ -368,6 +429,7 @@ def _merge_or_reuse(
     stored = None if force else stored_manifest(layout, merge_fp)
     if stored is not None:
         get_run_logger().info("merge reused (fingerprint %s)", merge_fp[:12])
+        reuse_stored("merge", merge_fp)
         progress.emit("stage", name="merge reused")
         return merge_fp, stored.products, stored_merge_reports(layout)
     progress.emit("stage", name="merge")

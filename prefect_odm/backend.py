@@ -23,6 +23,15 @@ from prefect_odm.errors import NodeError
 QUEUED, RUNNING, FAILED, COMPLETED, CANCELED = 10, 20, 30, 40, 50
 """NodeODM task status codes."""
 
+STATUS_WORDS = {
+    QUEUED: "queued",
+    RUNNING: "running",
+    FAILED: "failed",
+    COMPLETED: "completed",
+    CANCELED: "cancelled",
+}
+"""The status codes in words, for logs and messages (NodeODM ``libs/statusCodes.js``)."""
+
 TASK_UUID_NAMESPACE = uuidlib.UUID("6f1c2a52-3d7e-5b8e-9a41-0d2c6e5f7a10")
 
 

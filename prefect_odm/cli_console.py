@@ -1,8 +1,18 @@
-"""The command line's console: Prefect's console logging quiet unless ``--verbose``."""
+"""The command line's console: Prefect's console logging quiet unless ``--verbose``, and the
+live progress of a run (rich on a terminal, plain lines otherwise)."""
 
 from __future__ import annotations
 
 import logging
+import threading
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from prefect_odm.progress import SubmodelBoard
 
 QUIETED_LOGGERS = (
     "prefect",
@@ -26,3 +36,106 @@ def quiet_prefect_console(verbose: bool) -> None:
         for handler in logging.getLogger(name).handlers:
             if not isinstance(handler, APILogHandler):
                 handler.setLevel(logging.CRITICAL + 1)
+
+
+class LiveProgress:
+    """The command line's view of a run, fed by :mod:`prefect_odm.progress` events.
+
+    On a terminal: a live screen (rich) with the stage, the counts of done / failed / running /
+    waiting submodels, the merge's progress, and one line per submodel in flight (node, state,
+    the node's progress, elapsed time). Elsewhere (piped, a log file): one plain line per change
+    of stage, per change of a submodel's state, and per merged product, so logs stay readable.
+
+    Args:
+        console: where to draw (the command line's stderr console).
+    """
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.terminal = console.is_terminal
+        self.stage = "starting Prefect"
+        self.merge = ""
+        self.board = SubmodelBoard([])
+        self._lock = threading.Lock()
+        self._live: Live | None = None
+
+    def __enter__(self) -> LiveProgress:
+        if self.terminal:
+            self._live = Live(
+                get_renderable=self.render,
+                console=self.console,
+                refresh_per_second=4,
+                transient=False,
+            )
+            self._live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.stop()
+
+    def listen(self, event: dict[str, Any]) -> None:
+        """Take one progress event (the :func:`prefect_odm.progress.subscribe` listener)."""
+        with self._lock:
+            kind = event.get("kind")
+            if kind == "stage":
+                self.stage = str(event["name"])
+                self._line(f"stage: {self.stage}")
+            elif kind == "plan":
+                self.board = SubmodelBoard(list(event["submodels"]))
+                self._line(f"plan: {len(event['submodels'])} submodels")
+            elif kind == "submodel":
+                self._submodel(event)
+            elif kind == "merge":
+                self._merge(event)
+            elif kind == "warning":
+                # Plan warnings (bad GPS, heavy overlap) before compute: shown on a terminal too.
+                self.console.print(f"warning: {event['text']}", markup=False, highlight=False)
+
+    def _submodel(self, event: dict[str, Any]) -> None:
+        sid = str(event["id"])
+        before = self.board.rows[sid].state if sid in self.board.rows else None
+        self.board.apply(event)
+        row = self.board.rows[sid]
+        if row.state != before:
+            node = f" on {row.node}" if row.node else ""
+            self._line(f"{sid}: {row.state}{node}; {self.board.counts().summary()}")
+
+    def _merge(self, event: dict[str, Any]) -> None:
+        product, done, total = event["product"], event["done"], event["total"]
+        self.merge = f"merge {product} {done}/{total}"
+        if done == total or done == 0:
+            self._line(self.merge)
+
+    def _line(self, text: str) -> None:
+        """A plain line, only when the output is not a terminal."""
+        if not self.terminal:
+            self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    def render(self) -> RenderableType:
+        """The live screen: a header line and one line per submodel in flight."""
+        with self._lock:
+            counts = self.board.counts()
+            header = f"[bold]{self.stage}[/bold]  {counts.summary()}"
+            if self.merge:
+                header += f"  {self.merge}"
+            table = Table.grid(padding=(0, 2))
+            for _ in range(5):
+                table.add_column()
+            for row in self.board.in_flight():
+                table.add_row(
+                    row.submodel_id,
+                    row.node or "-",
+                    row.state,
+                    f"{100.0 * row.fraction:5.1f}%",
+                    _elapsed(row.elapsed_seconds()),
+                )
+        return Group(Text.from_markup(header), table)
+
+
+def _elapsed(seconds: float) -> str:
+    """``m:ss`` (``h:mm:ss`` past an hour)."""
+    s = int(seconds)
+    return (
+        f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+    )

@@ -22,8 +22,6 @@ from prefect_odm.layout import LAST_RUN_FILE, OutputLayout, join
 from prefect_odm.settings import get_settings
 
 if TYPE_CHECKING:
-    from rich.progress import Progress, TaskID
-
     from prefect_odm.models import Manifest, ProcessingOptions
 
 
@@ -205,7 +203,8 @@ def reconstruct_command(args: argparse.Namespace) -> int:
 
 
 def _run_flow(args: argparse.Namespace, options: ProcessingOptions, embedded_api: bool) -> Manifest:
-    """The ``reconstruct`` flow run, with a progress bar per stage and submodel on a terminal."""
+    """The ``reconstruct`` flow run, its progress shown live on a terminal (stage, counts, one
+    line per submodel in flight, merge) and as plain lines when stderr is not one."""
     # Prefect fully imported in this thread (and its console quiet) before the API starts in
     # the background: two threads importing prefect at once break its plugin start-up.
     import prefect  # noqa: F401
@@ -215,23 +214,14 @@ def _run_flow(args: argparse.Namespace, options: ProcessingOptions, embedded_api
     early_server = _start_embedded_api_early() if embedded_api else None
 
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from prefect_odm import progress as events
+    from prefect_odm.cli_console import LiveProgress
     from prefect_odm.flows import reconstruct
 
     quiet_prefect_console(args.verbose)
-    console = Console(stderr=True)
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.fields[state]}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-        disable=not console.is_terminal,
-    ) as bar:
-        unsubscribe = events.subscribe(_ProgressBars(bar).listen)
+    with LiveProgress(Console(stderr=True)) as view:
+        unsubscribe = events.subscribe(view.listen)
         if early_server is not None:
             early_server.join()
         try:
@@ -252,33 +242,3 @@ def _flow_parameters(args: argparse.Namespace, options: ProcessingOptions) -> di
         "options": options,
         "merge_options": merge_options(args),
     }
-
-
-class _ProgressBars:
-    """Progress events -> bars: one for the stage, one per submodel once the plan is known."""
-
-    def __init__(self, bar: Progress) -> None:
-        self.bar = bar
-        self.stage = bar.add_task("stage", total=None, state="starting Prefect")
-        self.submodels: dict[str, TaskID] = {}
-        self.lock = threading.Lock()
-
-    def listen(self, event: dict[str, Any]) -> None:
-        with self.lock:
-            kind = event["kind"]
-            if kind == "stage":
-                self.bar.update(self.stage, state=event["name"])
-            elif kind == "plan":
-                for sid in event["submodels"]:
-                    self.submodels[sid] = self.bar.add_task(sid, total=1.0, state="waiting")
-            elif kind == "submodel" and event["id"] in self.submodels:
-                self.bar.update(
-                    self.submodels[event["id"]],
-                    completed=event.get("fraction", 0.0),
-                    state=event["state"],
-                )
-            elif kind == "warning":
-                self.bar.console.print(f"warning: {event['text']}")
-            elif kind == "merge":
-                done = f"{event['done']}/{event['total']}"
-                self.bar.update(self.stage, state=f"merge {event['product']} {done}")

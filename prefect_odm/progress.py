@@ -1,4 +1,5 @@
-"""In-process progress events: the command line's progress bar listens, flows and tasks emit.
+"""In-process progress events (the command line listens, flows and tasks emit) and the board of
+submodel states both the command line and the live submodel table show (pure).
 
 Events are small dictionaries (``kind`` plus fields); emitting with no listener costs nothing.
 A listener that raises is dropped from nothing and breaks nothing: its error is logged.
@@ -8,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -42,3 +45,153 @@ def emit(kind: str, **fields: Any) -> None:
             listener(event)
         except Exception:  # a broken progress bar must not break a reconstruction
             logger.exception("progress listener failed on %s", kind)
+
+
+DONE_STATES = frozenset({"completed", "cached"})
+"""Submodel states that count as done (a stored result exists)."""
+
+FAILED_STATES = frozenset({"failed", "crashed", "cancelled"})
+"""Submodel states that count as failed (until a retry starts)."""
+
+WAITING_STATES = frozenset({"waiting", "scheduled", "pending", "late"})
+"""Submodel states that count as waiting (planned, not started)."""
+
+
+@dataclass
+class SubmodelRow:
+    """What is known of one submodel of a run (one line of the live table).
+
+    Attributes:
+        submodel_id: e.g. ``submodel-003``.
+        state: lower-case state (``waiting``, ``uploading``, ``processing``, ``failed``,
+            ``retrying``, ``completed``, ``cached``, ...).
+        node: the node it runs or ran on, as shown (public URL or ``built-in engine``).
+        fraction: the node's progress, 0 to 1.
+        runs: flow runs of the submodel so far (the UI's Retry adds one).
+        attempts: node tasks the last run used (transient failures and out-of-memory retries).
+        seconds: processing time, seconds (``None`` while unknown).
+        history: earlier outcomes in words, oldest first (``run 1 failed: ...``).
+        error: the last failure in words (empty when none).
+        started: ``time.monotonic()`` when it started processing (``None`` while waiting).
+    """
+
+    submodel_id: str
+    state: str = "waiting"
+    node: str = ""
+    fraction: float = 0.0
+    runs: int = 0
+    attempts: int = 0
+    seconds: float | None = None
+    history: list[str] = field(default_factory=list)
+    error: str = ""
+    started: float | None = None
+
+    def elapsed_seconds(self, now: float | None = None) -> float:
+        """Seconds since it started (0 while waiting)."""
+        if self.started is None:
+            return 0.0
+        return (time.monotonic() if now is None else now) - self.started
+
+
+@dataclass(frozen=True)
+class BoardCounts:
+    """Submodels of a run by state: ``done`` includes ``cached``."""
+
+    planned: int
+    done: int
+    cached: int
+    failed: int
+    running: int
+    waiting: int
+
+    def summary(self) -> str:
+        """``"2 of 3 submodels done (1 cached), 1 failed, 0 running, 0 waiting"``."""
+        return (
+            f"{self.done} of {self.planned} submodels done ({self.cached} cached), "
+            f"{self.failed} failed, {self.running} running, {self.waiting} waiting"
+        )
+
+    @property
+    def percent_done(self) -> float:
+        """Done against planned, percent (100 only when every submodel is done)."""
+        return 100.0 * self.done / self.planned if self.planned else 100.0
+
+
+class SubmodelBoard:
+    """The state of every planned submodel of a run, fed by progress events or by the caller.
+
+    Thread-safe. The command line draws it; the flows publish it as the live submodel table.
+    """
+
+    def __init__(self, planned: list[str]) -> None:
+        self._lock = threading.Lock()
+        self.rows: dict[str, SubmodelRow] = {sid: SubmodelRow(sid) for sid in planned}
+
+    def update(self, submodel_id: str, **fields: Any) -> bool:
+        """Set fields of a submodel's row (unknown ids are added); returns whether it changed.
+
+        A state leaving the waiting states starts the row's clock.
+        """
+        with self._lock:
+            row = self.rows.setdefault(submodel_id, SubmodelRow(submodel_id))
+            before = dict(vars(row))
+            for name, value in fields.items():
+                setattr(row, name, value)
+            state = fields.get("state")
+            if state is not None and state not in WAITING_STATES and row.started is None:
+                row.started = time.monotonic()
+            return vars(row) != before
+
+    def apply(self, event: dict[str, Any]) -> bool:
+        """Apply a ``submodel`` progress event (``id``, ``state``, ``fraction``, ``node``); a
+        ``reused`` submodel shows as ``cached``."""
+        if event.get("kind") != "submodel":
+            return False
+        state = str(event.get("state", "running"))
+        fields: dict[str, Any] = {"state": "cached" if state == "reused" else state}
+        if "fraction" in event:
+            fields["fraction"] = float(event["fraction"])
+        if event.get("node"):
+            fields["node"] = str(event["node"])
+        return self.update(str(event["id"]), **fields)
+
+    def counts(self) -> BoardCounts:
+        """How many submodels are in each kind of state."""
+        with self._lock:
+            states = [r.state for r in self.rows.values()]
+        done = sum(s in DONE_STATES for s in states)
+        failed = sum(s in FAILED_STATES for s in states)
+        waiting = sum(s in WAITING_STATES for s in states)
+        return BoardCounts(
+            planned=len(states),
+            done=done,
+            cached=sum(s == "cached" for s in states),
+            failed=failed,
+            running=len(states) - done - failed - waiting,
+            waiting=waiting,
+        )
+
+    def in_flight(self) -> list[SubmodelRow]:
+        """Rows neither waiting, done nor failed, in plan order."""
+        with self._lock:
+            rows = list(self.rows.values())
+        stopped = DONE_STATES | FAILED_STATES | WAITING_STATES
+        return [r for r in rows if r.state not in stopped]
+
+    def table(self) -> list[dict[str, Any]]:
+        """One dictionary per submodel, for a table artifact (history joined with ``; ``)."""
+        with self._lock:
+            rows = list(self.rows.values())
+        return [
+            {
+                "submodel": r.submodel_id,
+                "state": r.state,
+                "node": r.node or "not known",
+                "runs": r.runs,
+                "attempts": r.attempts,
+                "seconds": "not known" if r.seconds is None else round(r.seconds, 1),
+                "history": "; ".join(r.history) or "none",
+                "error": r.error or "none",
+            }
+            for r in rows
+        ]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prefect_odm import progress, storage
-from prefect_odm.backend import CANCELED, COMPLETED, NodeBackend, TaskState, task_uuid
+from prefect_odm.backend import CANCELED, COMPLETED, STATUS_WORDS, NodeBackend, TaskState, task_uuid
 from prefect_odm.errors import (
     NodeError,
     OutOfMemoryError,
@@ -427,7 +427,7 @@ class SubmodelRunner:
         if state is None:
             by_name = {img.name: img.url for img in self.survey.images}
             files = [by_name[name] for name in submodel.image_names]
-            progress.emit("submodel", id=sid, state="uploading", fraction=0.0)
+            progress.emit("submodel", id=sid, state="uploading", fraction=0.0, node=client.url)
             self.log(f"{sid}: uploading {len(files)} images to {client.url} as task {uuid}")
             client.create_task(
                 uuid,
@@ -446,7 +446,7 @@ class SubmodelRunner:
             # Failed or cancelled in an earlier run (this run's attempts use fresh UUIDs): the
             # operator asked again, so restart it; the node keeps the images, nothing is uploaded.
             self.log(
-                f"{sid}: task {uuid} ended {state.status} in an earlier run; restarting it on {client.url}"
+                f"{sid}: task {uuid} {STATUS_WORDS[state.status]} earlier; restarting on {client.url}"
             )
             if not client.restart(uuid):
                 raise client.classify_failure(state)
@@ -460,8 +460,9 @@ class SubmodelRunner:
         def on_progress(s: TaskState) -> None:
             if self.cancelled.is_set():
                 raise RunCancelledError(f"{sid}: run cancelled")
+            fraction = 0.1 + 0.85 * s.progress / 100.0
             progress.emit(
-                "submodel", id=sid, state="processing", fraction=0.1 + 0.85 * s.progress / 100.0
+                "submodel", id=sid, state="processing", fraction=fraction, node=client.url
             )
 
         client.wait(uuid, poll_interval_seconds=self.poll_interval_seconds, on_progress=on_progress)

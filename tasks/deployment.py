@@ -24,22 +24,29 @@ and events stay small at 10,000 images. Results travel through the output storag
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, cast
 from uuid import UUID
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import SyncPrefectClient
 from prefect.client.schemas import OrchestrationResult
-from prefect.client.schemas.objects import FlowRun
+from prefect.client.schemas.objects import FlowRun, State
 from prefect.context import get_run_context
 from prefect.deployments import run_deployment
 from prefect.states import AwaitingRetry
+from prefect_odm.tasks.artifacts import LiveSubmodelTable
 
+from prefect_odm import progress, storage
 from prefect_odm.errors import DeploymentRunError
 from prefect_odm.layout import OutputLayout
 from prefect_odm.models import SplitPlan, SubmodelResult
+from prefect_odm.node_refs import submodel_run_name
+from prefect_odm.progress import SubmodelBoard
 from prefect_odm.submodels import load_stored_result
 
 SUBMODEL_DEPLOYMENT = "process_submodel/process-submodel"
@@ -49,15 +56,25 @@ SUBMODEL_DEPLOYMENT = "process_submodel/process-submodel"
 POLL_INTERVAL_SECONDS = 2.0
 """How often a parent polls its children's states (``run_deployment``'s own default is 5 s)."""
 
+API_PAGE_LIMIT = 200
+"""The most runs the Prefect API answers in one read (its own limit)."""
+
 _FINAL_FAILED = {"FAILED", "CRASHED", "CANCELLED"}
 
 __all__ = [
     "POLL_INTERVAL_SECONDS",
     "SUBMODEL_DEPLOYMENT",
+    "ChildRunFeed",
     "DeploymentRunError",
+    "SubmodelChildren",
+    "board_state",
+    "child_runs",
     "result_of",
     "retry_flow_run",
+    "run_history",
+    "show_child_history",
     "start_submodel_run",
+    "state_text",
     "wait_for_runs",
 ]
 
@@ -98,6 +115,8 @@ def start_submodel_run(
     nodes: list[str] | None,
     force: bool,
     work_queue_name: str | None = None,
+    node_pool: str | None = None,
+    run_name: str | None = None,
 ) -> str:
     """Create (or find) the submodel's deployment run and return its flow run id.
 
@@ -110,10 +129,14 @@ def start_submodel_run(
         plan_url: the stored ``plan/plan.json`` (the child reads the survey beside it).
         submodel_id: e.g. ``submodel-001``.
         output: the run's output root; workers must see the same storage.
-        nodes: NodeODM node URLs for the child; none: the worker's built-in engine.
+        nodes: NodeODM node URLs for the child, without credentials (the child finds tokens in
+            ``PREFECT_ODM_NODE_TOKEN(S)`` on its worker); none: the worker's built-in engine.
         force: process again even when a stored result exists.
         work_queue_name: queue of the child run (the urgent queue for urgent runs); ``None``:
             the deployment's default queue.
+        node_pool: the ``NodeODMPool`` block the child loads (its tokens never become
+            parameters); given instead of ``nodes``.
+        run_name: the child's name (default: the submodel id).
 
     Raises:
         DeploymentRunError: the run could not be retried.
@@ -124,9 +147,11 @@ def start_submodel_run(
         "plan_url": plan_url,
         "submodel_id": submodel_id,
         "output": output,
-        "nodes": nodes,
+        "nodes": None if node_pool else nodes,
         "force": force,
     }
+    if node_pool:
+        parameters["node_pool"] = node_pool
     # Called from a sync task, run_deployment runs its sync implementation; the union in its
     # type is Prefect's sync/async dispatch.
     child = cast(
@@ -136,7 +161,7 @@ def start_submodel_run(
             parameters=parameters,
             idempotency_key=f"{parent_id}-{submodel_id}",
             work_queue_name=work_queue_name,
-            flow_run_name=submodel_id,
+            flow_run_name=run_name or submodel_id,
             timeout=0,
         ),
     )
@@ -174,6 +199,7 @@ def wait_for_runs(
     poll_interval_seconds: float = POLL_INTERVAL_SECONDS,
     on_final: Callable[[str, FlowRun], None] | None = None,
     timeout_seconds: float | None = None,
+    on_poll: Callable[[dict[str, FlowRun]], None] | None = None,
 ) -> dict[str, FlowRun]:
     """Poll the flow runs until every one is in a final state (one API call per poll).
 
@@ -182,6 +208,7 @@ def wait_for_runs(
         poll_interval_seconds: polling interval.
         on_final: called as ``on_final(key, flow_run)`` once per run when it ends.
         timeout_seconds: give up after this long (``None``: wait as long as it takes).
+        on_poll: called after every poll with key -> flow run of every run read (live views).
 
     Returns:
         key -> the finished flow run.
@@ -198,9 +225,18 @@ def wait_for_runs(
     with get_client(sync_client=True) as client:
         while len(done) < len(by_id):
             pending = [i for i, k in by_id.items() if k not in done]
-            runs = client.read_flow_runs(
-                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=pending)), limit=len(pending)
-            )
+            runs = [  # in pages of API_PAGE_LIMIT runs (one call below 200 submodels)
+                run
+                for n in range(0, len(pending), API_PAGE_LIMIT)
+                for run in client.read_flow_runs(
+                    flow_run_filter=FlowRunFilter(
+                        id=FlowRunFilterId(any_=pending[n : n + API_PAGE_LIMIT])
+                    ),
+                    limit=API_PAGE_LIMIT,
+                )
+            ]
+            if on_poll is not None:
+                on_poll({by_id[run.id]: run for run in runs})
             for run in runs:
                 if run.state is not None and run.state.is_final():
                     key = by_id[run.id]
@@ -231,10 +267,198 @@ def result_of(run: FlowRun, plan: SplitPlan, submodel_id: str, output: str) -> S
             return stored
         message = "the run completed but its stored result is missing"
     else:
-        message = run.state.message or run.state.name or "failed"
+        message = state_text(run.state) or run.state.name or "failed"
     return SubmodelResult(
         submodel_id=submodel_id,
         fingerprint=submodel.fingerprint,
         status="failed",
         error=f"deployment run {run.name} ({run.id}) {run.state.name}: {message}".split("\n")[0],
     )
+
+
+_EXCEPTION_PREFIX = re.compile(r"^(Flow run encountered an exception\.?:?\s*)?(\w+Error:\s*)?")
+
+
+def state_text(state: State[Any] | None) -> str:
+    """A run state's message in words, without Prefect's ``Flow run encountered an exception``
+    and the exception class (``"Injected failure"``)."""
+    if state is None:
+        return ""
+    message = (state.message or "").split("\n")[0]
+    return _EXCEPTION_PREFIX.sub("", message).strip()
+
+
+def run_history(client: SyncPrefectClient, run: FlowRun) -> list[str]:
+    """The outcomes of a flow run's tries, oldest first, in words (``"run 1 Failed: Injected
+    failure"``, ``"run 2 Completed"``): one per final state in its state history, so the
+    failures before a retry stay visible."""
+    states = sorted(client.read_flow_run_states(run.id), key=lambda s: s.timestamp)
+    out: list[str] = []
+    for state in states:
+        if state.is_final():
+            text = state_text(state)
+            out.append(f"run {len(out) + 1} {state.name}" + (f": {text}" if text else ""))
+    return out
+
+
+def child_runs(parent_flow_run_id: UUID | str) -> dict[str, FlowRun]:
+    """Submodel id -> the ``process_submodel`` run a parent run started (found again after the
+    parent is retried, with its whole state history on the server)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    flow_filter = FlowRunFilter(
+        parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[UUID(str(parent_flow_run_id))])
+    )
+    runs: list[FlowRun] = []
+    with get_client(sync_client=True) as client:
+        while True:  # the API answers at most API_PAGE_LIMIT runs per call
+            page = client.read_flow_runs(
+                flow_run_filter=flow_filter, limit=API_PAGE_LIMIT, offset=len(runs)
+            )
+            runs += page
+            if len(page) < API_PAGE_LIMIT:
+                break
+    return {
+        str(r.parameters["submodel_id"]): r for r in runs if "submodel_id" in (r.parameters or {})
+    }
+
+
+_STATE_WORDS = {
+    "SCHEDULED": "waiting",
+    "PENDING": "starting",
+    "RUNNING": "running",
+    "PAUSED": "paused",
+    "CANCELLING": "cancelling",
+}
+
+
+def board_state(state: State[Any] | None) -> str:
+    """A child run's state as a submodel state of the board (``cached`` for a Cached run,
+    ``retrying`` while a retry waits for a worker)."""
+    if state is None:
+        return "waiting"
+    if state.name == "Cached":
+        return "cached"
+    if state.name == "AwaitingRetry":
+        return "retrying"
+    return _STATE_WORDS.get(state.type.value, state.type.value.lower())
+
+
+class ChildRunFeed:
+    """Feeds the board from the child runs a parent polls: state, runs, time and history
+    (read from the server once per new state of a child).
+
+    Args:
+        board: the submodels' states.
+        publish: called once after a poll that changed the board (the live table).
+    """
+
+    def __init__(self, board: SubmodelBoard, publish: Callable[[], None]) -> None:
+        self.board = board
+        self.publish = publish
+        self._seen: dict[str, object] = {}
+
+    def __call__(self, runs: dict[str, FlowRun]) -> None:
+        from prefect.client.orchestration import get_client
+
+        changed = False
+        with get_client(sync_client=True) as client:
+            for sid, run in runs.items():
+                state_id = run.state.id if run.state is not None else None
+                if self._seen.get(sid) == state_id:
+                    continue
+                self._seen[sid] = state_id
+                changed |= self._update(client, sid, run)
+        if changed:
+            self.publish()
+
+    def _update(self, client: SyncPrefectClient, sid: str, run: FlowRun) -> bool:
+        history = run_history(client, run)
+        state = board_state(run.state)
+        failed = state in ("failed", "crashed", "cancelled")
+        fields: dict[str, Any] = {
+            "state": state,
+            "runs": max(run.run_count, len(history)),
+            "seconds": run.total_run_time.total_seconds() if run.run_count else None,
+            "history": history,
+            "error": state_text(run.state) if failed else "",
+        }
+        if state in ("completed", "cached"):
+            fields["fraction"] = 1.0
+        return self.board.update(sid, **fields)
+
+
+def show_child_history(table: LiveSubmodelTable) -> None:
+    """Put the tries of the children this parent run started before it was retried on the
+    board: runs, failures before success and times stay visible; reused submodels keep
+    showing ``cached``."""
+    from prefect.runtime import flow_run
+
+    children = child_runs(flow_run.id)
+    if not children:
+        return
+    cached = {sid for sid, row in table.board.rows.items() if row.state == "cached"}
+    ChildRunFeed(table.board, lambda: None)(children)
+    for sid in cached & set(children):
+        table.board.update(sid, state="cached")
+    table.publish()
+
+
+@dataclass(frozen=True)
+class SubmodelChildren:
+    """How a parent runs its pending submodels as deployment runs.
+
+    Attributes:
+        deployment: ``"flow/deployment"`` of the ``process_submodel`` deployment.
+        queue: work queue of the children (``None``: the deployment's default).
+        nodes: node URLs without credentials (``None``: each worker's built-in engine).
+        node_pool: the ``NodeODMPool`` block the children load instead of ``nodes``.
+        force: process again even when stored results exist.
+    """
+
+    deployment: str
+    queue: str | None
+    nodes: list[str] | None
+    node_pool: str | None
+    force: bool
+
+    def run(
+        self, pending: list[str], plan: SplitPlan, layout: OutputLayout, table: LiveSubmodelTable
+    ) -> dict[str, SubmodelResult]:
+        """One deployment run per pending submodel (created from tasks, so each is linked to
+        the parent and can be retried from the UI), named after the survey and submodel, then
+        wait for all of them while the live table follows them."""
+        logger = get_run_logger()
+        source = str(storage.read_json(layout.survey_json)["source"])
+        futures = [
+            start_submodel_run.submit(
+                self.deployment,
+                layout.plan_json,
+                sid,
+                layout.root,
+                list(self.nodes) if self.nodes else None,
+                self.force,
+                self.queue,
+                node_pool=self.node_pool,
+                run_name=submodel_run_name(source, plan.survey_fingerprint, sid),
+            )
+            for sid in pending
+        ]
+        run_ids = {sid: f.result() for sid, f in zip(pending, futures, strict=True)}
+
+        def on_final(sid: str, run: FlowRun) -> None:
+            state = run.state.name if run.state and run.state.name else "?"
+            logger.info("%s: deployment run %s ended %s", sid, run.name, state)
+            progress.emit("submodel", id=sid, state=state.lower(), fraction=1.0)
+
+        feed = ChildRunFeed(table.board, table.publish)
+        runs = wait_for_runs(run_ids, on_final=on_final, on_poll=feed)
+        results = {sid: result_of(runs[sid], plan, sid, layout.root) for sid in pending}
+        builtin = not self.nodes and not self.node_pool
+        for sid, result in results.items():
+            if result.node_url:
+                node = "built-in engine" if builtin else result.node_url
+                table.board.update(sid, node=node, attempts=result.attempts)
+        table.publish()
+        return results

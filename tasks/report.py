@@ -11,6 +11,7 @@ from typing import Any
 from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect_odm.tasks.artifacts import embedded_png
 from prefect_odm.tasks.merge import MergedProducts
 
 from prefect_odm import __version__, storage
@@ -36,7 +37,7 @@ def publish_plan(plan: SplitPlan, survey: Survey, layout: OutputLayout) -> None:
     )
     create_markdown_artifact(
         key=_key("plan-report", survey.fingerprint),
-        markdown=plan_markdown(plan, survey),
+        markdown=plan_markdown(plan, survey) + "\n\n" + embedded_png(layout.plan_png, "plan"),
         description="Split plan",
     )
 
@@ -127,11 +128,48 @@ def node_lines(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def submodel_lines(
+    manifest: Manifest, plan: SplitPlan, rows: list[dict[str, Any]] | None
+) -> list[str]:
+    """The report's submodel table: the live table's rows when given (state, node, runs,
+    attempts, seconds, history of the tries), else the manifest's results."""
+    lines = ["", "## Submodels", ""]
+    by_id = {s.id: s for s in plan.submodels}
+    if rows:
+        lines += [
+            "| submodel | images | state | node | runs | attempts | seconds | history |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for row in rows:
+            images = len(by_id[row["submodel"]].image_names) if row["submodel"] in by_id else 0
+            history = str(row["history"]).replace("|", "/")
+            lines.append(
+                f"| {row['submodel']} | {images} | {row['state']} | {row['node']} | {row['runs']} "
+                f"| {row['attempts']} | {row['seconds']} | {history} |"
+            )
+        return lines
+    lines += [
+        "| submodel | images | state | node | attempts | seconds | est. GiB |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in manifest.submodels:
+        sm = by_id[r.submodel_id]
+        state = "cached" if r.status == "reused" else r.status
+        lines.append(
+            f"| {r.submodel_id} | {len(sm.image_names)} | {state} | {r.node_url or '-'} "
+            f"| {r.attempts} | {r.duration_seconds:.1f} | {sm.estimated_memory_gib:.1f} |"
+        )
+    return lines
+
+
 def report_markdown(
-    manifest: Manifest, plan: SplitPlan, merge_reports: MergeReports | Mapping[str, Any]
+    manifest: Manifest,
+    plan: SplitPlan,
+    merge_reports: MergeReports | Mapping[str, Any],
+    submodel_rows: list[dict[str, Any]] | None = None,
 ) -> str:
     """The run report as markdown: products, submodels, coverage, seams, rejected images,
-    timings."""
+    timings (the pictures are added by :func:`publish_report`)."""
     reports = as_merge_reports(merge_reports)
     lines = [
         f"# Reconstruction of `{manifest.source}`",
@@ -143,20 +181,7 @@ def report_markdown(
         "",
     ]
     lines += [f"- {name}: `{url}`" for name, url in sorted(manifest.products.items())]
-    lines += [
-        "",
-        "## Submodels",
-        "",
-        "| submodel | images | state | node | attempts | seconds | est. GiB |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    by_id = {s.id: s for s in plan.submodels}
-    for r in manifest.submodels:
-        sm = by_id[r.submodel_id]
-        lines.append(
-            f"| {r.submodel_id} | {len(sm.image_names)} | {r.status} | {r.node_url or '-'} | {r.attempts} "
-            f"| {r.duration_seconds:.1f} | {sm.estimated_memory_gib:.1f} |"
-        )
+    lines += submodel_lines(manifest, plan, submodel_rows)
     if manifest.failed_submodels:
         lines += ["", "## Failed submodels (gaps in the products)", ""]
         lines += [f"- {sid}: {why}" for sid, why in sorted(manifest.failed_submodels.items())]
@@ -176,6 +201,23 @@ def report_markdown(
     return "\n".join(lines)
 
 
+def report_pictures(layout: OutputLayout) -> str:
+    """The plan picture and every PNG of the report folder (coverage, alignment), embedded as
+    ``data:`` URIs for the UI (the stored report.md links them relatively instead)."""
+    from prefect_odm.layout import join
+
+    pictures = [embedded_png(layout.plan_png, "plan")]
+    try:
+        fs, folder = storage.filesystem(join(layout.report_md.rsplit("/", 1)[0], "*.png"))
+        found = sorted(fs.glob(folder))
+    except (OSError, ValueError):
+        found = []
+    for item in found:
+        name = item.rsplit("/", 1)[-1]
+        pictures.append(f"### {name}\n\n" + embedded_png(fs.unstrip_protocol(item), name))
+    return "\n\n".join(p for p in pictures if p)
+
+
 @task(name="publish_report", cache_policy=NO_CACHE)
 def publish_report(
     manifest: Manifest,
@@ -183,35 +225,25 @@ def publish_report(
     survey: Survey,
     layout: OutputLayout,
     merge_reports: MergeReports | Mapping[str, Any],
+    submodel_rows: list[dict[str, Any]] | None = None,
 ) -> None:
-    """Write report/report.md and merge.json beside the products; publish them as artifacts.
+    """Write report/report.md and merge.json beside the products; publish the report as a
+    markdown artifact with its pictures embedded (the live submodel table is published by the
+    flow).
 
     ``merge_reports``: the merge's reports, or their JSON data (a stored ``merge.json``).
+    ``submodel_rows``: the live table's rows (runs and history of every submodel).
     """
     reports = as_merge_reports(merge_reports)
-    markdown = report_markdown(manifest, plan, reports)
+    markdown = report_markdown(manifest, plan, reports, submodel_rows)
     storage.write_bytes_atomic(layout.report_md, markdown.encode())
     storage.write_json_atomic(layout.merge_report, reports.json_dict())
     if reports.alignment is not None:
         png = alignment_png(reports.alignment)
         storage.write_bytes_atomic(layout.report_file(ALIGNMENT_PNG), png)
+    ui_markdown = markdown.replace("![plan](../plan/plan.png)", report_pictures(layout))
     create_markdown_artifact(
-        key=_key("report", survey.fingerprint), markdown=markdown, description="Run report"
-    )
-    create_table_artifact(
-        key=_key("submodels", survey.fingerprint),
-        table=[
-            {
-                "submodel": r.submodel_id,
-                "state": r.status,
-                "node": r.node_url or "",
-                "attempts": r.attempts,
-                "seconds": r.duration_seconds,
-                "error": r.error or "",
-            }
-            for r in manifest.submodels
-        ],
-        description="Submodels",
+        key=_key("report", survey.fingerprint), markdown=ui_markdown, description="Run report"
     )
 
 

@@ -37,11 +37,14 @@ def run_submodel(
     from prefect_odm.flows.process_submodel import process_submodel
 
     try:
-        return process_submodel(plan_url, submodel_id, output, nodes=nodes, force=force)
+        # Called as a subflow, the flow returns its result's data (also from a Cached state).
+        done = process_submodel(plan_url, submodel_id, output, nodes=nodes, force=force)
+        assert isinstance(done, SubmodelResult)
+        return done
     except SubmodelFailedError as exc:
-        result = exc.result
-        assert isinstance(result, SubmodelResult)
-        return result
+        failed = exc.result
+        assert isinstance(failed, SubmodelResult)
+        return failed
 
 
 @contextmanager

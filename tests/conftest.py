@@ -58,7 +58,9 @@ def prefect_server(tmp_path_factory) -> Iterator[PrefectServer]:
             "PREFECT_HOME": str(home),
             "PREFECT_API_URL": api_url,
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "PREFECT_UI_ENABLED": "false",
+            # the UI is served for the browser test (tests/prefect/test_ui_browser.py)
+            "PREFECT_UI_ENABLED": "true",
+            "PREFECT_UI_API_URL": api_url,
             "PREFECT_LOGGING_LEVEL": "INFO",
             "PREFECT_ODM_HOME": str(home / "odm"),
             # proactive triggers (the crash automation) evaluated every few seconds

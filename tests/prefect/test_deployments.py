@@ -4,6 +4,7 @@ run on brighton (direct pipeline, built-in engine started by each submodel run) 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -61,7 +62,12 @@ def test_reconstruct_deployment_run_on_brighton_completes_on_a_worker(
     children = runs_of("process-submodel", output)
     assert len(children) >= 2
     assert all(c.state.type.value == "COMPLETED" for c in children)
-    assert sorted(c.name for c in children) == sorted(c.parameters["submodel_id"] for c in children)
+    # children are named after the survey and the submodel: brighton_beach_1600-<fp8>-submodel-00N
+    assert all(
+        re.fullmatch(rf"brighton_beach_1600-[0-9a-f]{{8}}-{c.parameters['submodel_id']}", c.name)
+        for c in children
+    ), [c.name for c in children]
+    assert re.fullmatch(r"brighton_beach_1600-[0-9a-f]{8}", run.name), run.name
     manifest = json.loads(next(output.glob("*/manifest.json")).read_text())
     assert all(r["status"] == "completed" for r in manifest["submodels"])
     for product in ("orthophoto", "dsm", "point_cloud"):

@@ -1,0 +1,84 @@
+"""The command line's live progress on a real run of 12 brighton images (direct pipeline,
+built-in engine, 2 submodels):
+in a pseudo-terminal, the screen shows a line per submodel in flight with its node and state;
+piped, the same run is told in plain lines (no terminal control codes)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+IN_FLIGHT = re.compile(
+    r"submodel-00\d +http://127\.0\.0\.1:\d+ +(uploading|processing|downloading) +\d+\.\d% +\d+:\d\d"
+)
+
+
+def _command(images: Path, output: Path) -> list[str]:
+    """The command on 12 of brighton's images (links), in 2 submodels: a short real run."""
+    subset = output.parent / "images"
+    subset.mkdir(exist_ok=True)
+    for src in sorted(images.glob("*.JPG"))[:12]:
+        (subset / src.name).symlink_to(src)
+    return [
+        sys.executable, "-m", "prefect_odm.cli", "reconstruct", str(subset),
+        "--output", str(output), "--split", "6", "--split-overlap-m", "20",
+        "--pipeline", "direct",
+    ]  # fmt: skip
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(PREFECT_ODM_HOME=str(tmp_path / "home"), PREFECT_HOME=str(tmp_path / "ph"))
+    return env
+
+
+def test_terminal_shows_each_submodel_in_flight_with_node_and_state(brighton_images, tmp_path):
+    import pexpect
+
+    env = {**_env(tmp_path), "TERM": "xterm-256color", "COLUMNS": "160", "LINES": "40"}
+    cmd = _command(brighton_images, tmp_path / "out")
+    child = pexpect.spawn(
+        cmd[0], cmd[1:], env=env, dimensions=(40, 160), encoding="utf-8", timeout=600
+    )
+    # the screen while the run is in flight: a submodel line with its node, state, node
+    # progress and elapsed time, under the header with the stage and the counts
+    child.expect(IN_FLIGHT)
+    shown = ANSI.sub("", child.before + child.after)
+    assert re.search(r"process +\d of (\d+) submodels done \(0 cached\), 0 failed", shown), shown
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0, ANSI.sub("", child.before)
+    screen = ANSI.sub("", child.before)
+    assert "orthophoto:" in screen and re.search(r"(\d+) of \1 submodels done", screen), screen
+
+
+def test_piped_output_is_plain_lines(brighton_images, tmp_path):
+    proc = subprocess.run(
+        _command(brighton_images, tmp_path / "out"),
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path),
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert not ANSI.search(proc.stderr), proc.stderr
+    lines = proc.stderr.splitlines()
+    planned = int(re.search(r"^plan: (\d+) submodels$", proc.stderr, re.M).group(1))
+    assert planned >= 2, proc.stderr
+    for expected in (
+        r"stage: scan$",
+        r"submodel-000: uploading on http://127\.0\.0\.1:\d+; 0 of \d+ submodels done",
+        rf"submodel-00\d: completed on http://127\.0\.0\.1:\d+; {planned} of {planned} submodels",
+        r"merge orthophoto \d+/\d+$",
+        r"stage: done$",
+    ):
+        assert any(re.match(expected, line) for line in lines), (expected, proc.stderr)
+    assert "submodel-000: " in proc.stdout and "orthophoto: " in proc.stdout
