@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
-from prefect.blocks.core import Block
-from pydantic import Field, SecretStr
+from prefect.blocks.core import Block, schema_extra
+from pydantic import ConfigDict, Field, SecretStr
 
 from prefect_odm.backend import NodeSettings
 from prefect_odm.errors import InputError
@@ -39,8 +39,25 @@ class NodeODM(Block):
     )
 
 
+def _pool_schema_extra(schema: dict[str, Any], model: type[Block]) -> None:
+    """Prefect's block schema, with every field of ``nodes`` secret (``nodes.*``).
+
+    Prefect hides a secret field of a nested model only where the path has no list in it: the
+    ``nodes.token`` it finds for ``list[NodeODM]`` matches nothing in the stored data, and the
+    tokens came back in clear from ``/block_documents`` and on the Blocks page (issue 16). The
+    wildcard hides the node list in API answers and the UI; ``Block.load`` still gets it whole.
+    """
+    schema_extra(schema, model)
+    schema["secret_fields"] = sorted({*schema.get("secret_fields", []), "nodes.*"})
+
+
 class NodeODMPool(Block):
-    """A named group of NodeODM nodes that a run places submodels on."""
+    """A named group of NodeODM nodes that a run places submodels on.
+
+    Its ``nodes`` (URLs and tokens) are secret: the Prefect UI and API show them obfuscated.
+    """
+
+    model_config = ConfigDict(json_schema_extra=_pool_schema_extra)
 
     _block_type_name = "NodeODM Pool"
     _block_type_slug = "nodeodm-pool"
