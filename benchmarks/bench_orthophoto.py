@@ -295,7 +295,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=["brighton", "seneca"])
     parser.add_argument("--keep", type=Path, help="task folders here (reused when present)")
-    parser.add_argument("--png", type=Path, default=Path("ortho_png"), help="PNG folder")
+    parser.add_argument("--png", type=Path, default=Path("out/ortho_png"), help="PNG folder")
     args = parser.parse_args()
     surveys = [args.only] if args.only else ["brighton", "seneca"]
     with tempfile.TemporaryDirectory() as tmp:
