@@ -52,6 +52,8 @@ VALID_DN = (8.0, 250.0)
 FACTOR_LIMITS = (0.4, 2.5)
 """Compensation factors are clipped to this range."""
 
+REMAP_CHUNK = 30_000
+
 ImageSource = Callable[[CameraPose], NDArray[np.uint8]]
 """Camera -> its image, ``(rows, cols, 3)`` uint8."""
 
@@ -127,10 +129,19 @@ def sample_candidate_colours(
             image, (image.shape[1] // s, image.shape[0] // s), interpolation=cv2.INTER_AREA
         )
         small = cv2.GaussianBlur(small.astype(np.float32), (0, 0), 1.0)
-        mu = (views.u[where] / s - 0.5).astype(np.float32).reshape(-1, 1)
-        mv = (views.v[where] / s - 0.5).astype(np.float32).reshape(-1, 1)
-        sampled = cv2.remap(small, mu, mv, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
-        colours[where] = sampled.reshape(-1, 3)
+        mu = (views.u[where] / s - 0.5).astype(np.float32)
+        mv = (views.v[where] / s - 0.5).astype(np.float32)
+        sampled = np.empty((len(mu), 3), dtype=np.float32)
+        for start in range(0, len(mu), REMAP_CHUNK):  # cv2.remap maps are < 32767 long
+            part = slice(start, start + REMAP_CHUNK)
+            sampled[part] = cv2.remap(
+                small,
+                mu[part, None],
+                mv[part, None],
+                cv2.INTER_LINEAR,
+                borderMode=cv2.BORDER_REPLICATE,
+            ).reshape(-1, 3)
+        colours[where] = sampled
     return colours
 
 

@@ -47,6 +47,9 @@ ZBUFFER_CELL_PX = 1.5
 OCCLUSION_TOLERANCE_M = 0.3
 """Depth margin of the occlusion test, metres, on top of one view cell's depth change."""
 
+MAX_WALL_POINTS = 60
+"""Points added down one cell's vertical face in the z-buffer, at most."""
+
 DISTANCE_WEIGHT = 0.5
 """Weight of the relative ground sample distance in the view cost."""
 
@@ -110,8 +113,9 @@ def _zbuffer_visible(
     seen: NDArray[np.bool_],
     cell_px: float,
     cell_m: float,
+    walls: tuple[NDArray[np.float32], NDArray[np.float32], NDArray[np.float32]],
 ) -> NDArray[np.bool_]:
-    """Which of the projected cells ``seen`` no other cell hides (see the module docstring)."""
+    """Which of the projected cells ``seen`` no other cell (nor wall point) hides."""
     from scipy.ndimage import minimum_filter
 
     step = max(1.0, ZBUFFER_CELL_PX * cell_px)
@@ -122,9 +126,45 @@ def _zbuffer_visible(
     index = bv * bw + bu
     buffer = np.full(bw * bh, np.inf, dtype=np.float32)
     np.minimum.at(buffer, index[seen], depth[seen])
+    wu, wv, wd = walls
+    w_ok = (wd > 0) & (wu >= 0) & (wu < camera.width) & (wv >= 0) & (wv < camera.height)
+    w_index = (wv[w_ok] / step).astype(np.int64) * bw + (wu[w_ok] / step).astype(np.int64)
+    np.minimum.at(buffer, w_index, wd[w_ok])
     nearest = minimum_filter(buffer.reshape(bh, bw), size=3, mode="nearest").ravel()
     tolerance = np.float32(OCCLUSION_TOLERANCE_M + 2.0 * cell_m)
     return np.asarray(seen & (depth <= nearest[index] + tolerance), dtype=bool)
+
+
+def _wall_points(
+    camera: CameraPose, coarse: Grid, z: NDArray[np.float32], window: tuple[slice, slice]
+) -> tuple[NDArray[np.float32], NDArray[np.float32], NDArray[np.float32]]:
+    """``(u, v, depth)`` of points down the vertical faces of the DSM in ``window``.
+
+    A DSM of cells splatted as points leaves the faces of walls and tree edges empty; a
+    cell higher than its lowest 8-neighbour by more than a cell side gets points every cell side
+    down to that neighbour's height (at most ``MAX_WALL_POINTS`` per cell).
+    """
+    from scipy.ndimage import minimum_filter
+
+    lowest = minimum_filter(z, size=3, mode="nearest")[window]
+    drop = z[window] - lowest
+    cell = np.float32(coarse.resolution_m)
+    steps = np.minimum(np.floor(drop / cell), MAX_WALL_POINTS).astype(np.int64)
+    rows, cols = np.nonzero(steps > 0)
+    if len(rows) == 0:
+        empty = np.zeros(0, np.float32)
+        return empty, empty, empty
+    count = steps[rows, cols]
+    rows, cols = np.repeat(rows, count), np.repeat(cols, count)
+    level = np.arange(len(rows)) - np.repeat(np.cumsum(count) - count, count) + 1
+    zs = z[window][rows, cols] - level.astype(np.float32) * cell
+    dx, dy = cell_offsets(
+        camera,
+        coarse,
+        (rows + window[0].start).astype(np.float32),
+        (cols + window[1].start).astype(np.float32),
+    )
+    return camera.project_offsets(dx, dy, (zs - np.float32(camera.center[2])).astype(np.float32))
 
 
 def _camera_views(
@@ -154,7 +194,8 @@ def _camera_views(
     distance = np.sqrt(dx * dx + dy * dy + dz * dz)
     gsd = np.maximum(distance, 1e-3) / np.float32(camera.focal_px)
     cell_px = float(coarse.resolution_m / max(float(np.median(gsd[inside])), 1e-6))
-    visible = _zbuffer_visible(camera, u, v, depth, inside, cell_px, coarse.resolution_m)
+    walls = _wall_points(camera, coarse, z, window)
+    visible = _zbuffer_visible(camera, u, v, depth, inside, cell_px, coarse.resolution_m, walls)
     tan_nadir = np.hypot(dx, dy) / np.maximum(-dz, 1e-3)
     cost = tan_nadir + np.float32(DISTANCE_WEIGHT) * (gsd / np.float32(best_gsd_m) - 1.0)
     return window, np.where(visible, cost, np.inf).astype(np.float32), u, v
