@@ -133,8 +133,8 @@ class PyramidBlender:
 
         gauss, weights = [image], [mask]
         for _ in range(self.bands):
-            gauss.append(cv2.pyrDown(gauss[-1]))
-            weights.append(cv2.pyrDown(weights[-1]))
+            gauss.append(np.asarray(cv2.pyrDown(gauss[-1]), dtype=np.float32))
+            weights.append(np.asarray(cv2.pyrDown(weights[-1]), dtype=np.float32))
         for level in range(self.bands + 1):
             g = gauss[level]
             if level < self.bands:
@@ -161,7 +161,7 @@ class PyramidBlender:
                 out = band.astype(np.float32)
             else:
                 rows, cols = self.shapes[level]
-                out = cv2.pyrUp(out, dstsize=(cols, rows)) + band
+                out = np.asarray(cv2.pyrUp(out, dstsize=(cols, rows)) + band, np.float32)
         assert out is not None
         return np.asarray(out, dtype=np.float32)
 

@@ -1,18 +1,20 @@
 """Exposure and vignetting compensation of the orthophoto's images, solved from their overlaps.
 
-Model (per colour band, in the log domain, after Goldman, 2010, *Vignette and exposure
-calibration and compensation*, IEEE PAMI 32(12)): a ground point ``p`` seen by image ``i`` at
-normalised radius ``r`` (distance from the principal point over the half diagonal) has the value
+Model (in the log domain, after Goldman, 2010, *Vignette and exposure calibration and
+compensation*, IEEE PAMI 32(12)): a ground point ``p`` seen by image ``i`` at normalised radius
+``r`` (distance from the principal point over the half diagonal) has the grey value (mean of the
+bands)
 
     log I = log A_p + log g_i + b1 r^2 + b2 r^4 + b3 r^6
 
-with ``A_p`` the point's unknown radiance, ``g_i`` the image's gain (exposure, white balance) and
-``b`` the vignetting polynomial, shared by every image of one camera (same size and intrinsics).
-The observations are the candidate views of the view grid (:mod:`.ortho_views`) seen by at least
-two images, sampled from a blurred, downsampled copy of each image (robust to small
-misregistration). The system is solved by sparse least squares (``scipy.sparse.linalg.lsqr``)
-with iteratively reweighted Huber weights (``HUBER_LOG`` in log units) against parallax, moving
-objects and glare; the gauge is fixed by a mean log gain of zero.
+with ``A_p`` the point's unknown radiance, ``g_i`` the image's gain (exposure) and ``b`` the
+vignetting polynomial, shared by every image of one camera (same size and intrinsics). The
+observations are the candidate views of the view grid (:mod:`.ortho_views`) on flat, low-texture
+ground seen by at least two images, sampled from a blurred, downsampled copy of each image
+(robust to small misregistration). The radiances are eliminated (Schur complement), the small
+system in gains and vignetting is solved with iteratively reweighted Huber weights
+(``HUBER_LOG`` in log units) against parallax, moving objects and glare, the gauge fixed by a
+mean log gain of zero. One gain for the three bands: white balance is left as the camera set it.
 """
 
 from __future__ import annotations
@@ -162,7 +164,7 @@ def smooth_cells(views: ViewCandidates, colours: NDArray[np.float32]) -> NDArray
     std = np.sqrt(np.maximum(uniform_filter(grey * grey, 3) - mean * mean, 0.0))
     usable = flat & (views.camera[0] >= 0)
     if not usable.any():
-        return usable
+        return np.asarray(usable, dtype=bool)
     limit = float(np.quantile(std[usable], TEXTURE_QUANTILE))
     return np.asarray(usable & (std <= limit), dtype=bool)
 

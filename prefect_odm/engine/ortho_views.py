@@ -7,7 +7,8 @@ orthophoto cells). For each camera and view cell, with the cell's centre at the 
   the blending has image content around every chosen cell);
 * **visible**: a z-buffer test against the DSM. Every view cell within the camera's footprint is
   projected into a depth buffer of ``ZBUFFER_CELL_PX`` pixels (the nearest depth per buffer pixel,
-  widened by a 3 x 3 minimum filter to close the holes between splatted cells); a cell is occluded
+  widened by a 3 x 3 minimum filter to close the holes between splatted cells, with points added
+  down the vertical faces where the DSM steps by more than a cell); a cell is occluded
   when something lies more than ``OCCLUSION_TOLERANCE_M`` (plus the depth change across one view
   cell) in front of it along the ray. This is the splatting z-buffer of true-orthophoto
   production (e.g. Habib et al., 2007, *Photogrammetric Engineering & Remote Sensing* 73(1)).
