@@ -187,6 +187,14 @@ def geolocation_m(rgba: np.ndarray, grid: Grid) -> tuple[float, float]:
     return math.hypot(dx, dy) * res, float(response)
 
 
+def _masked_mean(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Mean over axis 0 of ``values`` where ``mask`` (NaN where nothing)."""
+    use = mask & np.isfinite(values)
+    count = use.sum(axis=0)
+    total = np.where(use, values, 0.0).sum(axis=0)
+    return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
 def corner_centre(
     scene: Scene, task: Path, result: orthophoto.OrthophotoResult
 ) -> dict[str, float]:
@@ -215,8 +223,8 @@ def corner_centre(
             w = views.camera == index
             grey[w] = (colours[w] * rad.factor(index, camera, views.u[w], views.v[w])).mean(-1)
             r2[w] = normalised_radius2(camera, views.u[w], views.v[w])
-        corner = np.nanmean(np.where(r2 > 0.5, grey, np.nan), axis=0)
-        centre = np.nanmean(np.where(r2 < 0.1, grey, np.nan), axis=0)
+        corner = _masked_mean(grey, r2 > 0.5)
+        centre = _masked_mean(grey, r2 < 0.1)
         use = np.isfinite(corner) & np.isfinite(centre) & smooth_cells(views, colours)
         figures[f"mosaic {name}"] = float(np.median(corner[use] / centre[use]))
     return figures
