@@ -1,8 +1,8 @@
 """Rendering the labelled views onto the orthophoto grid and blending them, tile by tile.
 
 Each orthophoto cell (x, y, z from the DSM) is projected into the cameras labelled near it
-(:mod:`.ortho_labels`), sampled bicubically (``cv2.remap``, ``INTER_CUBIC``: bilinear sampling at the source GSD loses a third of the detail) and multiplied by the radiometric
-correction (:mod:`.ortho_radiometry`). Where the label changes, the views are blended by multi-band
+(:mod:`.ortho_labels`), sampled bicubically (``cv2.remap``, ``INTER_CUBIC``: bilinear sampling
+at the source GSD loses a third of the detail) and multiplied by the radiometric correction (:mod:`.ortho_radiometry`). Where the label changes, the views are blended by multi-band
 blending (Burt and Adelson, 1983, *A multiresolution spline with application to image mosaics*,
 ACM ToG 2(4); :class:`PyramidBlender`): low frequencies are mixed over a wide
 band, fine detail over a narrow one, so there is no seamline to see and no ghosting.
@@ -35,6 +35,9 @@ MARGIN_CELLS = 64
 
 BANDS = 5
 """Pyramid levels of the multi-band blender (support about ``2 ** BANDS`` cells)."""
+
+FINE_BAND_SIGMA_CELLS = 0.5
+"""Gaussian blur of each view's mask for the finest band, cells."""
 
 
 @dataclass(frozen=True)
@@ -131,7 +134,9 @@ class PyramidBlender:
         placed at ``(row, col)`` (multiples of :attr:`align`)."""
         import cv2
 
-        gauss, weights = [image], [mask]
+        # the finest band too is mixed over a few cells (a hard cut shows misregistered detail)
+        gauss = [image]
+        weights = [np.asarray(cv2.GaussianBlur(mask, (0, 0), FINE_BAND_SIGMA_CELLS), np.float32)]
         for _ in range(self.bands):
             gauss.append(np.asarray(cv2.pyrDown(gauss[-1]), dtype=np.float32))
             weights.append(np.asarray(cv2.pyrDown(weights[-1]), dtype=np.float32))
