@@ -2,7 +2,8 @@
 
 Each orthophoto cell (x, y, z from the DSM) is projected into the cameras labelled near it
 (:mod:`.ortho_labels`), sampled bicubically (``cv2.remap``, ``INTER_CUBIC``: bilinear sampling
-at the source GSD loses a third of the detail) and multiplied by the radiometric correction (:mod:`.ortho_radiometry`). Where the label changes, the views are blended by multi-band
+at the source GSD loses a third of the detail) from the image area-averaged to the orthophoto's
+GSD where it is finer (sampling a finer image directly aliases) and multiplied by the radiometric correction (:mod:`.ortho_radiometry`). Where the label changes, the views are blended by multi-band
 blending (Burt and Adelson, 1983, *A multiresolution spline with application to image mosaics*,
 ACM ToG 2(4); :class:`PyramidBlender`): low frequencies are mixed over a wide
 band, fine detail over a narrow one, so there is no seamline to see and no ghosting.
@@ -37,6 +38,9 @@ BANDS = 5
 """Pyramid levels of the multi-band blender (support about ``2 ** BANDS`` cells)."""
 
 FINE_BAND_SIGMA_CELLS = 0.5
+
+PREFILTER_BELOW = 0.85
+"""Images whose GSD is below this fraction of the orthophoto's are area-averaged first."""
 """Gaussian blur of each view's mask for the finest band, cells."""
 
 
@@ -180,6 +184,21 @@ def _bbox(mask: NDArray[np.bool_], margin: int) -> tuple[slice, slice]:
     )
 
 
+def _prefiltered(
+    camera: CameraPose, image: NDArray[np.uint8], grid: Grid, z_m: float
+) -> tuple[NDArray[np.uint8], float]:
+    """The image area-averaged to about the orthophoto's GSD when finer (against aliasing),
+    and its scale to the camera's size."""
+    import cv2
+
+    gsd_m = max(camera.center[2] - z_m, 1e-3) / camera.focal_px
+    scale = gsd_m / grid.resolution_m
+    if scale >= PREFILTER_BELOW:
+        return image, 1.0
+    small = cv2.resize(image, None, fx=scale, fy=scale, interpolation=cv2.INTER_AREA)
+    return np.asarray(small, dtype=np.uint8), small.shape[1] / image.shape[1]
+
+
 def blend_tile(
     tile: Tile,
     grid: Grid,
@@ -221,8 +240,9 @@ def blend_tile(
         wc = slice(wc.start - wc.start % a, wc.stop)
         window_rows = slice(pr.start + wr.start, pr.start + wr.stop)
         window_cols = slice(pc.start + wc.start, pc.start + wc.stop)
+        image, scale = _prefiltered(camera, source(camera), grid, float(np.median(z)))
         colour, u, v, inside = render_view(
-            camera, source(camera), grid, window_rows, window_cols, z[wr, wc]
+            camera, image, grid, window_rows, window_cols, z[wr, wc], image_scale=scale
         )
         colour *= radiometry.factor(index, camera, u, v)
         blender.feed(colour, (mask[wr, wc] & inside).astype(np.float32), wr.start, wc.start)
