@@ -37,6 +37,9 @@ from prefect_odm.merge.grid import Grid
 
 logger = logging.getLogger(__name__)
 
+EDGE_EXTENSION_CELLS = 2.0
+"""How far (view cells) the outermost labels reach into unlabelled cells."""
+
 IMAGE_CACHE = 12
 """Decoded images kept in memory while blending (about 4 MB each at 1600 x 900)."""
 
@@ -92,6 +95,20 @@ def _compensated_grey(
     return grey
 
 
+def _extend_to_edges(labels: NDArray[np.int32]) -> NDArray[np.int32]:
+    """Labels with the unlabelled cells within ``EDGE_EXTENSION_CELLS`` of a labelled one given
+    the nearest label: the footprint's outline then follows the images' borders (the fine
+    in-image test of the blending) instead of the view grid's staircase."""
+    from scipy.ndimage import distance_transform_edt
+
+    empty = labels < 0
+    if not empty.any() or empty.all():
+        return labels
+    distance, (rows, cols) = distance_transform_edt(empty, return_indices=True)
+    near = empty & (distance <= EDGE_EXTENSION_CELLS)
+    return np.where(near, labels[rows, cols], labels).astype(np.int32)
+
+
 def render_orthophoto_views(
     scene: Scene,
     image_dir: Path,
@@ -132,11 +149,12 @@ def render_orthophoto_views(
     seconds["labels"] = time.perf_counter() - mark
     mark = time.perf_counter()
     rgba = np.zeros((4, grid.height, grid.width), dtype=np.uint8)
+    render_labels = _extend_to_edges(labels)
     f = views.factor
     for tile in ortho_blend.tiles(grid):
         rows = np.arange(tile.pad_rows.start, tile.pad_rows.stop) // f
         cols = np.arange(tile.pad_cols.start, tile.pad_cols.stop) // f
-        tile_labels = labels[np.ix_(rows, cols)]
+        tile_labels = render_labels[np.ix_(rows, cols)]
         rgba[:, tile.rows, tile.cols] = ortho_blend.blend_tile(
             tile, grid, tile_labels, height_at, scene.cameras, source, radiometry
         )
