@@ -15,7 +15,7 @@ result does not depend on the order of anything (deterministic).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,8 +25,11 @@ from numpy.typing import NDArray
 from prefect_odm.engine.camera import CameraPose
 from prefect_odm.engine.dem import HeightSampler
 from prefect_odm.engine.footprints import cell_offsets, in_image
-from prefect_odm.engine.ortho_radiometry import ImageSource, Radiometry
+from prefect_odm.engine.ortho_radiometry import Radiometry
 from prefect_odm.merge.grid import Grid
+
+PrefilteredSource = Callable[[CameraPose], tuple[NDArray[np.uint8], float]]
+"""Camera -> ``(image, its size over the camera's)`` (:func:`prefiltered`)."""
 
 TILE_CELLS = 1024
 """Orthophoto cells per tile side."""
@@ -184,7 +187,7 @@ def _bbox(mask: NDArray[np.bool_], margin: int) -> tuple[slice, slice]:
     )
 
 
-def _prefiltered(
+def prefiltered(
     camera: CameraPose, image: NDArray[np.uint8], grid: Grid, z_m: float
 ) -> tuple[NDArray[np.uint8], float]:
     """The image area-averaged to about the orthophoto's GSD when finer (against aliasing),
@@ -205,7 +208,7 @@ def blend_tile(
     labels: NDArray[np.int32],
     height_at: HeightSampler,
     cameras: tuple[CameraPose, ...],
-    source: ImageSource,
+    source: PrefilteredSource,
     radiometry: Radiometry,
 ) -> NDArray[np.uint8]:
     """The RGBA orthophoto of one tile, ``(4, rows, cols)`` uint8 (alpha 0 where unlabelled).
@@ -216,7 +219,7 @@ def blend_tile(
         labels: camera index per orthophoto cell of the tile's padded window, int32, -1 none.
         height_at: ``(rows, cols) -> z`` of orthophoto cells, metres.
         cameras: the posed cameras (indexed by ``labels``).
-        source: loads a camera's image.
+        source: a camera's image, prefiltered (:func:`prefiltered`), and its scale.
         radiometry: the exposure and vignetting correction.
     """
     pr, pc = tile.pad_rows, tile.pad_cols
@@ -240,7 +243,7 @@ def blend_tile(
         wc = slice(wc.start - wc.start % a, wc.stop)
         window_rows = slice(pr.start + wr.start, pr.start + wr.stop)
         window_cols = slice(pc.start + wc.start, pc.start + wc.stop)
-        image, scale = _prefiltered(camera, source(camera), grid, float(np.median(z)))
+        image, scale = source(camera)
         colour, u, v, inside = render_view(
             camera, image, grid, window_rows, window_cols, z[wr, wc], image_scale=scale
         )

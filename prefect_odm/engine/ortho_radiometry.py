@@ -90,10 +90,19 @@ class Radiometry:
         """Multiplicative correction of image ``index`` at pixels ``(u, v)``: shape ``u.shape +
         (3,)``, float32 (``1 / (gain * vignetting)``, clipped to ``FACTOR_LIMITS``)."""
         r2 = normalised_radius2(camera, u, v)
-        powers = np.stack([r2 ** (j + 1) for j in range(VIGNETTING_TERMS)], axis=-1)
-        log_v = powers @ self.vignetting[index].T  # (..., 3)
-        log_f = -(log_v + np.log(self.gains[index]))
-        return np.asarray(np.clip(np.exp(log_f), *FACTOR_LIMITS), dtype=np.float32)
+        coeffs = self.vignetting[index]
+        log_gain = np.log(self.gains[index])
+        bands: list[NDArray[np.float32]] = []
+        for band in range(3):
+            if band and np.array_equal(coeffs[band], coeffs[0]) and log_gain[band] == log_gain[0]:
+                bands.append(bands[0])  # bands alike: computed once
+                continue
+            log_v = np.zeros_like(r2)
+            for c in coeffs[band][::-1]:  # Horner in r^2: r2 * (b1 + r2 * (b2 + r2 * b3))
+                log_v = (log_v + np.float32(c)) * r2
+            value = np.exp(-(log_v + np.float32(log_gain[band])))
+            bands.append(np.clip(value, *FACTOR_LIMITS).astype(np.float32))
+        return np.stack(bands, axis=-1)
 
 
 def normalised_radius2(

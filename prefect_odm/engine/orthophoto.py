@@ -82,6 +82,24 @@ def _image_source(image_dir: Path) -> ImageSource:
     return source
 
 
+def _prefiltered_source(
+    source: ImageSource, grid: Grid, z_m: float
+) -> ortho_blend.PrefilteredSource:
+    """Camera -> its image area-averaged to the orthophoto's GSD at height ``z_m``, kept for the
+    last ``IMAGE_CACHE`` cameras."""
+    cache: OrderedDict[str, tuple[NDArray[np.uint8], float]] = OrderedDict()
+
+    def filtered(camera: CameraPose) -> tuple[NDArray[np.uint8], float]:
+        if camera.name not in cache:
+            cache[camera.name] = ortho_blend.prefiltered(camera, source(camera), grid, z_m)
+            if len(cache) > IMAGE_CACHE:
+                cache.popitem(last=False)
+        cache.move_to_end(camera.name)
+        return cache[camera.name]
+
+    return filtered
+
+
 def _compensated_grey(
     scene: Scene, views: ViewCandidates, colours: NDArray[np.float32], radiometry: Radiometry
 ) -> NDArray[np.float32]:
@@ -150,13 +168,14 @@ def render_orthophoto_views(
     mark = time.perf_counter()
     rgba = np.zeros((4, grid.height, grid.width), dtype=np.uint8)
     render_labels = _extend_to_edges(labels)
+    filtered = _prefiltered_source(source, grid, float(np.median(views.z)))
     f = views.factor
     for tile in ortho_blend.tiles(grid):
         rows = np.arange(tile.pad_rows.start, tile.pad_rows.stop) // f
         cols = np.arange(tile.pad_cols.start, tile.pad_cols.stop) // f
         tile_labels = render_labels[np.ix_(rows, cols)]
         rgba[:, tile.rows, tile.cols] = ortho_blend.blend_tile(
-            tile, grid, tile_labels, height_at, scene.cameras, source, radiometry
+            tile, grid, tile_labels, height_at, scene.cameras, filtered, radiometry
         )
     seconds["blend"] = time.perf_counter() - mark
     log(
