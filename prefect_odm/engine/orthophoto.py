@@ -40,6 +40,9 @@ logger = logging.getLogger(__name__)
 EDGE_EXTENSION_CELLS = 2.0
 """How far (view cells) the outermost labels reach into unlabelled cells."""
 
+PREFILTERED_BYTES = 512 * 2**20
+"""Memory for the prefiltered images kept while blending, bytes."""
+
 IMAGE_CACHE = 12
 """Decoded images kept in memory while blending (about 4 MB each at 1600 x 900)."""
 
@@ -85,14 +88,14 @@ def _image_source(image_dir: Path) -> ImageSource:
 def _prefiltered_source(
     source: ImageSource, grid: Grid, z_m: float
 ) -> ortho_blend.PrefilteredSource:
-    """Camera -> its image area-averaged to the orthophoto's GSD at height ``z_m``, kept for the
-    last ``IMAGE_CACHE`` cameras."""
+    """Camera -> its image area-averaged to the orthophoto's GSD at height ``z_m``, the most
+    recently used kept up to ``PREFILTERED_BYTES``."""
     cache: OrderedDict[str, tuple[NDArray[np.uint8], float]] = OrderedDict()
 
     def filtered(camera: CameraPose) -> tuple[NDArray[np.uint8], float]:
         if camera.name not in cache:
             cache[camera.name] = ortho_blend.prefiltered(camera, source(camera), grid, z_m)
-            if len(cache) > IMAGE_CACHE:
+            while len(cache) > 1 and sum(i.nbytes for i, _ in cache.values()) > PREFILTERED_BYTES:
                 cache.popitem(last=False)
         cache.move_to_end(camera.name)
         return cache[camera.name]
