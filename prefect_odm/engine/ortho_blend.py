@@ -42,8 +42,10 @@ BANDS = 5
 
 FINE_BAND_SIGMA_CELLS = 0.5
 
-PREFILTER_BELOW = 0.85
-"""Images whose GSD is below this fraction of the orthophoto's are area-averaged first."""
+PREFILTER_BELOW = 0.7
+"""Images whose GSD is below this fraction of the orthophoto's are area-averaged first (a milder
+downsampling keeps more detail sampled directly: brighton, 0.83, sharpness 2.04 vs 0.70 prefiltered
+of the area-averaged source)."""
 """Gaussian blur of each view's mask for the finest band, cells."""
 
 
