@@ -41,12 +41,12 @@ BANDS = 5
 """Pyramid levels of the multi-band blender (support about ``2 ** BANDS`` cells)."""
 
 FINE_BAND_SIGMA_CELLS = 0.5
+"""Gaussian blur of each view's mask for the finest band, cells."""
 
 PREFILTER_BELOW = 0.7
 """Images whose GSD is below this fraction of the orthophoto's are area-averaged first (a milder
 downsampling keeps more detail sampled directly: brighton, 0.83, sharpness 2.04 vs 0.70 prefiltered
 of the area-averaged source)."""
-"""Gaussian blur of each view's mask for the finest band, cells."""
 
 
 @dataclass(frozen=True)
