@@ -1,137 +1,193 @@
-"""The built-in engine's orthophoto, and the direct method's points coloured from it.
+"""The built-in engine's orthophoto on the DSM, seamless, and the direct method's points
+coloured from it.
 
-For every ground cell, the camera whose image holds the cell nearest to its centre is chosen
-(decided on blocks of ``SELECTION_BLOCK`` x ``SELECTION_BLOCK`` cells), the cell (x, y, z from the
-surface) is projected into that image and its colour sampled bilinearly; alpha 0 where no image
-sees the cell. No occlusion test (not a true orthophoto).
+Steps (each in its own module):
+
+1. :mod:`.ortho_views`: the candidate views of every 0.4 m view cell (nadir angle, distance,
+   occlusion tested against the DSM with a z-buffer per camera);
+2. :mod:`.ortho_radiometry`: a gain per image and band and a vignetting polynomial per camera,
+   solved by robust least squares from the ground seen by several images;
+3. :mod:`.ortho_labels`: one view per view cell, changing along low-contrast paths (an MRF);
+4. :mod:`.ortho_blend`: the labelled views rendered per cell (x, y, z from the DSM), corrected,
+   and multi-band blended across the view changes, tile by tile.
+
+The first renderer (the best camera per block, no blending) is kept in :mod:`.ortho_blocks` as
+the benchmarks' baseline.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from PIL import Image
 
-from prefect_odm.engine.camera import Scene
+from prefect_odm.engine import ortho_blend, ortho_labels, ortho_radiometry, ortho_views
+from prefect_odm.engine.camera import CameraPose, Scene
 from prefect_odm.engine.dem import HeightSampler
-from prefect_odm.engine.footprints import FloatArray, camera_window, cell_offsets, in_image
+from prefect_odm.engine.footprints import FloatArray
+from prefect_odm.engine.ortho_radiometry import ImageSource, Radiometry
+from prefect_odm.engine.ortho_views import ViewCandidates
 from prefect_odm.merge.grid import Grid
 
 logger = logging.getLogger(__name__)
 
-SELECTION_BLOCK = 16
-"""Orthophoto cells per block side when choosing the best camera."""
+EDGE_EXTENSION_CELLS = 2.0
+"""How far (view cells) the outermost labels reach into unlabelled cells."""
+
+PREFILTERED_BYTES = 512 * 2**20
+"""Memory for the prefiltered images kept while blending, bytes."""
+
+IMAGE_CACHE = 12
+"""Decoded images kept in memory while blending (about 4 MB each at 1600 x 900)."""
 
 
-def _load_rgb(path: Path) -> NDArray[np.uint8]:
-    with Image.open(path) as image:
-        return np.asarray(image.convert("RGB"))
+@dataclass(frozen=True)
+class OrthophotoResult:
+    """The orthophoto and how it was made.
 
-
-def _bilinear(
-    image: NDArray[np.uint8], u: NDArray[np.floating], v: NDArray[np.floating]
-) -> NDArray[np.uint8]:
-    """Sample ``image`` (rows, cols, 3) at continuous pixel coordinates (COLMAP convention:
-    pixel centres at integer + 0.5), bilinearly; returns ``(n, 3)`` uint8.
-
-    The three channels are packed into one uint32 per pixel so each corner is one 1-D gather.
+    Attributes:
+        rgba: ``(4, grid.height, grid.width)`` uint8; alpha 255 where coloured, else 0.
+        views: the candidate views on the view grid.
+        labels: camera index per view cell, int32, ``views.camera.shape[1:]``, -1 none.
+        radiometry: the exposure and vignetting correction applied.
+        sweeps: iterations of the labelling.
+        seconds: wall time per step (``views``, ``radiometry``, ``labels``, ``blend``).
     """
-    h, w = image.shape[:2]
-    packed = (
-        image[..., 0].astype(np.uint32)
-        | (image[..., 1].astype(np.uint32) << 8)
-        | (image[..., 2].astype(np.uint32) << 16)
-    ).ravel()
-    x = np.clip(u - 0.5, 0, w - 1.001).astype(np.float32)
-    y = np.clip(v - 0.5, 0, h - 1.001).astype(np.float32)
-    x0 = x.astype(np.int32)
-    y0 = y.astype(np.int32)
-    fx = x - x0
-    fy = y - y0
-    i00 = y0 * np.int32(w) + x0
-    corners = (packed[i00], packed[i00 + 1], packed[i00 + w], packed[i00 + w + 1])
-    weights = ((1 - fx) * (1 - fy), fx * (1 - fy), (1 - fx) * fy, fx * fy)
-    out = np.empty((len(x), 3), dtype=np.uint8)
-    for band in range(3):
-        shift = np.uint32(8 * band)
-        total = np.full(len(x), 0.5, dtype=np.float32)
-        for corner, weight in zip(corners, weights, strict=True):
-            total += ((corner >> shift) & np.uint32(255)).astype(np.float32) * weight
-        out[:, band] = total.astype(np.uint8)
-    return out
+
+    rgba: NDArray[np.uint8]
+    views: ViewCandidates
+    labels: NDArray[np.int32]
+    radiometry: Radiometry
+    sweeps: int
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
-def best_cameras(scene: Scene, grid: Grid, height_at: HeightSampler) -> NDArray[np.int32]:
-    """The camera that colours each block of ``SELECTION_BLOCK`` x ``SELECTION_BLOCK`` cells.
+def _image_source(image_dir: Path) -> ImageSource:
+    """Camera -> image, with the last ``IMAGE_CACHE`` decoded images kept."""
+    cache: OrderedDict[str, NDArray[np.uint8]] = OrderedDict()
 
-    A camera sees a block when the block centre (at the surface height) projects within about
-    half a block of its image; among those, the one whose image holds the centre nearest its
-    principal point wins, and a camera holding the centre itself always beats one that only
-    grazes it.
+    def source(camera: CameraPose) -> NDArray[np.uint8]:
+        if camera.name in cache:
+            cache.move_to_end(camera.name)
+            return cache[camera.name]
+        image = ortho_blend.load_rgb(image_dir / camera.name)
+        cache[camera.name] = image
+        if len(cache) > IMAGE_CACHE:
+            cache.popitem(last=False)
+        return image
+
+    return source
+
+
+def _prefiltered_source(
+    source: ImageSource, grid: Grid, z_m: float
+) -> ortho_blend.PrefilteredSource:
+    """Camera -> its image area-averaged to the orthophoto's GSD at height ``z_m``, the most
+    recently used kept up to ``PREFILTERED_BYTES``."""
+    cache: OrderedDict[str, tuple[NDArray[np.uint8], float]] = OrderedDict()
+
+    def filtered(camera: CameraPose) -> tuple[NDArray[np.uint8], float]:
+        if camera.name not in cache:
+            cache[camera.name] = ortho_blend.prefiltered(camera, source(camera), grid, z_m)
+            while len(cache) > 1 and sum(i.nbytes for i, _ in cache.values()) > PREFILTERED_BYTES:
+                cache.popitem(last=False)
+        cache.move_to_end(camera.name)
+        return cache[camera.name]
+
+    return filtered
+
+
+def _compensated_grey(
+    scene: Scene, views: ViewCandidates, colours: NDArray[np.float32], radiometry: Radiometry
+) -> NDArray[np.float32]:
+    """Mean-of-bands colour of each candidate after the correction, ``views.camera.shape``."""
+    grey = np.full(views.camera.shape, np.nan, dtype=np.float32)
+    for index, camera in enumerate(scene.cameras):
+        where = views.camera == index
+        if where.any():
+            factor = radiometry.factor(index, camera, views.u[where], views.v[where])
+            grey[where] = (colours[where] * factor).mean(axis=1)
+    return grey
+
+
+def _extend_to_edges(labels: NDArray[np.int32]) -> NDArray[np.int32]:
+    """Labels with the unlabelled cells within ``EDGE_EXTENSION_CELLS`` of a labelled one given
+    the nearest label: the footprint's outline then follows the images' borders (the fine
+    in-image test of the blending) instead of the view grid's staircase."""
+    from scipy.ndimage import distance_transform_edt
+
+    empty = labels < 0
+    if not empty.any() or empty.all():
+        return labels
+    distance, (rows, cols) = distance_transform_edt(empty, return_indices=True)
+    near = empty & (distance <= EDGE_EXTENSION_CELLS)
+    return np.where(near, labels[rows, cols], labels).astype(np.int32)
+
+
+def render_orthophoto_views(
+    scene: Scene,
+    image_dir: Path,
+    grid: Grid,
+    height_at: HeightSampler,
+    *,
+    compensate: bool = True,
+    log: Callable[[str], None] = logger.info,
+) -> OrthophotoResult:
+    """The orthophoto of ``grid`` (see the module docstring), with its views and labels.
 
     Args:
-        scene: posed cameras.
+        scene: posed cameras (UTM metres, ``scene.epsg``).
+        image_dir: folder of the image files named as the cameras.
         grid: the orthophoto grid.
-        height_at: ``(rows, cols) -> z`` of orthophoto cells in metres (the surface).
+        height_at: ``(rows, cols) -> z`` of orthophoto cells in metres (the DSM, gap-free).
+        compensate: solve and apply the exposure and vignetting correction (else identity).
+        log: progress line sink.
 
     Returns:
-        Camera index per block (-1: no camera), int32, shape
-        ``(ceil(grid.height / SELECTION_BLOCK), ceil(grid.width / SELECTION_BLOCK))``.
+        The orthophoto and the intermediate results.
     """
-    block = SELECTION_BLOCK
-    brows = -(-grid.height // block)
-    bcols = -(-grid.width // block)
-    # block centres, in orthophoto cell indices
-    crow = np.minimum(np.arange(brows) * block + block // 2, grid.height - 1)
-    ccol = np.minimum(np.arange(bcols) * block + block // 2, grid.width - 1)
-    rr, cc = np.meshgrid(crow, ccol, indexing="ij")
-    bx = grid.left + (cc + 0.5) * grid.resolution_m
-    by = grid.top - (rr + 0.5) * grid.resolution_m
-    bz = height_at(rr.ravel(), cc.ravel()).reshape(rr.shape)
-    best = np.full(rr.shape, -1, dtype=np.int32)
-    best_score = np.full(rr.shape, np.inf)
-    block_grid = Grid(grid.left, grid.top, grid.resolution_m * block, bcols, brows)
-    z_low, z_high, z_mid = float(bz.min()), float(bz.max()), float(np.median(bz))
-    for index, camera in enumerate(scene.cameras):
-        window = camera_window(camera, block_grid, z_low, z_high)
-        if window is None:
-            continue
-        u, v, depth = camera.project(bx[window], by[window], bz[window])
-        # a block counts as seen when its centre is within half a block of the image
-        gsd = max((camera.center[2] - z_mid) / camera.focal_px, 1e-3)
-        margin = 0.75 * block * grid.resolution_m / gsd
-        seen = in_image(camera, u, v, depth, margin)
-        score = np.hypot((u - camera.cx) / camera.width, (v - camera.cy) / camera.height)
-        # a camera that holds the block centre itself always beats one that only grazes it
-        score = np.where(in_image(camera, u, v, depth), score, score + 10.0)
-        better = seen & (score < best_score[window])
-        best[window][better] = index
-        best_score[window][better] = score[better]
-    return best
-
-
-def _block_cells(
-    brow: NDArray[np.integer[Any]], bcol: NDArray[np.integer[Any]], grid: Grid
-) -> tuple[NDArray[np.int32], NDArray[np.int32]]:
-    """Rows and columns (flat, int32) of every grid cell in the blocks ``(brow, bcol)``."""
-    block = SELECTION_BLOCK
-    offsets = np.arange(block, dtype=np.int32)
-    shape = (brow.size, block, block)
-    rows = np.broadcast_to(
-        (brow.astype(np.int32) * block)[:, None, None] + offsets[None, :, None], shape
-    ).ravel()
-    cols = np.broadcast_to(
-        (bcol.astype(np.int32) * block)[:, None, None] + offsets[None, None, :], shape
-    ).ravel()
-    keep = (rows < grid.height) & (cols < grid.width)
-    if not keep.all():
-        rows, cols = rows[keep], cols[keep]
-    return rows, cols
+    seconds: dict[str, float] = {}
+    started = time.perf_counter()
+    views = ortho_views.candidate_views(scene, grid, height_at)
+    seconds["views"] = time.perf_counter() - started
+    source = _image_source(image_dir)
+    colours = ortho_radiometry.sample_candidate_colours(scene, views, source)
+    radiometry = (
+        ortho_radiometry.solve_radiometry(scene, views, colours)
+        if compensate
+        else Radiometry.identity(len(scene.cameras))
+    )
+    seconds["radiometry"] = time.perf_counter() - started - seconds["views"]
+    mark = time.perf_counter()
+    grey = _compensated_grey(scene, views, colours, radiometry)
+    labels, sweeps = ortho_labels.label_views(views, grey)
+    seconds["labels"] = time.perf_counter() - mark
+    mark = time.perf_counter()
+    rgba = np.zeros((4, grid.height, grid.width), dtype=np.uint8)
+    render_labels = _extend_to_edges(labels)
+    filtered = _prefiltered_source(source, grid, float(np.median(views.z)))
+    f = views.factor
+    for tile in ortho_blend.tiles(grid):
+        rows = np.arange(tile.pad_rows.start, tile.pad_rows.stop) // f
+        cols = np.arange(tile.pad_cols.start, tile.pad_cols.stop) // f
+        tile_labels = render_labels[np.ix_(rows, cols)]
+        rgba[:, tile.rows, tile.cols] = ortho_blend.blend_tile(
+            tile, grid, tile_labels, height_at, scene.cameras, filtered, radiometry
+        )
+    seconds["blend"] = time.perf_counter() - mark
+    log(
+        f"Orthophoto {grid.width}x{grid.height} cells at {grid.resolution_m * 100:.1f} cm from "
+        f"{len(np.unique(labels[labels >= 0]))} images; exposure/vignetting spread "
+        f"{radiometry.rms_log_before:.3f} -> {radiometry.rms_log_after:.3f} (log), "
+        f"{sweeps} labelling sweeps"
+    )
+    return OrthophotoResult(rgba, views, labels, radiometry, sweeps, seconds)
 
 
 def render_orthophoto(
@@ -142,44 +198,19 @@ def render_orthophoto(
     *,
     log: Callable[[str], None] = logger.info,
 ) -> NDArray[np.uint8]:
-    """Colour every cell of ``grid`` from the best camera (see the module docstring).
+    """Colour every cell of ``grid`` (see the module docstring).
 
     Args:
         scene: posed cameras.
         image_dir: folder of the image files named as the cameras.
         grid: the orthophoto grid.
-        height_at: ``(rows, cols) -> z`` of orthophoto cells in metres (the surface).
+        height_at: ``(rows, cols) -> z`` of orthophoto cells in metres (the DSM, gap-free).
         log: progress line sink.
 
     Returns:
         RGBA, uint8, shape ``(4, grid.height, grid.width)``; alpha 255 where coloured, else 0.
     """
-    best = best_cameras(scene, grid, height_at)
-    rgba = np.zeros((4, grid.height, grid.width), dtype=np.uint8)
-    used = 0
-    for index, camera in enumerate(scene.cameras):
-        brow, bcol = np.nonzero(best == index)
-        if brow.size == 0:
-            continue
-        used += 1
-        rows, cols = _block_cells(brow, bcol, grid)
-        dx, dy = cell_offsets(camera, grid, rows.astype(np.float32), cols.astype(np.float32))
-        dz = (height_at(rows, cols) - camera.center[2]).astype(np.float32)
-        u, v, depth = camera.project_offsets(dx, dy, dz)
-        seen = in_image(camera, u, v, depth)
-        if not seen.any():
-            continue
-        image = _load_rgb(image_dir / camera.name)
-        colour = _bilinear(image, u[seen], v[seen])
-        flat = rows[seen].astype(np.intp) * grid.width + cols[seen]
-        for band in range(3):
-            rgba[band].reshape(-1)[flat] = colour[:, band]
-        rgba[3].reshape(-1)[flat] = 255
-    log(
-        f"Orthophoto {grid.width}x{grid.height} cells at {grid.resolution_m * 100:.1f} cm "
-        f"from {used} images"
-    )
-    return rgba
+    return render_orthophoto_views(scene, image_dir, grid, height_at, log=log).rgba
 
 
 def grid_points_from_orthophoto(
