@@ -268,8 +268,8 @@ def test_direct_brighton_products(direct_task: tuple[Path, float, list[str]]) ->
     assert any("DJI_0024.JPG..DJI_0029.JPG turned by 180" in line for line in lines)
     _, corr = orthophoto_offset_m(task / "odm_orthophoto" / "odm_orthophoto.tif")
     assert corr > 0.3, f"direct orthophoto does not resemble the reference (r={corr:.2f})"
-    # generous bound for a loaded CI machine; ~1.5-2.5 s on 2 idle cores
-    assert seconds < 15, f"direct took {seconds:.1f} s"
+    # Speed is measured in benchmarks/bench_engine.py, never asserted here.
+    print(f"direct pipeline on brighton: {seconds:.1f} s")
 
 
 def test_direct_ground_plane_is_take_off_elevation(
