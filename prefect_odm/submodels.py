@@ -19,11 +19,13 @@ from pathlib import Path
 from prefect_odm import progress, storage
 from prefect_odm.backend import CANCELED, COMPLETED, NodeBackend, TaskState, task_uuid
 from prefect_odm.errors import (
+    DownloadError,
     NodeError,
     OutOfMemoryError,
     OutputValidationError,
     ProcessingFailedError,
     RunCancelledError,
+    StaleTaskError,
     StorageError,
     TransientNodeError,
 )
@@ -170,8 +172,12 @@ class SubmodelRunner:
         node_key: str | None = None
         uuid: str | None = None
         attempt = retries_elsewhere = 0
+        uuid_attempt = -1  # the attempt whose UUID this attempt uses
         for attempt in range(self.max_attempts):
-            uuid = task_uuid(submodel.fingerprint, attempt)
+            # a failed download is retried as a download of the same task, never resubmitted
+            if not isinstance(last, DownloadError):
+                uuid_attempt += 1
+            uuid = task_uuid(submodel.fingerprint, uuid_attempt)
             # A task a killed run left on some node is re-attached there, never duplicated.
             holder = self._locate(uuid, excluded)
             pinned = [k for k in self.clients if k != holder] if holder else []
@@ -190,6 +196,9 @@ class SubmodelRunner:
                 return self._store(
                     submodel, products, node_key, uuid, attempt + 1, start, options, early_fp, None
                 )
+            except StaleTaskError as exc:
+                last = exc  # a half-made task of a killed run holds this UUID: take the next
+                self.log(f"{submodel_id}: {_first(exc)}; moving to the next task UUID")
             except OutOfMemoryError as exc:
                 last = exc
                 memory_gib *= self.oom_memory_factor
