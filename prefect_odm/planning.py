@@ -376,8 +376,10 @@ def plan_submodels(
             larger than any node.
     """
     options = options or ProcessingOptions.model_validate({})
-    if split_overlap_m < 0:
-        raise PlanningError(f"split_overlap_m must be >= 0, got {split_overlap_m}")
+    if not (split_overlap_m >= 0 and math.isfinite(split_overlap_m)):
+        raise PlanningError(
+            f"split_overlap_m must be a finite 0 or more metres, got {split_overlap_m}"
+        )
     if memory_model is None:
         memory_model = _default_memory_model(engine_identity)
     images = sorted(survey.images, key=lambda im: (im.identity, im.name))

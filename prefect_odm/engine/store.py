@@ -19,8 +19,8 @@ Task folders live in ``{data_dir}/tasks/{uuid}/``.
 
 from __future__ import annotations
 
-import copy
 import contextlib
+import copy
 import json
 import logging
 import os

@@ -343,7 +343,9 @@ def test_torn_table_keeps_every_task_it_can_and_sets_the_rest_aside(
 
 
 @pytest.mark.integration
-def test_engine_starts_on_a_torn_table(engine_factory: EngineFactory, few_images: list[Path]) -> None:
+def test_engine_starts_on_a_torn_table(
+    engine_factory: EngineFactory, few_images: list[Path]
+) -> None:
     engine = engine_factory()
     upload_task(engine.url, few_images, uuid=UUID_A, name="keep me")
     upload_task(engine.url, few_images, uuid=UUID_B, name="cut off")
