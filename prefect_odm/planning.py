@@ -377,9 +377,7 @@ def plan_submodels(
     """
     options = options or ProcessingOptions.model_validate({})
     if not (split_overlap_m >= 0 and math.isfinite(split_overlap_m)):
-        raise PlanningError(
-            f"split_overlap_m must be a finite 0 or more metres, got {split_overlap_m}"
-        )
+        raise PlanningError(f"split_overlap_m must be finite and >= 0, got {split_overlap_m}")
     if memory_model is None:
         memory_model = _default_memory_model(engine_identity)
     images = sorted(survey.images, key=lambda im: (im.identity, im.name))

@@ -32,7 +32,7 @@ from prefect_odm.errors import (
 from prefect_odm.fingerprints import submodel_fingerprint
 from prefect_odm.layout import OutputLayout
 from prefect_odm.models import OptionValue, SplitPlan, Submodel, SubmodelResult, Survey
-from prefect_odm.option_stages import ODM_STAGES, early_options, rerun_from_stage
+from prefect_odm.option_stages import early_options, node_stages, rerun_from_stage
 from prefect_odm.pool import NodePool
 from prefect_odm.products import find_odm_products
 from prefect_odm.registry import PRODUCTS, REPORT_FOLDER
@@ -172,11 +172,9 @@ class SubmodelRunner:
         node_key: str | None = None
         uuid: str | None = None
         attempt = retries_elsewhere = 0
-        uuid_attempt = -1  # the attempt whose UUID this attempt uses
+        uuid_attempt = -1  # a failed download is retried as a download of the same task
         for attempt in range(self.max_attempts):
-            # a failed download is retried as a download of the same task, never resubmitted
-            if not isinstance(last, DownloadError):
-                uuid_attempt += 1
+            uuid_attempt += 0 if isinstance(last, DownloadError) else 1
             uuid = task_uuid(submodel.fingerprint, uuid_attempt)
             # A task a killed run left on some node is re-attached there, never duplicated.
             holder = self._locate(uuid, excluded)
@@ -329,7 +327,7 @@ class SubmodelRunner:
             state = client.task_state(previous.task_uuid)
             if state is None or state.status != COMPLETED:
                 return None
-            stages = _node_stages(client)
+            stages = node_stages(client)
             stage = rerun_from_stage(previous.options, options, stages)
             if stage is None or stage == stages[0]:
                 return None
@@ -496,12 +494,3 @@ class SubmodelRunner:
 def _first(exc: Exception) -> str:
     """The first line of an error's message (its type's name when it has none)."""
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-
-
-def _node_stages(client: NodeBackend) -> list[str]:
-    """The node's stage order: its ``rerun-from`` option's domain without NodeODM's empty
-    "no rerun" entry (ODM's stages when it has none)."""
-    for option in client.options():
-        if option.name == "rerun-from" and option.domain is not None:
-            return [stage for stage in option.domain if stage]
-    return list(ODM_STAGES)

@@ -28,6 +28,7 @@ import psutil
 import pytest
 import requests
 
+from prefect_odm.cli_process import STOP_GRACE_SECONDS
 from prefect_odm.engine.launch import EngineProcess, start_engine
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -39,9 +40,11 @@ STAGE_SECONDS = 240.0
 
 @dataclass
 class Home:
-    """The folders of one chain of runs: output, temporary files, prefect-odm and Prefect homes."""
+    """The folders of one chain of runs: output, temporary files and prefect-odm home, and the
+    Prefect home (shared by the module's runs: a fresh one costs its database migrations)."""
 
     root: Path
+    prefect_home: Path
 
     @property
     def output(self) -> Path:
@@ -54,10 +57,6 @@ class Home:
     @property
     def odm_home(self) -> Path:
         return self.root / "odm-home"
-
-    @property
-    def prefect_home(self) -> Path:
-        return self.root / "prefect-home"
 
     @property
     def engine_data(self) -> Path:
@@ -129,8 +128,17 @@ def _wait_nothing_left(home: Home, timeout_seconds: float = 30.0) -> None:
     assert not _leftovers(home), _leftovers(home)
 
 
-def _kill_at(images: Path, home: Home, nodes: list[str], point: Callable[[Path], bool]) -> bool:
-    """Run and SIGKILL the command once ``point`` holds; False when it finished first."""
+def _kill_at(
+    images: Path,
+    home: Home,
+    nodes: list[str],
+    point: Callable[[Path], bool],
+    how: signal.Signals = signal.SIGKILL,
+) -> bool:
+    """Run and signal the command once ``point`` holds; False when it finished first.
+
+    After SIGTERM the command must end by itself within its grace period (exit 130 or 143).
+    """
     proc, log = _start(images, home, nodes)
     deadline = time.monotonic() + STAGE_SECONDS
     while proc.poll() is None and not point(log):
@@ -138,8 +146,16 @@ def _kill_at(images: Path, home: Home, nodes: list[str], point: Callable[[Path],
         time.sleep(0.02)
     if proc.poll() is not None:
         return False
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc.send_signal(how)
+    if how == signal.SIGKILL:
+        proc.wait()
+        return True
+    try:
+        code = proc.wait(timeout=STOP_GRACE_SECONDS + 10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"no end {STOP_GRACE_SECONDS} s after {how.name}") from None
+    assert code in (130, 143), (code, _text(log)[-3000:])
     return True
 
 
@@ -162,9 +178,17 @@ def _active_slots(home: Home) -> int:
 
 
 @pytest.fixture(scope="module")
-def clean_products(brighton_images: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """The products of one clean run (its own homes and engine)."""
-    home = Home(tmp_path_factory.mktemp("clean"))
+def prefect_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Prefect home of every run of this module."""
+    return tmp_path_factory.mktemp("prefect-home")
+
+
+@pytest.fixture(scope="module")
+def clean_products(
+    brighton_images: Path, tmp_path_factory: pytest.TempPathFactory, prefect_home: Path
+) -> dict:
+    """The products of one clean run (its own output, prefect-odm home and engine)."""
+    home = Home(tmp_path_factory.mktemp("clean"), prefect_home)
     products = _finish(brighton_images, home, [])
     _wait_nothing_left(home)
     return products
@@ -184,9 +208,9 @@ def _one_task_per_submodel(names: list[str], submodels: int) -> None:
 
 
 def test_kill_at_every_stage_with_the_built_in_engine(
-    brighton_images: Path, tmp_path: Path, clean_products: dict
+    brighton_images: Path, tmp_path: Path, clean_products: dict, prefect_home: Path
 ) -> None:
-    home = Home(tmp_path / "chain")
+    home = Home(tmp_path / "chain", prefect_home)
     home.root.mkdir()
     killed = []
     for stage, point in _stage_points(home, home.engine_data).items():
@@ -202,19 +226,34 @@ def test_kill_at_every_stage_with_the_built_in_engine(
     assert _active_slots(home) == 0
 
 
+def _statuses(engine: EngineProcess) -> list[int]:
+    listed = requests.get(f"{engine.url}/task/list", timeout=10).json()
+    return [
+        requests.get(f"{engine.url}/task/{t['uuid']}/info", timeout=10).json()["status"]["code"]
+        for t in listed
+    ]
+
+
 def test_kill_at_the_node_stages_with_an_external_node(
-    brighton_images: Path, tmp_path: Path, clean_products: dict, external_engine: EngineProcess
+    brighton_images: Path,
+    tmp_path: Path,
+    clean_products: dict,
+    external_engine: EngineProcess,
+    prefect_home: Path,
 ) -> None:
-    home = Home(tmp_path / "chain")
+    """Kills at upload and download, and a SIGTERM while processing: the command ends within
+    its grace period after cancelling its remote task."""
+    home = Home(tmp_path / "chain", prefect_home)
     home.root.mkdir()
     nodes = [external_engine.url]
     points = _stage_points(home, external_engine.data_dir)
-    killed = []
-    for stage in ("upload", "processing", "download"):
-        if _kill_at(brighton_images, home, nodes, points[stage]):
-            killed.append(stage)
-        _wait_nothing_left(home)
-    assert killed == ["upload", "processing", "download"]
+    assert _kill_at(brighton_images, home, nodes, points["upload"])
+    _wait_nothing_left(home)
+    assert _kill_at(brighton_images, home, nodes, points["processing"], signal.SIGTERM)
+    assert 50 in _statuses(external_engine)  # the running task was cancelled on the node
+    _wait_nothing_left(home)
+    assert _kill_at(brighton_images, home, nodes, points["download"])
+    _wait_nothing_left(home)
     assert _finish(brighton_images, home, nodes) == clean_products
     listed = requests.get(f"{external_engine.url}/task/list", timeout=10).json()
     names = [
@@ -223,3 +262,4 @@ def test_kill_at_the_node_stages_with_an_external_node(
     ]
     _one_task_per_submodel(names, submodels=2)
     assert _active_slots(home) == 0
+    assert set(_statuses(external_engine)) == {40}

@@ -97,8 +97,8 @@ def watch(stdin: IO[bytes], grace_seconds: float = STOP_GRACE_SECONDS) -> int:
     guarded: list[tuple[int, float]] = []
     for line in stdin:
         with contextlib.suppress(ValueError):
-            pid, created = line.split()
-            guarded.append((int(pid), float(created)))
+            pid_text, created_text = line.split()
+            guarded.append((int(pid_text), float(created_text)))
     alive = []
     for pid, created in guarded:
         with contextlib.suppress(psutil.Error):

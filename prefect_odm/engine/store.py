@@ -68,8 +68,8 @@ def salvage_rows(text: str) -> tuple[list[dict[str, Any]], bool]:
     except json.JSONDecodeError:
         pass
     else:
-        rows = data.get("tasks", []) if isinstance(data, dict) else []
-        return [r for r in rows if isinstance(r, dict) and "uuid" in r], True
+        listed = data.get("tasks", []) if isinstance(data, dict) else []
+        return [r for r in listed if isinstance(r, dict) and "uuid" in r], True
     start = text.find('"tasks"')
     start = text.find("[", start) if start >= 0 else -1
     rows: list[dict[str, Any]] = []

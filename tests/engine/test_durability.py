@@ -364,3 +364,49 @@ def test_engine_starts_on_a_torn_table(
     if UUID_B not in listed:  # not in the backup either: its folder is set aside with a reason
         lost = json.loads((engine.data_dir / "lost.json").read_text())
         assert [row["uuid"] for row in lost] == [UUID_B]
+
+
+@pytest.mark.integration
+def test_truncated_archive_is_downloaded_again_never_resubmitted(
+    engine_factory: EngineFactory, few_images: list[Path], tmp_path: Path
+) -> None:
+    """A node serving a cut all.zip: each try is a download (the task stays the one task)."""
+    from prefect_odm.errors import DownloadError
+    from prefect_odm.nodeodm import NodeClient
+
+    engine = engine_factory()
+    upload_task(engine.url, few_images, uuid=UUID_A, name="cut archive")
+    wait_status(engine.url, UUID_A, {40})
+    archive = engine.data_dir / "tasks" / UUID_A / "all.zip"
+    whole = archive.read_bytes()
+    archive.write_bytes(whole[: len(whole) // 2])
+    client = NodeClient(engine.url)
+    with pytest.raises(DownloadError, match="failed 2 times") as raised:
+        client.download(UUID_A, tmp_path / "cut", max_retries=1)
+    assert engine.url in str(raised.value) and UUID_A in str(raised.value)
+    assert not list((tmp_path / "cut").glob("*.part")) and not list(
+        (tmp_path / "cut").rglob("*.tif")
+    )
+    archive.write_bytes(whole)  # the node serves it whole again: the same task downloads
+    dest = client.download(UUID_A, tmp_path / "whole")
+    assert any(dest.rglob("*.tif"))
+    assert client.task_list() == [UUID_A]
+
+
+def test_hostile_archive_names_the_node_and_writes_nothing(tmp_path: Path) -> None:
+    import zipfile
+
+    from prefect_odm.errors import NodeError
+    from prefect_odm.nodeodm import _safe_extract
+
+    path = tmp_path / "all.zip"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("odm_orthophoto/odm_orthophoto.tif", b"II*\0")
+        zf.writestr("../outside.txt", b"x")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with zipfile.ZipFile(path) as zf, pytest.raises(NodeError) as raised:
+        _safe_extract(zf, dest, "http://127.0.0.1:3000", UUID_A)
+    message = str(raised.value)
+    assert "'../outside.txt' would leave" in message and "node http://127.0.0.1:3000" in message
+    assert UUID_A in message and not any(dest.iterdir()) and not (tmp_path / "outside.txt").exists()
