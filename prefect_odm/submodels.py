@@ -16,7 +16,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prefect_odm import progress, storage
+from prefect_odm import backend, progress, storage
 from prefect_odm.backend import CANCELED, COMPLETED, NodeBackend, TaskState, task_uuid
 from prefect_odm.errors import (
     DownloadError,
@@ -172,7 +172,10 @@ class SubmodelRunner:
         node_key: str | None = None
         uuid: str | None = None
         attempt = retries_elsewhere = 0
-        uuid_attempt = -1  # a failed download is retried as a download of the same task
+        # continue the attempt a killed run left; a failed download retries the same task
+        uuid_attempt = (
+            backend.live_attempt(self.clients, submodel.fingerprint, 2 * self.max_attempts) - 1
+        )
         for attempt in range(self.max_attempts):
             uuid_attempt += 0 if isinstance(last, DownloadError) else 1
             uuid = task_uuid(submodel.fingerprint, uuid_attempt)
