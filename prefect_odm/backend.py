@@ -234,8 +234,9 @@ def live_attempt(
     Each attempt has its own UUID (:func:`task_uuid`); a run killed after it moved to a later
     attempt (a failure, a half-made task) leaves that attempt's task behind, and starting again
     from attempt 0 would submit a second task for the submodel. A completed task is preferred,
-    then a queued or running one, then a failed one (restarted by the runner); cancelled tasks
-    and nodes that do not answer are passed over.
+    then a queued or running one, then a failed or cancelled one (restarted by the runner where
+    its images are: a run ended by a signal cancels its tasks); nodes that do not answer are
+    passed over.
 
     Args:
         clients: node key -> node.
@@ -245,7 +246,7 @@ def live_attempt(
     Returns:
         The attempt number to start from (0 when no node has any of them).
     """
-    rank = {COMPLETED: 0, RUNNING: 1, QUEUED: 1, FAILED: 2}
+    rank = {COMPLETED: 0, RUNNING: 1, QUEUED: 1, FAILED: 2, CANCELED: 2}
     best: tuple[int, int] | None = None
     for attempt in range(attempts):
         uuid = task_uuid(submodel_fingerprint, attempt)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prefect_odm import backend, progress, storage
-from prefect_odm.backend import CANCELED, COMPLETED, NodeBackend, TaskState, task_uuid
+from prefect_odm.backend import COMPLETED, NodeBackend, TaskState, task_uuid
 from prefect_odm.errors import (
     DownloadError,
     NodeError,
@@ -409,7 +409,7 @@ class SubmodelRunner:
                 state = client.task_state(uuid)
             except NodeError:
                 continue
-            if state is not None and state.status != CANCELED:
+            if state is not None:  # cancelled too: restarted where its images are
                 return key
         return None
 
