@@ -121,11 +121,14 @@ def test_missing_images_folder_is_one_line(tmp_path):
 
 
 def test_unknown_option_name_is_refused_before_the_plan(brighton_images, tmp_path):
-    """Checked against the node's ``/options`` (here the built-in engine's) before anything is
-    written."""
+    """Checked against the given node's ``/options`` (a built-in engine started as an external
+    node) before anything is written."""
+    from prefect_odm.engine.launch import start_engine
+
     out = tmp_path / "out"
     args = ["reconstruct", str(brighton_images), "--output", str(out), "--pipeline", "direct"]
-    proc = _run([*args, "--option", "orthophoto-resolutoin=3"], tmp_path)
+    with start_engine(tmp_path / "node") as node:
+        proc = _run([*args, "--nodes", node.url, "--option", "orthophoto-resolutoin=3"], tmp_path)
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert lines[0].startswith("prefect-odm: error: 1 option(s) not accepted by"), proc.stderr
