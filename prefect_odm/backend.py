@@ -233,3 +233,38 @@ class NodeBackend(Protocol):
     def restart(self, uuid: str, options: Mapping[str, Any] | None = None) -> bool:
         """Restart a finished task, optionally with new options; whether the node accepted."""
         ...
+
+
+def live_attempt(
+    clients: Mapping[str, NodeBackend], submodel_fingerprint: str, attempts: int
+) -> int:
+    """The attempt whose task a killed run left on some node, so a rerun continues it.
+
+    Each attempt has its own UUID (:func:`task_uuid`); a run killed after it moved to a later
+    attempt (a failure, a half-made task) leaves that attempt's task behind, and starting again
+    from attempt 0 would submit a second task for the submodel. A completed task is preferred,
+    then a queued or running one, then a failed or cancelled one (restarted by the runner where
+    its images are: a run ended by a signal cancels its tasks); nodes that do not answer are
+    passed over.
+
+    Args:
+        clients: node key -> node.
+        submodel_fingerprint: the submodel's fingerprint.
+        attempts: how many attempt UUIDs to look at (0 .. attempts - 1).
+
+    Returns:
+        The attempt number to start from (0 when no node has any of them).
+    """
+    rank = {COMPLETED: 0, RUNNING: 1, QUEUED: 1, FAILED: 2, CANCELED: 2}
+    best: tuple[int, int] | None = None
+    for attempt in range(attempts):
+        uuid = task_uuid(submodel_fingerprint, attempt)
+        for _key, client in sorted(clients.items()):
+            try:
+                state = client.task_state(uuid)
+            except NodeError:
+                continue
+            if state is not None and state.status in rank:
+                found = (rank[state.status], attempt)
+                best = found if best is None or found < best else best
+    return best[1] if best is not None else 0

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from prefect_odm.cli_args import build_parser, merge_options, processing_options
 from prefect_odm.cli_console import quiet_prefect_console
+from prefect_odm.cli_process import install_signal_handlers, prefect_start_error, start_embedded_api
 from prefect_odm.errors import InputError, NodeError, PlanningError, PrefectODMError
 from prefect_odm.layout import PLAN_FILES, plan_file
 
@@ -32,6 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from prefect_odm.engine.__main__ import main as engine_main
 
         return int(engine_main(args.engine_args) or 0)
+    install_signal_handlers()
     try:
         if args.command == "plan":
             return _plan(args)
@@ -59,6 +61,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("prefect-odm: interrupted", file=sys.stderr)
         return 130
+    except RuntimeError as exc:  # Prefect's start-up time-out, raised where it first connects
+        one_line = prefect_start_error(exc)
+        if one_line is None:
+            raise
+        print(f"prefect-odm: error: {one_line}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -135,6 +143,8 @@ def _merge_existing(args: argparse.Namespace) -> int:
     if args.plan is not None:
         _check_plan_file(args.plan)
     quiet_prefect_console(args.verbose)
+    if not os.environ.get("PREFECT_API_URL"):
+        start_embedded_api()
     manifest = merge_existing(
         inputs=args.inputs, output=args.output, plan=args.plan, options=merge_options(args)
     )
@@ -149,6 +159,8 @@ def _slots(args: argparse.Namespace) -> int:
     from prefect_odm.tasks.admission import reset_slots, slots_status
 
     quiet_prefect_console(args.verbose)
+    if not os.environ.get("PREFECT_API_URL"):
+        start_embedded_api()
     if args.reset:
         reset_slots(args.name)
         print(f"{args.name}: active slots reset to 0")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from prefect_odm.errors import InputError
 from prefect_odm.layout import PLAN_FILES
@@ -92,11 +92,15 @@ again: the two values would disagree)."""
 
 def processing_options(args: argparse.Namespace) -> ProcessingOptions:
     """The processing options of ``--orthophoto-resolution``, ``--dtm``, ``--pipeline`` and
-    ``--option NAME=VALUE`` (a JSON value, else the text).
+    ``--option NAME=VALUE`` (a JSON value, else the text; ``--option dsm=false`` sets the DSM
+    field). The values are checked once, by :class:`~prefect_odm.models.ProcessingOptions`
+    (the same check the Python API gets); the nodes' ``/options`` check follows in the flow.
 
     Raises:
         InputError: an option is malformed or invalid (the message names the flag).
     """
+    from pydantic import ValidationError
+
     from prefect_odm.models import ProcessingOptions
 
     extra: dict[str, Any] = {}
@@ -113,24 +117,37 @@ def processing_options(args: argparse.Namespace) -> ProcessingOptions:
             extra[name] = json.loads(value)
         except json.JSONDecodeError:
             extra[name] = value
-    from pydantic import ValidationError
-
     if not math.isfinite(args.orthophoto_resolution):
         raise InputError("--orthophoto-resolution: must be a finite number of cm/pixel")
+    fields: dict[str, Any] = {
+        "orthophoto_resolution_cm": args.orthophoto_resolution,
+        "dtm": args.dtm,
+        "pipeline": args.pipeline,
+    }
+    if "dsm" in extra:
+        fields["dsm"] = extra.pop("dsm")
     try:
-        return ProcessingOptions(
-            orthophoto_resolution_cm=args.orthophoto_resolution,
-            dtm=args.dtm,
-            pipeline=args.pipeline,
-            extra=extra,
-        )
+        return ProcessingOptions(**fields, extra=extra)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = str(first["loc"][0]) if first["loc"] else "options"
+        message = str(first["msg"]).removeprefix("Value error, ")
+        if where == "extra":
+            raise InputError(f"--option: {message}") from None
         flag = {"orthophoto_resolution_cm": "--orthophoto-resolution"}.get(
             where, f"--option {where}"
         )
-        raise InputError(f"{flag}: {first['msg']}") from None
+        raise InputError(f"{flag}: {message}") from None
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (``prefect-odm: error: ...``, exit 2), as
+    every other bad input of the command line; ``--help`` still shows the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        sub = self.prog.removeprefix("prefect-odm").strip()
+        where = f" {sub}" if sub else ""
+        self.exit(2, f"prefect-odm{where}: error: {message} (see --help)\n")
 
 
 def _add_accept_alignment(p: argparse.ArgumentParser) -> None:
@@ -151,11 +168,11 @@ def merge_options(args: argparse.Namespace) -> MergeOptions:
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every ``prefect-odm`` sub-command."""
-    parser = argparse.ArgumentParser(prog="prefect-odm", description=DESCRIPTION)
+    parser = OneLineParser(prog="prefect-odm", description=DESCRIPTION)
     parser.add_argument(
         "--verbose", "-v", action="store_true", help="show Prefect's run logs on the console"
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     rec = sub.add_parser("reconstruct", help="split, process and merge a survey")
     rec.add_argument("images", help="folder or fsspec URL of geotagged images")

@@ -11,12 +11,12 @@ import argparse
 import hashlib
 import json
 import os
-import threading
 from typing import TYPE_CHECKING, Any
 
 from prefect_odm import __version__, storage
 from prefect_odm.cli_args import merge_options, processing_options
 from prefect_odm.cli_console import quiet_prefect_console
+from prefect_odm.cli_process import EmbeddedAPIStart
 from prefect_odm.errors import InputError
 from prefect_odm.layout import LAST_RUN_FILE, OutputLayout, join
 from prefect_odm.settings import get_settings
@@ -121,21 +121,14 @@ def _print_summary(output: str, manifest: Manifest, note: str = "") -> None:
         out.print(note)
 
 
-def _start_embedded_api_early() -> threading.Thread:
+def _start_embedded_api_early() -> EmbeddedAPIStart:
     """Start Prefect's temporary API server in the background while the rest is imported.
 
     The flow's client finds the same (singleton) server already running; the command saves the
-    few seconds its imports take. Joined before the flow starts.
+    few seconds its imports take. Joined before the flow starts (a start-up time-out is raised
+    there as one line); the server ends with this process (:mod:`prefect_odm.cli_process`).
     """
-
-    def start() -> None:
-        from prefect.server.api.server import SubprocessASGIServer
-
-        SubprocessASGIServer().start()
-
-    thread = threading.Thread(target=start, name="prefect-api-start", daemon=True)
-    thread.start()
-    return thread
+    return EmbeddedAPIStart()
 
 
 def _tokens_out_of_urls(urls: list[str]) -> list[str]:

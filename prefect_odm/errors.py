@@ -88,6 +88,21 @@ class TransientNodeError(NodeError):
     """Connection refused, timeout, HTTP 5xx, node restarted: worth retrying, maybe elsewhere."""
 
 
+class StaleTaskError(NodeError):
+    """The task UUID is taken on the node by a task an interrupted run left half made (an upload
+    that was never committed, or committed with the wrong images): the submodel moves on to its
+    next attempt's UUID; the broken task has been removed where the node allows it."""
+
+
+class DownloadError(TransientNodeError):
+    """The task finished but its all.zip could not be fetched whole (retried as a download,
+    never by processing the task again)."""
+
+
+class PrefectStartError(PrefectODMError):
+    """Prefect's temporary API server did not answer in time (a busy machine)."""
+
+
 class OutOfMemoryError(NodeError, MemoryError):
     """The node's task ran out of memory (exit 137 / "Not enough memory")."""
 

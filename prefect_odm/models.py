@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from prefect_odm.align.report import AlignmentOptions, AlignmentReport
 from prefect_odm.gps_records import GpsWarning
@@ -160,6 +160,15 @@ class Survey(BaseModel):
     )
 
 
+OWN_FIELD_OPTIONS = {
+    "orthophoto-resolution": "orthophoto_resolution_cm",
+    "dsm": "dsm",
+    "dtm": "dtm",
+    "pipeline": "pipeline",
+}
+"""ODM options that a :class:`ProcessingOptions` field sets (``extra`` may not set them again)."""
+
+
 class ProcessingOptions(BaseModel):
     """Options sent to every NodeODM node for every submodel.
 
@@ -169,7 +178,10 @@ class ProcessingOptions(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     orthophoto_resolution_cm: float = Field(
-        5.0, gt=0, description="ODM 'orthophoto-resolution' in cm/pixel (capped at the GSD)."
+        5.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="ODM 'orthophoto-resolution' in cm/pixel (capped at the GSD).",
     )
     dsm: bool = Field(True, description="Build a digital surface model (ODM 'dsm').")
     dtm: bool = Field(False, description="Build a digital terrain model (ODM 'dtm').")
@@ -183,6 +195,22 @@ class ProcessingOptions(BaseModel):
     extra: dict[str, OptionValue] = Field(
         default_factory=dict, description="Other ODM options by name, passed as given."
     )
+
+    @field_validator("extra")
+    @classmethod
+    def _extra_names_and_values(cls, extra: dict[str, OptionValue]) -> dict[str, OptionValue]:
+        """An ODM option name is non-empty text without spaces that no field of its own sets;
+        a number is finite (the node's own check is :mod:`prefect_odm.option_check`)."""
+        import math
+
+        for name, value in extra.items():
+            if not name or name != name.strip() or " " in name or "=" in name:
+                raise ValueError(f"{name!r} is not an ODM option name")
+            if name in OWN_FIELD_OPTIONS:
+                raise ValueError(f"{name} is set by its own field {OWN_FIELD_OPTIONS[name]}")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{name}: {value} is not a finite number")
+        return extra
 
     def to_nodeodm(self) -> dict[str, OptionValue]:
         """Options as the NodeODM name -> value mapping (sorted by name)."""

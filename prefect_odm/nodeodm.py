@@ -56,9 +56,11 @@ from prefect_odm.backend import (
     task_uuid,
 )
 from prefect_odm.errors import (
+    DownloadError,
     NodeError,
     OutOfMemoryError,
     ProcessingFailedError,
+    StaleTaskError,
     TransientNodeError,
 )
 from prefect_odm.node_messages import is_unknown_task_error
@@ -263,7 +265,11 @@ class NodeClient:
 
         Raises:
             TransientNodeError: the node could not be reached, or the deadline passed.
-            NodeError: the node refused the task (invalid options, duplicate UUID).
+            StaleTaskError: the UUID is taken by a task an interrupted run left (NodeODM
+                refuses a ``set-uuid`` it knows; it keeps the files of an upload that was
+                never committed, so a second upload under that UUID has each image twice:
+                such a task is removed).
+            NodeError: the node refused the task (invalid options).
         """
         uploads = Uploads(
             node_url=self.url,
@@ -281,7 +287,23 @@ class NodeClient:
         self._init_task(uuid, options, name=name, outputs=outputs)
         uploads.run(files, parallel_uploads)
         self._commit_task(uuid)
+        self._check_images_count(uuid, len(files))
         return uuid
+
+    def _check_images_count(self, uuid: str, expected: int) -> None:
+        """Remove a just-committed task that holds more images than were uploaded (an
+        interrupted upload's files under the same UUID) and raise :class:`StaleTaskError`."""
+        state = self.task_state(uuid)
+        if state is None or state.images_count <= expected:
+            return
+        self.cancel(uuid)
+        self.remove(uuid)
+        raise StaleTaskError(
+            f"task held {state.images_count} images for {expected} uploaded (files of an "
+            "interrupted upload under the same UUID); removed",
+            node_url=self.url,
+            task_uuid=uuid,
+        )
 
     def _init_task(
         self, uuid: str, options: Mapping[str, Any], *, name: str, outputs: Sequence[str]
@@ -299,7 +321,16 @@ class NodeClient:
                 headers={"Content-Type": enc.content_type, "set-uuid": uuid},
             )
 
-        result = self._call("POST /task/new/init", init, uuid)
+        try:
+            result = self._call("POST /task/new/init", init, uuid)
+        except NodeError as exc:
+            if "invalid set-uuid" in str(exc).lower():
+                raise StaleTaskError(
+                    "the node refused the task UUID (set-uuid): it has a task of that UUID",
+                    node_url=self.url,
+                    task_uuid=uuid,
+                ) from None
+            raise
         if not isinstance(result, dict) or result.get("uuid") != uuid:
             raise NodeError(f"task init answered {result!r}", node_url=self.url, task_uuid=uuid)
 
@@ -389,8 +420,10 @@ class NodeClient:
             ``dest``.
 
         Raises:
-            TransientNodeError: the download failed ``max_retries + 1`` times.
-            NodeError: the node refused the download.
+            DownloadError: the download failed ``max_retries + 1`` times (truncated, corrupt,
+                unreachable).
+            NodeError: the node refused the download, or an archive entry would leave
+                ``dest`` (the message names the node and the entry).
         """
         dest.mkdir(parents=True, exist_ok=True)
         zip_path = dest / f".{uuid}.all.zip.part"
@@ -422,23 +455,30 @@ class NodeClient:
                     bad = archive.testzip()
                     if bad is not None:
                         raise NodeServerError(f"corrupt member {bad}")
-                    _safe_extract(archive, dest)
+                    _safe_extract(archive, dest, self.url, uuid)
                 zip_path.unlink()
                 return dest
             except (NodeServerError, requests.RequestException, zipfile.BadZipFile) as exc:
                 last_error = self._scrub(str(exc)) or type(exc).__name__
                 time.sleep(min(10.0, 2.0**attempt))
         zip_path.unlink(missing_ok=True)
-        raise TransientNodeError(
-            f"download failed: {last_error}", node_url=self.url, task_uuid=uuid
+        raise DownloadError(
+            f"download of all.zip failed {max_retries + 1} times: {last_error}",
+            node_url=self.url,
+            task_uuid=uuid,
         )
 
 
-def _safe_extract(archive: zipfile.ZipFile, dest: Path) -> None:
-    """Extract members whose resolved path stays inside ``dest``; refuse the archive otherwise."""
+def _safe_extract(archive: zipfile.ZipFile, dest: Path, node_url: str, uuid: str) -> None:
+    """Extract members whose resolved path stays inside ``dest``; refuse the archive otherwise
+    (before anything is written)."""
     root = dest.resolve()
     for member in archive.infolist():
         target = (root / member.filename).resolve()
         if target != root and root not in target.parents:
-            raise NodeError(f"archive member {member.filename!r} would leave the output folder")
+            raise NodeError(
+                f"all.zip: archive member {member.filename!r} would leave the output folder",
+                node_url=node_url,
+                task_uuid=uuid,
+            )
     archive.extractall(root)

@@ -14,7 +14,10 @@ orthophoto-*).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from prefect_odm.backend import NodeBackend
 
 ODM_STAGES: tuple[str, ...] = (
     "dataset",
@@ -96,3 +99,12 @@ def early_options(options: Mapping[str, Any]) -> dict[str, Any]:
     """The options that affect stages before ``odm_georeferencing`` (the reconstruction itself)."""
     cut = ODM_STAGES.index("odm_georeferencing")
     return {k: v for k, v in sorted(options.items()) if ODM_STAGES.index(first_stage(k)) < cut}
+
+
+def node_stages(client: NodeBackend) -> list[str]:
+    """The node's stage order: its ``rerun-from`` option's domain without NodeODM's empty
+    "no rerun" entry (ODM's stages when it has none)."""
+    for option in client.options():
+        if option.name == "rerun-from" and option.domain is not None:
+            return [stage for stage in option.domain if stage]
+    return list(ODM_STAGES)

@@ -389,8 +389,8 @@ def plan_submodels(
             larger than any node.
     """
     options = options or ProcessingOptions.model_validate({})
-    if split_overlap_m < 0:
-        raise PlanningError(f"split_overlap_m must be >= 0, got {split_overlap_m}")
+    if not (split_overlap_m >= 0 and math.isfinite(split_overlap_m)):
+        raise PlanningError(f"split_overlap_m must be finite and >= 0, got {split_overlap_m}")
     if memory_model is None:
         memory_model = memory_model_for(engine_identity)
     images = sorted(survey.images, key=lambda im: (im.identity, im.name))

@@ -84,6 +84,16 @@ def _is_image_name(name: str) -> bool:
     return name.lower().endswith(IMAGE_SUFFIXES) and not os.path.basename(name).startswith(".")
 
 
+def _is_stray_name(name: str) -> bool:
+    """A visible file that is not an image by its name (``README.txt``): listed as skipped."""
+    return not _is_image_name(name) and not any(part.startswith(".") for part in name.split("/"))
+
+
+def _stray(name: str, url: str, size: int) -> _FileResult:
+    detail = f"not an image file name (expected {', '.join(IMAGE_SUFFIXES)}); skipped"
+    return _FileResult(name=name, url=url, size_bytes=size, reason="not_an_image", detail=detail)
+
+
 _T = TypeVar("_T")
 
 
@@ -156,12 +166,16 @@ def _scan_local(images: str, max_workers: int, cache: IdentityCache | None) -> l
         raise InputError(f"{images}: does not exist")
     if not root.is_dir():
         raise InputError(f"{images}: is not a folder")
-    paths = sorted(
-        p for p in root.rglob("*") if p.is_file() and _is_image_name(p.relative_to(root).as_posix())
-    )
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    paths = [p for p in files if _is_image_name(p.relative_to(root).as_posix())]
     if not paths:
         raise _no_images(images)
-    return _scan_all(lambda p: _scan_local_file(root, p, cache), paths, max_workers)
+    strays = [
+        _stray(p.relative_to(root).as_posix(), str(p), p.stat().st_size)
+        for p in files
+        if _is_stray_name(p.relative_to(root).as_posix())
+    ]
+    return _scan_all(lambda p: _scan_local_file(root, p, cache), paths, max_workers) + strays
 
 
 def _scan_remote(
@@ -190,8 +204,16 @@ def _scan_remote(
         if not found and not fs.exists(root_path):
             raise InputError(f"{images}: does not exist")
         raise _no_images(images)
-    return _scan_all(
-        lambda e: _scan_remote_file(fs, root_path, e[0], e[1], protocol), entries, max_workers
+    strays = [
+        _stray(p[len(root_path) :].lstrip("/"), f"{protocol}://{p}", int(info.get("size") or 0))
+        for p, info in sorted(found.items())
+        if info.get("type", "file") == "file" and _is_stray_name(p[len(root_path) :].lstrip("/"))
+    ]
+    return (
+        _scan_all(
+            lambda e: _scan_remote_file(fs, root_path, e[0], e[1], protocol), entries, max_workers
+        )
+        + strays
     )
 
 

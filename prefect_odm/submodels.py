@@ -16,21 +16,23 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prefect_odm import progress, storage
-from prefect_odm.backend import CANCELED, COMPLETED, STATUS_WORDS, NodeBackend, TaskState, task_uuid
+from prefect_odm import backend, progress, storage
+from prefect_odm.backend import COMPLETED, STATUS_WORDS, NodeBackend, TaskState, task_uuid
 from prefect_odm.errors import (
+    DownloadError,
     NodeError,
     OutOfMemoryError,
     OutputValidationError,
     ProcessingFailedError,
     RunCancelledError,
+    StaleTaskError,
     StorageError,
     TransientNodeError,
 )
 from prefect_odm.fingerprints import submodel_fingerprint
 from prefect_odm.layout import OutputLayout
 from prefect_odm.models import OptionValue, SplitPlan, Submodel, SubmodelResult, Survey
-from prefect_odm.option_stages import ODM_STAGES, early_options, rerun_from_stage
+from prefect_odm.option_stages import early_options, node_stages, rerun_from_stage
 from prefect_odm.pool import NodePool
 from prefect_odm.products import find_odm_products
 from prefect_odm.registry import PRODUCTS, REPORT_FOLDER
@@ -170,8 +172,13 @@ class SubmodelRunner:
         node_key: str | None = None
         uuid: str | None = None
         attempt = retries_elsewhere = 0
+        # continue the attempt a killed run left; a failed download retries the same task
+        uuid_attempt = (
+            backend.live_attempt(self.clients, submodel.fingerprint, 2 * self.max_attempts) - 1
+        )
         for attempt in range(self.max_attempts):
-            uuid = task_uuid(submodel.fingerprint, attempt)
+            uuid_attempt += 0 if isinstance(last, DownloadError) else 1
+            uuid = task_uuid(submodel.fingerprint, uuid_attempt)
             # A task a killed run left on some node is re-attached there, never duplicated.
             holder = self._locate(uuid, excluded)
             pinned = [k for k in self.clients if k != holder] if holder else []
@@ -190,6 +197,9 @@ class SubmodelRunner:
                 return self._store(
                     submodel, products, node_key, uuid, attempt + 1, start, options, early_fp, None
                 )
+            except StaleTaskError as exc:
+                last = exc  # a half-made task of a killed run holds this UUID: take the next
+                self.log(f"{submodel_id}: {_first(exc)}; moving to the next task UUID")
             except OutOfMemoryError as exc:
                 last = exc
                 memory_gib *= self.oom_memory_factor
@@ -320,7 +330,7 @@ class SubmodelRunner:
             state = client.task_state(previous.task_uuid)
             if state is None or state.status != COMPLETED:
                 return None
-            stages = _node_stages(client)
+            stages = node_stages(client)
             stage = rerun_from_stage(previous.options, options, stages)
             if stage is None or stage == stages[0]:
                 return None
@@ -399,7 +409,7 @@ class SubmodelRunner:
                 state = client.task_state(uuid)
             except NodeError:
                 continue
-            if state is not None and state.status != CANCELED:
+            if state is not None:  # cancelled too: restarted where its images are
                 return key
         return None
 
@@ -488,12 +498,3 @@ class SubmodelRunner:
 def _first(exc: Exception) -> str:
     """The first line of an error's message (its type's name when it has none)."""
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-
-
-def _node_stages(client: NodeBackend) -> list[str]:
-    """The node's stage order: its ``rerun-from`` option's domain without NodeODM's empty
-    "no rerun" entry (ODM's stages when it has none)."""
-    for option in client.options():
-        if option.name == "rerun-from" and option.domain is not None:
-            return [stage for stage in option.domain if stage]
-    return list(ODM_STAGES)

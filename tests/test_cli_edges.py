@@ -14,9 +14,10 @@ import pytest
 from prefect_odm.cli_reconstruct import _tokens_out_of_urls
 
 
-def _run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+def _run(args: list[str], tmp_path: Path, **env_vars: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env.update(PREFECT_ODM_HOME=str(tmp_path / "home"), PREFECT_HOME=str(tmp_path / "ph"))
+    env.update(env_vars)
     return subprocess.run(
         [sys.executable, "-m", "prefect_odm.cli", *args],
         capture_output=True,
@@ -89,3 +90,107 @@ def test_tokens_move_out_of_node_urls_into_the_environment(monkeypatch):
         "http://127.0.0.1:1": "s3cret",
         "http://127.0.0.1:2": "other",
     }
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--option", "fast-orthophoto"], "expected NAME=VALUE"),
+        (["--option", "min-num-features=NaN"], "min-num-features: nan is not a finite number"),
+        (["--option", "bad name=1"], "'bad name' is not an ODM option name"),
+        (["--orthophoto-resolution", "-2"], "--orthophoto-resolution: Input should be greater"),
+        (["--split", "0"], "--split must be at least 1"),
+        (["--split-overlap-m", "nan"], "--split-overlap-m must be a finite"),
+        (["--pipeline", "magic"], "invalid choice: 'magic'"),
+    ],
+)
+def test_plan_refuses_bad_values_in_one_line(flags, expected, brighton_images, tmp_path):
+    out = tmp_path / "plan"
+    proc = _run(["plan", str(brighton_images), "--output", str(out), *flags], tmp_path)
+    line = _one_error_line(proc)
+    assert "error:" in line and expected in line, line
+    assert not out.exists()
+
+
+def test_missing_images_folder_is_one_line(tmp_path):
+    out = tmp_path / "out"
+    proc = _run(["reconstruct", str(tmp_path / "nowhere"), "--output", str(out)], tmp_path)
+    line = _one_error_line(proc)
+    assert f"{tmp_path / 'nowhere'}: does not exist" in line
+    assert not out.exists()
+
+
+def test_unknown_option_name_is_refused_before_the_plan(brighton_images, tmp_path):
+    """Checked against the given node's ``/options`` (a built-in engine started as an external
+    node) before anything is written."""
+    from prefect_odm.engine.launch import start_engine
+
+    out = tmp_path / "out"
+    args = ["reconstruct", str(brighton_images), "--output", str(out), "--pipeline", "direct"]
+    with start_engine(tmp_path / "node") as node:
+        proc = _run([*args, "--nodes", node.url, "--option", "orthophoto-resolutoin=3"], tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines[0].startswith("prefect-odm: error: 1 option(s) not accepted by"), proc.stderr
+    assert "orthophoto-resolutoin=3: unknown option" in lines[1], proc.stderr
+    assert "did you mean orthophoto-resolution" in lines[1] and len(lines) == 2, proc.stderr
+    assert not list(out.glob("*/plan/plan.json"))
+
+
+def test_python_api_validates_options_as_the_command_line_does():
+    from pydantic import ValidationError
+
+    from prefect_odm.errors import PlanningError
+    from prefect_odm.models import ProcessingOptions
+    from prefect_odm.planning import plan_submodels
+
+    for extra in ({"orthophoto-resolution": "abc"}, {"": 1}, {"crop": float("inf")}):
+        with pytest.raises(ValidationError):
+            ProcessingOptions(extra=extra)
+    with pytest.raises(ValidationError):
+        ProcessingOptions(orthophoto_resolution_cm=float("inf"))
+    with pytest.raises(PlanningError, match="finite"):
+        plan_submodels(None, split_overlap_m=float("inf"))  # type: ignore[arg-type]
+
+
+def test_stray_files_in_a_survey_are_listed_as_skipped(brighton_images, tmp_path):
+    survey = tmp_path / "survey"
+    survey.mkdir()
+    for image in sorted(brighton_images.glob("*.JPG"))[:4]:
+        (survey / image.name).symlink_to(image)
+    (survey / "README.txt").write_text("flight notes")
+    (survey / ".DS_Store").write_bytes(b"\0")  # hidden files are not part of a survey
+    proc = _run(["plan", str(survey), "--output", str(tmp_path / "plan")], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "rejected README.txt: not_an_image" in proc.stdout
+    assert ".DS_Store" not in proc.stdout
+    survey_json = json.loads((tmp_path / "plan" / "survey.json").read_text())
+    assert [r["name"] for r in survey_json["rejected"]] == ["README.txt"]
+
+
+def test_merge_of_an_archive_with_escaping_entries_is_refused(tmp_path):
+    import zipfile
+
+    archive = tmp_path / "all.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("odm_orthophoto/odm_orthophoto.tif", b"II*\0")
+        zf.writestr("../../escaped.txt", b"outside")
+    out = tmp_path / "m"
+    proc = _run(["merge", str(archive), "--output", str(out)], tmp_path)
+    line = _one_error_line(proc)
+    assert str(archive) in line and "'../../escaped.txt' would leave" in line, line
+    assert not (tmp_path.parent / "escaped.txt").exists()
+    assert not list(out.glob("*/merged/*"))
+
+
+def test_slow_prefect_start_is_one_line(brighton_images, tmp_path):
+    proc = _run(
+        ["reconstruct", str(brighton_images), "--output", str(tmp_path / "out")],
+        tmp_path,
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="1",  # whole seconds
+    )
+    assert proc.returncode == 1, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("prefect-odm: error: Prefect's temporary API server did not")
+    assert "Traceback" not in proc.stderr and "RuntimeError" not in proc.stderr
+    assert not (tmp_path / "out").exists()

@@ -260,3 +260,36 @@ def test_bad_option_is_refused_before_upload(start_node: NodeFactory) -> None:
     with pytest.raises(NodeError) as refused:  # the node refuses it too, at init
         create(client, 1, bad)
     assert enum["name"] in str(refused.value)
+
+
+def test_upload_cut_short_by_a_kill_is_never_a_broken_task(start_node: NodeFactory) -> None:
+    """A run killed during the upload leaves an uncommitted upload under the task UUID. The
+    rerun's upload under that UUID would hold some images twice: both nodes keep the old files
+    across a new init (NodeODM 2.2.4's ``tmp/<uuid>``, the engine's pending task folder) and
+    rename the second copies (``X_.JPG``). The client sees more images than it sent, removes
+    the task, and :class:`StaleTaskError` sends the submodel to its next UUID."""
+    import requests
+
+    from prefect_odm.errors import StaleTaskError
+
+    node = start_node()
+    client = node.client()
+    uuid = new_uuid()
+    files = images(3)
+    client._init_task(uuid, {}, name="killed-upload", outputs=())
+    for path in files[:2]:  # the kill lands after two of three images
+        with open(path, "rb") as fh:
+            res = requests.post(
+                client._upload_url(uuid), files={"images": (Path(path).name, fh)}, timeout=30
+            )
+        assert res.json().get("success"), res.text
+    assert client.task_state(uuid) is None  # never committed: unknown to the API
+
+    with pytest.raises(StaleTaskError, match="5 images for 3 uploaded") as raised:
+        client.create_task(uuid, files, {}, name="rerun", retry_base_seconds=0.05)
+    assert uuid in str(raised.value) and node.url in str(raised.value)
+    assert client.task_state(uuid) is None  # the broken task was removed
+    uuid = create(client, 3)  # the next attempt's UUID is clean
+    state = client.task_state(uuid)
+    assert state is not None and state.images_count == 3
+    assert client.task_list() == [uuid]  # one task for the submodel, nothing half made

@@ -75,6 +75,7 @@ def test_each_problem_kind_has_its_exact_reason(bad_survey: Path) -> None:
         "truncated.jpg": "truncated",
         "empty.jpg": "empty_file",
         "notes.jpg": "not_an_image",
+        "readme.txt": "not_an_image",  # a stray file is listed as skipped, never silently
         "broken.jpg": "unreadable",
         # The original sorts after "copy_of_0018.jpg", so the copy is kept and the original
         # (flight-1/DJI_0018.JPG) is the duplicate.

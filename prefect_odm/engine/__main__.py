@@ -2,7 +2,8 @@
 
 ``python -m prefect_odm.engine serve --port 3000 --data-dir DIR [...]`` runs the NodeODM-compatible
 server; ``python -m prefect_odm.engine run-task TASK_DIR`` is the entry point of one task process
-(started by the server, not by hand). ``prefect-odm engine ...`` delegates to :func:`main`.
+(started by the server, not by hand); ``python -m prefect_odm.engine watch`` is the watchdog of
+:func:`prefect_odm.engine.launch.guard_process`. ``prefect-odm engine ...`` delegates to :func:`main`.
 """
 
 from __future__ import annotations
@@ -55,6 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
         "$PREFECT_ODM_ENGINE_FAULTS or none",
     )
     serve.add_argument("--log-level", default="INFO", help="logging level of the engine")
+    serve.add_argument(
+        "--parent-pid",
+        type=int,
+        default=None,
+        help="stop when this process (the engine's starter) ends",
+    )
+    sub.add_parser("watch", help="stop the processes listed on stdin when stdin closes")
     run = sub.add_parser("run-task", help="run one task process (used by the server)")
     run.add_argument("task_dir", type=Path)
     return parser
@@ -70,6 +78,10 @@ def _default_data_dir() -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the engine command line; returns the process exit code."""
     args = build_parser().parse_args(list(argv) if argv is not None else None)
+    if args.command == "watch":
+        from prefect_odm.engine.launch import watch
+
+        return watch(sys.stdin.buffer)
     if args.command == "run-task":
         from prefect_odm.engine.runner import run_task
 
@@ -100,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if faults.active:
         logging.getLogger("prefect_odm.engine").warning("fault injection on: %s", faults.to_dict())
-    serve(config)
+    serve(config, parent_pid=args.parent_pid)
     return 0
 
 

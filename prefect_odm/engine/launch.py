@@ -2,10 +2,19 @@
 
 >>> with start_engine(Path("/tmp/engine")) as engine:   # doctest: +SKIP
 ...     pyodm.Node.from_url(engine.url)
+
+Children end with the process that started them, however it ends (SIGKILL included): each one
+is handed to a watchdog (:func:`guard_process`, ``python -m prefect_odm.engine watch``), a small
+process of its own session that holds the read end of a pipe whose write end only this process
+has. The kernel closes that pipe when this process dies; the watchdog reads end-of-file and
+stops every guarded process still alive (SIGTERM, then SIGKILL after 10 s). An engine that a
+killed run of an older version left on the same data folder is found by its lock file and
+stopped before a new one starts (:func:`stop_stale_engine`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -13,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -26,7 +36,152 @@ from prefect_odm.errors import NodeError
 logger = logging.getLogger(__name__)
 
 LOG_FILE = "engine.log"
+LOCK_FILE = "engine.lock"
 LOOPBACK = "127.0.0.1"
+STOP_GRACE_SECONDS = 10.0
+"""How long a stopped child has between SIGTERM and SIGKILL."""
+
+
+class _Watchdog:
+    """The watchdog child of this process (one per process, started on first use)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._owner_pid = 0
+
+    def guard(self, pid: int) -> None:
+        import psutil
+
+        try:
+            created = psutil.Process(pid).create_time()
+        except psutil.Error:
+            return
+        with self._lock:
+            if self._process is None or self._owner_pid != os.getpid() or self._process.poll():
+                self._process = subprocess.Popen(
+                    [sys.executable, "-m", "prefect_odm.engine", "watch"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,  # a Ctrl-C or a kill of our group leaves it up
+                )
+                self._owner_pid = os.getpid()
+            assert self._process.stdin is not None
+            self._process.stdin.write(f"{pid} {created!r}\n".encode())
+            self._process.stdin.flush()
+
+
+_WATCHDOG = _Watchdog()
+
+
+def guard_process(pid: int) -> None:
+    """Stop process ``pid`` when this process dies, however it dies (see the module's text).
+
+    Args:
+        pid: a child that must not outlive this process (the engine, Prefect's API server).
+    """
+    _WATCHDOG.guard(pid)
+
+
+def watch(stdin: IO[bytes], grace_seconds: float = STOP_GRACE_SECONDS) -> int:
+    """The watchdog's loop: read ``PID CREATE_TIME`` lines until end-of-file, then stop those
+    processes still alive (only the very process: a reused pid has another creation time).
+
+    Returns:
+        0.
+    """
+    import psutil
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    guarded: list[tuple[int, float]] = []
+    for line in stdin:
+        with contextlib.suppress(ValueError):
+            pid_text, created_text = line.split()
+            guarded.append((int(pid_text), float(created_text)))
+    alive = []
+    for pid, created in guarded:
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+            if abs(proc.create_time() - created) < 0.01:
+                proc.terminate()
+                alive.append(proc)
+    _gone, left = psutil.wait_procs(alive, timeout=grace_seconds)
+    for proc in left:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    return 0
+
+
+def _started_by(cmdline: list[str]) -> int | None:
+    """The ``--parent-pid`` of an engine's command line (None: started by hand)."""
+    with contextlib.suppress(ValueError, IndexError):
+        return int(cmdline[cmdline.index("--parent-pid") + 1])
+    return None
+
+
+def _runs_since(pid: int, engine_created: float) -> bool:
+    """Whether ``pid`` runs and was started before the engine (not a reused pid)."""
+    import psutil
+
+    try:
+        return bool(psutil.Process(pid).create_time() <= engine_created + 0.01)
+    except psutil.Error:
+        return False
+
+
+def stop_stale_engine(data_dir: Path, grace_seconds: float = STOP_GRACE_SECONDS) -> int | None:
+    """Stop an engine left on ``data_dir`` by a command that died; returns its pid, or None.
+
+    The engine holds ``data_dir/engine.lock`` (with its pid in it) while it runs, and an engine
+    started by :func:`start_engine` carries its starter's pid (``--parent-pid``). When the lock
+    is held by an engine whose starter is gone, the engine is stopped (SIGTERM, then SIGKILL)
+    so that a new one can take the folder. (Engines end with their starter since they watch
+    it; this cleans up after older versions and engines that did not stop in time.)
+
+    Raises:
+        NodeError: the folder is in use by an engine whose starter still runs, or by one
+            started by hand (``prefect-odm engine serve``).
+    """
+    import fcntl
+
+    import psutil
+
+    path = Path(data_dir) / LOCK_FILE
+    if not path.exists():
+        return None
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            text = handle.read().strip()
+        else:
+            return None  # nobody holds it
+    try:
+        proc = psutil.Process(int(text))
+        cmdline = proc.cmdline()
+    except (ValueError, psutil.Error):
+        return None
+    starter = _started_by(cmdline)
+    if starter is None:
+        raise NodeError(
+            f"{data_dir} is in use by another engine process, started by hand "
+            f"(pid {proc.pid}); stop it or give this run its own data folder"
+        )
+    if _runs_since(starter, proc.create_time()):
+        raise NodeError(
+            f"{data_dir} is in use by another engine process (pid {proc.pid}) of a running "
+            f"command (pid {starter})"
+        )
+    logger.warning("stopping engine pid %d left on %s by a killed run", proc.pid, data_dir)
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_seconds)
+    except psutil.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=grace_seconds)
+    return proc.pid
 
 
 def free_port() -> int:
@@ -176,6 +331,7 @@ def start_engine(
     """
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
+    stop_stale_engine(data_dir)
     attempts = 1 if port is not None else 3
     last_error: NodeError | None = None
     for _ in range(attempts):
@@ -227,6 +383,8 @@ def _serve_args(
         str(data_dir),
         "--max-parallel-tasks",
         str(max_parallel_tasks),
+        "--parent-pid",
+        str(os.getpid()),
     ]
     if token:
         args += ["--token", token]
@@ -261,6 +419,7 @@ def _start_once(
         args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env
     )
     engine = EngineProcess(process, port=port, data_dir=data_dir, token=token, log=log)
+    guard_process(process.pid)
     deadline = time.monotonic() + startup_timeout_seconds
     while time.monotonic() < deadline:
         if process.poll() is not None:

@@ -3,18 +3,28 @@
 One JSON file, ``{data_dir}/tasks.json``, rewritten on every change: written to a temporary file
 in the same folder, flushed and fsync'ed, then moved over the old one with :func:`os.replace`
 (atomic on POSIX), and the folder fsync'ed. A crash at any instant leaves either the old or the
-new table, never a torn one, and never loses a change that was answered to a client. (NodeODM
-saves its table only at shutdown and hourly, so a crash forgets recent tasks.)
+new table, and never loses a change that was answered to a client. (NodeODM saves its table only
+at shutdown and hourly, so a crash forgets recent tasks.)
+
+The table before the last change stays as ``tasks.json.bak`` (a hard link to the old file, so
+no copy is written). A table torn anyway (a file system that does not order data before the
+rename, a copy cut short, a full disk) never stops the engine: at start-up every complete record
+of the torn table is kept, the backup fills in the tasks whose record was cut off (when their
+folder is still there), and a task folder left without any record is moved to
+``{data_dir}/lost/{uuid}/`` and listed with its reason in ``{data_dir}/lost.json``; the
+recovered table is written back at once.
 
 Task folders live in ``{data_dir}/tasks/{uuid}/``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
 import os
+import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -39,7 +49,43 @@ DEFAULT_CLEANUP_HOURS = 48.0
 """Finished tasks and uncommitted uploads older than this are deleted (the engine's default)."""
 
 TABLE_NAME = "tasks.json"
+BACKUP_NAME = "tasks.json.bak"
+LOST_DIR = "lost"
+LOST_FILE = "lost.json"
 TABLE_VERSION = 1
+
+_DECODER = json.JSONDecoder()
+
+
+def salvage_rows(text: str) -> tuple[list[dict[str, Any]], bool]:
+    """The task rows of a table's text, and whether the text was whole.
+
+    A whole table is parsed as JSON; of a torn one (cut at any byte), every task object that is
+    complete before the cut is returned, in order.
+    """
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        pass
+    else:
+        listed = data.get("tasks", []) if isinstance(data, dict) else []
+        return [r for r in listed if isinstance(r, dict) and "uuid" in r], True
+    start = text.find('"tasks"')
+    start = text.find("[", start) if start >= 0 else -1
+    rows: list[dict[str, Any]] = []
+    pos = start + 1 if start >= 0 else len(text)
+    while pos < len(text):
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= len(text) or text[pos] != "{":
+            break
+        try:
+            row, pos = _DECODER.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            break
+        if isinstance(row, dict) and "uuid" in row:
+            rows.append(row)
+    return rows, False
 
 
 @dataclass
@@ -113,8 +159,10 @@ class TaskStore:
     Args:
         data_dir: the engine's data folder (created when missing).
 
+    A torn table is recovered (see the module's description); it never stops the engine.
+
     Raises:
-        StorageError: the table exists but cannot be read.
+        StorageError: the table exists but the file cannot be read (permissions, I/O).
     """
 
     def __init__(self, data_dir: Path) -> None:
@@ -128,17 +176,83 @@ class TaskStore:
 
     # -- persistence ----------------------------------------------------------------------
     def _load(self) -> None:
-        if not self.path.exists():
-            return
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise StorageError(f"cannot read the task table {self.path}: {exc}") from exc
-        for row in data.get("tasks", []):
-            record = TaskRecord.from_dict(row)
-            self._tasks[record.uuid] = record
         for leftover in self.data_dir.glob(f".{TABLE_NAME}.*.tmp"):
             leftover.unlink(missing_ok=True)
+        backup = self.data_dir / BACKUP_NAME
+        if not self.path.exists() and not backup.exists():
+            return
+        rows, whole = self._read_rows(self.path)
+        if whole:
+            for row in rows:
+                self._keep(row)
+            return
+        for row in rows:
+            self._keep(row)
+        from_backup = 0
+        for row in self._read_rows(backup)[0]:
+            uuid = str(row["uuid"])
+            if uuid not in self._tasks and self.task_dir(uuid).is_dir():
+                from_backup += self._keep(row)
+        lost = self._set_aside_orphans()
+        logger.warning(
+            "the task table %s was torn: %d task(s) recovered from it, %d from %s, %d lost "
+            "(moved to %s, listed in %s)",
+            self.path,
+            len(rows),
+            from_backup,
+            BACKUP_NAME,
+            len(lost),
+            self.data_dir / LOST_DIR,
+            self.data_dir / LOST_FILE,
+        )
+        self._save()
+
+    def _read_rows(self, path: Path) -> tuple[list[dict[str, Any]], bool]:
+        """Rows of one table file and whether it was whole (a missing file is torn, empty)."""
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return [], False
+        except OSError as exc:
+            raise StorageError(f"cannot read the task table {path}: {exc}") from exc
+        return salvage_rows(text)
+
+    def _keep(self, row: dict[str, Any]) -> int:
+        """Add a recovered row (1), or skip one that does not make a record (0)."""
+        try:
+            record = TaskRecord.from_dict(row)
+        except TypeError:
+            return 0
+        self._tasks[record.uuid] = record
+        return 1
+
+    def _set_aside_orphans(self) -> list[str]:
+        """Move task folders without a record to ``lost/`` and list them in ``lost.json``."""
+        lost_dir = self.data_dir / LOST_DIR
+        lost_file = self.data_dir / LOST_FILE
+        listed: list[dict[str, Any]] = []
+        with contextlib.suppress(OSError, ValueError):
+            listed = list(json.loads(lost_file.read_text(encoding="utf-8")))
+        moved = []
+        for folder in sorted(p for p in self.tasks_dir.iterdir() if p.is_dir()):
+            if folder.name in self._tasks:
+                continue
+            lost_dir.mkdir(exist_ok=True)
+            target = lost_dir / folder.name
+            if target.exists():
+                shutil.rmtree(target, ignore_errors=True)
+            shutil.move(str(folder), str(target))
+            moved.append(folder.name)
+            listed.append(
+                {
+                    "uuid": folder.name,
+                    "reason": "its record was lost when the task table was torn",
+                    "folder": str(target),
+                }
+            )
+        if moved:
+            lost_file.write_text(json.dumps(listed, indent=1), encoding="utf-8")
+        return moved
 
     def _save(self) -> None:
         payload = {
@@ -152,6 +266,7 @@ class TaskStore:
                 fh.write(text)
                 fh.flush()
                 os.fsync(fh.fileno())
+            self._keep_backup()
             os.replace(tmp, self.path)
         except OSError as exc:
             Path(tmp).unlink(missing_ok=True)
@@ -166,6 +281,18 @@ class TaskStore:
             pass  # some file systems refuse fsync on folders; the replace itself is atomic
         finally:
             os.close(dir_fd)
+
+    def _keep_backup(self) -> None:
+        """Make ``tasks.json.bak`` the current table (a hard link; a copy where links fail)."""
+        if not self.path.exists():
+            return
+        link = self.data_dir / f".{BACKUP_NAME}.link"
+        link.unlink(missing_ok=True)
+        try:
+            os.link(self.path, link)
+        except OSError:
+            shutil.copyfile(self.path, link)
+        os.replace(link, self.data_dir / BACKUP_NAME)
 
     # -- access ---------------------------------------------------------------------------
     @property

@@ -82,7 +82,9 @@ def extract_products(zip_url: str, dest: Path) -> dict[str, str]:
         product name -> local path of the extracted file.
 
     Raises:
-        InputError: the file is not a zip archive.
+        InputError: the file is not a zip archive, or one of its members would leave ``dest``
+            (an absolute name or ``..``: the archive is refused, as ``reconstruct`` refuses a
+            node's).
     """
     fs, path = filesystem(zip_url)
     dest.mkdir(parents=True, exist_ok=True)
@@ -90,6 +92,11 @@ def extract_products(zip_url: str, dest: Path) -> dict[str, str]:
     try:
         with fs.open(path, "rb") as fh, zipfile.ZipFile(fh) as zf:
             names = set(zf.namelist())
+            escaping = sorted(n for n in names if n.startswith("/") or ".." in n.split("/"))
+            if escaping:
+                raise InputError(
+                    f"{zip_url}: archive member {escaping[0]!r} would leave the output folder"
+                )
             for product, rel in ODM_PRODUCT_PATHS.items():
                 member = next((n for n in sorted(names) if n == rel or n.endswith("/" + rel)), None)
                 if member is None:

@@ -294,3 +294,119 @@ def test_second_engine_on_the_same_data_dir_is_refused(engine_factory: EngineFac
     with pytest.raises(NodeError, match="in use by another engine"):
         engine_factory(data_dir=engine.data_dir)
     assert engine.alive()
+
+
+# -- a torn task table: recovered, never a refusal to start ---------------------------------------
+
+
+def _table_with_tasks(data_dir: Path, count: int) -> TaskStore:
+    store = TaskStore(data_dir)
+    for i in range(count):
+        uuid = f"00000000-0000-4000-8000-{i:012d}"
+        store.add(TaskRecord(uuid=uuid, name=f"task {i}", date_created_ms=i))
+        store.task_dir(uuid).mkdir()
+        store.update(uuid, status=COMPLETED, progress=100.0)
+    return store
+
+
+@pytest.mark.parametrize("cut_fraction", [0.0, 0.01, 0.3, 0.5, 0.77, 0.999])
+def test_torn_table_keeps_every_task_it_can_and_sets_the_rest_aside(
+    tmp_path: Path, cut_fraction: float
+) -> None:
+    store = _table_with_tasks(tmp_path, 8)
+    latest = {t.uuid: t.to_dict() for t in store.all()}
+    text = store.path.read_bytes()
+    cut = int(len(text) * cut_fraction)
+    store.path.write_bytes(text[:cut])
+    # a record's object ends at the first "\n  }" after its uuid (indent 1, keys sorted)
+    ends = {u: text.index(b"\n  }", text.index(f'"uuid": "{u}"'.encode())) + 4 for u in latest}
+    complete_before_cut = {u for u, end in ends.items() if end <= cut}
+
+    recovered = TaskStore(tmp_path)  # never raises for a torn table
+
+    kept = {t.uuid: t.to_dict() for t in recovered.all()}
+    lost_file = tmp_path / "lost.json"
+    lost = json.loads(lost_file.read_text()) if lost_file.exists() else []
+    lost_uuids = {row["uuid"] for row in lost}
+    assert set(kept) | lost_uuids == set(latest)  # every task is either kept or listed lost
+    assert not set(kept) & lost_uuids
+    for uuid in complete_before_cut:
+        assert kept[uuid] == latest[uuid]  # a record whole before the cut is kept as it was
+    for uuid in set(kept) - complete_before_cut:
+        assert kept[uuid]["name"] == latest[uuid]["name"]  # from the backup
+    for row in lost:
+        assert "torn" in row["reason"] and (tmp_path / "lost" / row["uuid"]).is_dir()
+        assert not store.task_dir(row["uuid"]).exists()
+    # the recovered table was written back whole
+    assert json.loads(store.path.read_text())["tasks"]
+    assert len(TaskStore(tmp_path).all()) == len(kept)
+
+
+@pytest.mark.integration
+def test_engine_starts_on_a_torn_table(
+    engine_factory: EngineFactory, few_images: list[Path]
+) -> None:
+    engine = engine_factory()
+    upload_task(engine.url, few_images, uuid=UUID_A, name="keep me")
+    upload_task(engine.url, few_images, uuid=UUID_B, name="cut off")
+    wait_status(engine.url, UUID_A, {40})
+    wait_status(engine.url, UUID_B, {40})
+    engine.stop()
+    table = engine.data_dir / "tasks.json"
+    text = table.read_text()
+    table.write_text(text[: text.index(UUID_B) + 10])  # B's record cut in the middle
+
+    again = engine_factory(data_dir=engine.data_dir)
+    listed = {t["uuid"] for t in requests.get(f"{again.url}/task/list", timeout=10).json()}
+    assert UUID_A in listed
+    info = requests.get(f"{again.url}/task/{UUID_A}/info", timeout=10).json()
+    assert info["status"]["code"] == 40
+    if UUID_B not in listed:  # not in the backup either: its folder is set aside with a reason
+        lost = json.loads((engine.data_dir / "lost.json").read_text())
+        assert [row["uuid"] for row in lost] == [UUID_B]
+
+
+@pytest.mark.integration
+def test_truncated_archive_is_downloaded_again_never_resubmitted(
+    engine_factory: EngineFactory, few_images: list[Path], tmp_path: Path
+) -> None:
+    """A node serving a cut all.zip: each try is a download (the task stays the one task)."""
+    from prefect_odm.errors import DownloadError
+    from prefect_odm.nodeodm import NodeClient
+
+    engine = engine_factory()
+    upload_task(engine.url, few_images, uuid=UUID_A, name="cut archive")
+    wait_status(engine.url, UUID_A, {40})
+    archive = engine.data_dir / "tasks" / UUID_A / "all.zip"
+    whole = archive.read_bytes()
+    archive.write_bytes(whole[: len(whole) // 2])
+    client = NodeClient(engine.url)
+    with pytest.raises(DownloadError, match="failed 2 times") as raised:
+        client.download(UUID_A, tmp_path / "cut", max_retries=1)
+    assert engine.url in str(raised.value) and UUID_A in str(raised.value)
+    assert not list((tmp_path / "cut").glob("*.part")) and not list(
+        (tmp_path / "cut").rglob("*.tif")
+    )
+    archive.write_bytes(whole)  # the node serves it whole again: the same task downloads
+    dest = client.download(UUID_A, tmp_path / "whole")
+    assert any(dest.rglob("*.tif"))
+    assert client.task_list() == [UUID_A]
+
+
+def test_hostile_archive_names_the_node_and_writes_nothing(tmp_path: Path) -> None:
+    import zipfile
+
+    from prefect_odm.errors import NodeError
+    from prefect_odm.nodeodm import _safe_extract
+
+    path = tmp_path / "all.zip"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("odm_orthophoto/odm_orthophoto.tif", b"II*\0")
+        zf.writestr("../outside.txt", b"x")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with zipfile.ZipFile(path) as zf, pytest.raises(NodeError) as raised:
+        _safe_extract(zf, dest, "http://127.0.0.1:3000", UUID_A)
+    message = str(raised.value)
+    assert "'../outside.txt' would leave" in message and "node http://127.0.0.1:3000" in message
+    assert UUID_A in message and not any(dest.iterdir()) and not (tmp_path / "outside.txt").exists()

@@ -1,0 +1,114 @@
+"""The command's own process: it ends within seconds of SIGINT or SIGTERM, its children end with
+it, and a slow Prefect start is one line.
+
+* **Signals.** The first SIGINT or SIGTERM raises :class:`KeyboardInterrupt` in the main thread:
+  the flow's submodel runners cancel their remote tasks and return their memory slots on the way
+  out (``flows/reconstruct.py``). Should that take longer than :data:`STOP_GRACE_SECONDS`, or a
+  second signal come, the process exits at once (exit status 128 + the signal's number); its
+  children are then stopped by the watchdog.
+* **Children.** Prefect's temporary API server (``SubprocessASGIServer``, a ``uvicorn`` child
+  started on first use) and the built-in engine are handed to
+  :func:`prefect_odm.engine.launch.guard_process`, so neither outlives a ``kill -9`` of the
+  command.
+* **A slow start.** Prefect raises ``RuntimeError("Timed out while attempting to connect to
+  ephemeral Prefect API server...")`` when its server does not answer within
+  ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS``; it becomes one
+  :class:`~prefect_odm.errors.PrefectStartError` line.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from types import FrameType
+
+from prefect_odm.errors import PrefectStartError
+
+STOP_GRACE_SECONDS = 20.0
+"""How long the command may take to cancel remote tasks and return slots after a signal."""
+
+PREFECT_TIMEOUT_TEXT = "Timed out while attempting to connect to ephemeral Prefect API server"
+"""The start of Prefect 3's message when its temporary server does not answer in time."""
+
+
+def install_signal_handlers(grace_seconds: float = STOP_GRACE_SECONDS) -> None:
+    """Make SIGINT and SIGTERM end the command within ``grace_seconds`` (see the module text).
+
+    Call from the main thread.
+    """
+    stopping = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if stopping.is_set():
+            os._exit(128 + signum)
+        stopping.set()
+        timer = threading.Timer(grace_seconds, os._exit, args=(128 + signum,))
+        timer.daemon = True
+        timer.start()
+        print(
+            f"prefect-odm: {signal.Signals(signum).name}: cancelling remote tasks and stopping",
+            file=sys.stderr,
+        )
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+
+def prefect_start_error(exc: BaseException) -> PrefectStartError | None:
+    """The one-line error for Prefect's start-up time-out, or None for any other error."""
+    if not isinstance(exc, RuntimeError) or PREFECT_TIMEOUT_TEXT not in str(exc):
+        return None
+    waited = os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "20")
+    return PrefectStartError(
+        f"Prefect's temporary API server did not answer within {waited} s (a busy machine?): "
+        "run again, raise PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, or set "
+        "PREFECT_API_URL to a running Prefect server"
+    )
+
+
+def start_embedded_api() -> None:
+    """Start Prefect's temporary API server (once per process) and guard it.
+
+    Raises:
+        PrefectStartError: it did not answer in time.
+    """
+    from prefect.server.api.server import SubprocessASGIServer
+
+    from prefect_odm.engine.launch import guard_process
+
+    server = SubprocessASGIServer()
+    try:
+        server.start()
+    except RuntimeError as exc:
+        one_line = prefect_start_error(exc)
+        if one_line is None:
+            raise
+        raise one_line from None
+    finally:
+        process = server.server_process
+        if process is not None and process.poll() is None:
+            guard_process(process.pid)
+
+
+class EmbeddedAPIStart:
+    """:func:`start_embedded_api` in a background thread; :meth:`join` raises its error."""
+
+    def __init__(self) -> None:
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="prefect-api-start", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            start_embedded_api()
+        except BaseException as exc:  # handed to the main thread by join()
+            self.error = exc
+
+    def join(self) -> None:
+        """Wait for the start; re-raise its error in this thread."""
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
