@@ -6,7 +6,7 @@ rasterio, laspy, pycolmap, pyodm or prefect.
 
 import logging
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
