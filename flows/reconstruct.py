@@ -35,6 +35,7 @@ from prefect_odm import progress, storage
 from prefect_odm.cluster import (
     EMBEDDED_ENGINE_IDENTITY,
     Cluster,
+    check_embedded_options,
     connect_nodes,
     embedded_engine,
     embedded_memory_gib,
@@ -270,8 +271,11 @@ def _connect(
 
         nodes, settings = load_pool_block(node_pool)
     cluster = connect_nodes(nodes, settings=settings) if nodes else None
+    asked = (options or ProcessingOptions()).to_nodeodm()
     if cluster is not None:
-        cluster.check_options((options or ProcessingOptions()).to_nodeodm())
+        cluster.check_options(asked)
+    else:
+        check_embedded_options(asked)
     return nodes, cluster
 
 

@@ -58,6 +58,8 @@ class LiveProgress:
         self.board = SubmodelBoard([])
         self._lock = threading.Lock()
         self._live: Live | None = None
+        self._planned = False
+        self._held: list[str] = []
 
     def __enter__(self) -> LiveProgress:
         if self.terminal:
@@ -82,6 +84,7 @@ class LiveProgress:
                 self.stage = str(event["name"])
                 self._line(f"stage: {self.stage}")
             elif kind == "plan":
+                self._planned = True
                 self.board = SubmodelBoard(list(event["submodels"]))
                 self._line(f"plan: {len(event['submodels'])} submodels")
             elif kind == "submodel":
@@ -108,9 +111,16 @@ class LiveProgress:
             self._line(self.merge)
 
     def _line(self, text: str) -> None:
-        """A plain line, only when the output is not a terminal."""
-        if not self.terminal:
-            self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+        """A plain line, only when the output is not a terminal. Lines before the plan is known
+        are held back until then: a run refused at its edge (bad input, before the plan) prints
+        its one error line and nothing else."""
+        if self.terminal:
+            return
+        self._held.append(text)
+        if self._planned:
+            for line in self._held:
+                self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+            self._held.clear()
 
     def render(self) -> RenderableType:
         """The live screen: a header line and one line per submodel in flight."""

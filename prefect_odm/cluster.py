@@ -69,6 +69,7 @@ __all__ = [
     "EMBEDDED_ENGINE_IDENTITY",
     "Cluster",
     "NodeSettings",
+    "check_embedded_options",
     "check_node_options",
     "connect_nodes",
     "embedded_engine",
@@ -325,6 +326,23 @@ def check_node_options(clients: Mapping[str, NodeBackend], options: Mapping[str,
         errors = check_options(asked, listed)
         if errors:
             raise InputError(format_option_errors(errors, url))
+
+
+def check_embedded_options(options: Mapping[str, Any]) -> None:
+    """Check the run's node options against the built-in engine's option table, without
+    starting it (the engine answers ``/options`` from the same table), so a bad option on the
+    embedded engine is refused before the plan is written, as it is with ``--nodes``.
+
+    Raises:
+        InputError: some option is unknown to the engine or its value does not fit.
+    """
+    from prefect_odm.engine.options import option_specs
+    from prefect_odm.engine.pipeline_options import OPTIONS
+
+    listed = [spec.to_dict() for spec in option_specs(OPTIONS)]
+    errors = check_options(dict(options), listed)
+    if errors:
+        raise InputError(format_option_errors(errors, "the built-in engine"))
 
 
 def embedded_memory_gib() -> float:

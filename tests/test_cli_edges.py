@@ -137,6 +137,23 @@ def test_unknown_option_name_is_refused_before_the_plan(brighton_images, tmp_pat
     assert not list(out.glob("*/plan/plan.json"))
 
 
+def test_unknown_option_name_is_refused_before_the_plan_on_the_built_in_engine(
+    brighton_images, tmp_path
+):
+    """Without --nodes the options are checked against the built-in engine's option table
+    before it is started and before anything is written."""
+    out = tmp_path / "out"
+    args = ["reconstruct", str(brighton_images), "--output", str(out), "--pipeline", "direct"]
+    proc = _run([*args, "--option", "orthophoto-resolutoin=3"], tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines[0] == (
+        "prefect-odm: error: 1 option(s) not accepted by the built-in engine (from its /options):"
+    ), proc.stderr
+    assert "orthophoto-resolutoin=3: unknown option" in lines[1] and len(lines) == 2, proc.stderr
+    assert not out.exists()
+
+
 def test_python_api_validates_options_as_the_command_line_does():
     from pydantic import ValidationError
 
