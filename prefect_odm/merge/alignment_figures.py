@@ -81,11 +81,14 @@ def alignment_lines(report: AlignmentReport | None) -> list[str]:
 
 
 def alignment_png(report: AlignmentReport) -> bytes:
-    """The plan-map picture of the corrections and overlap residuals, PNG bytes."""
-    import matplotlib
+    """The plan-map picture of the corrections and overlap residuals, PNG bytes.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Drawn through matplotlib's object API on an Agg canvas: no global pyplot state, so a
+    notebook's own backend is left as it is.
+    """
+    from matplotlib import colormaps
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     ids = [t.submodel_id for t in report.result.transforms]
     absolute = {t.submodel_id: np.asarray(t.centre_m[:2]) for t in report.result.transforms}
@@ -95,10 +98,12 @@ def alignment_png(report: AlignmentReport) -> bytes:
     span = max(float(np.ptp(np.stack(list(centres.values())), axis=0).max()), 1.0)
     biggest = max((float(np.hypot(*m[:2])) for m in moves.values()), default=0.0)
     factor = 0.15 * span / biggest if biggest > 0 else 1.0
-    fig, ax = plt.subplots(figsize=(7, 6), dpi=110)
+    fig = Figure(figsize=(7, 6), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
     residuals = report.refinement or report.result
     worst = max((o.rms_after_m for o in residuals.overlaps), default=1.0) or 1.0
-    cmap = plt.get_cmap("viridis")
+    cmap = colormaps["viridis"]
     for o in residuals.overlaps:
         (x1, y1), (x2, y2) = centres[o.first], centres[o.second]
         ax.plot([x1, x2], [y1, y2], color=cmap(o.rms_after_m / worst), lw=3, zorder=1)
@@ -125,7 +130,6 @@ def alignment_png(report: AlignmentReport) -> bytes:
     ax.set_ylabel(f"northing - {origin[1]:.0f} (m)")
     buf = io.BytesIO()
     fig.savefig(buf, format="png", bbox_inches="tight")
-    plt.close(fig)
     return buf.getvalue()
 
 
