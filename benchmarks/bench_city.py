@@ -51,7 +51,7 @@ DATA = REPO.parent / "shared" / "data"
 TEMPLATE = DATA / "seneca_1200" / "images" / "IMG_0446.jpg"
 sys.path.insert(0, str(REPO / "tests"))  # the real servers the tests start
 
-from odm_server import BIN, free_port, stop_group, wait_healthy  # noqa: E402
+from odm_server import prefect_server_process  # noqa: E402
 from postgres_server import start_postgres  # noqa: E402
 
 
@@ -167,28 +167,7 @@ def prefect_api(work: Path, sqlite: bool) -> Iterator[str]:
             pg = stack.enter_context(start_postgres(work / "pg"))
             pg.sql("postgres", "CREATE DATABASE prefect")
             env["PREFECT_API_DATABASE_CONNECTION_URL"] = pg.url("prefect")
-        port = free_port()
-        (work / "prefect-home").mkdir(exist_ok=True)
-        log = work / "prefect-server.log"
-        with open(log, "ab") as out:
-            server = subprocess.Popen(
-                [
-                    str(BIN / "prefect"),
-                    "server",
-                    "start",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                ],
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        stack.callback(stop_group, server)
-        api_url = f"http://127.0.0.1:{port}/api"
-        wait_healthy(api_url, server, log, timeout_seconds=180)
+        api_url = stack.enter_context(prefect_server_process(work / "prefect-home", env))
         yield api_url
 
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -104,3 +106,50 @@ def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_seconds: f
     raise RuntimeError(
         f"prefect server did not answer in {timeout_seconds} s: {log.read_text()[-3000:]}"
     )
+
+
+@contextmanager
+def prefect_server_process(
+    home: Path, env: dict[str, str], timeout_seconds: float = 180
+) -> Iterator[str]:
+    """``prefect server start`` on a free 127.0.0.1 port with ``env`` (its database from
+    ``PREFECT_API_DATABASE_CONNECTION_URL`` when set), logging to ``home/server.log``; yields
+    the API URL once it answers, and stops the server's process group afterwards."""
+    home.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log = home / "server.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        api_url = f"http://127.0.0.1:{port}/api"
+        wait_healthy(api_url, proc, log, timeout_seconds=timeout_seconds)
+        yield api_url
+    finally:
+        stop_group(proc)
+
+
+def reconstruct_command(images: Path, out: Path, *extra: str) -> list[str]:
+    """``prefect-odm reconstruct`` of ``images`` into ``out`` as the small loopback tests run
+    it (split 5, 15 m overlap, the direct pipeline), plus ``extra`` arguments."""
+    return [
+        sys.executable,
+        "-m",
+        "prefect_odm.cli",
+        "reconstruct",
+        str(images),
+        "--output",
+        str(out),
+        *extra,
+        "--split",
+        "5",
+        "--split-overlap-m",
+        "15",
+        "--pipeline",
+        "direct",
+    ]

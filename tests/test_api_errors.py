@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from flaky_api_proxy import FlakyProxy
+from odm_server import reconstruct_command
 
 from prefect_odm.engine.launch import start_engine
 
@@ -47,23 +47,7 @@ def test_a_run_through_an_api_that_answers_503_to_a_fifth_of_requests_completes(
         proxy.start_failing()
         started = time.monotonic()
         res = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "prefect_odm.cli",
-                "reconstruct",
-                str(brighton_images),
-                "--output",
-                str(tmp_path / "out"),
-                "--nodes",
-                node.url,
-                "--split",
-                "5",
-                "--split-overlap-m",
-                "15",
-                "--pipeline",
-                "direct",
-            ],
+            reconstruct_command(brighton_images, tmp_path / "out", "--nodes", node.url),
             env=env,
             capture_output=True,
             text=True,
