@@ -111,6 +111,12 @@ class OutputLayout:
         """The submodel's record (:data:`RESULT_FILE`); its presence means the submodel is done."""
         return join(self.submodel_dir(submodel_id, fingerprint), RESULT_FILE)
 
+    def submodel_upload_mark(self, submodel_id: str, fingerprint: str, task_uuid: str) -> str:
+        """``uploads/<task_uuid>`` of the submodel: written before the upload under that UUID
+        starts, so a later run knows a UUID no node has as a task may hold a killed upload's
+        files (the node keeps them) and takes the next attempt's UUID instead."""
+        return join(self.submodel_dir(submodel_id, fingerprint), "uploads", task_uuid)
+
     def submodel_report_file(self, submodel_id: str, fingerprint: str, file_name: str) -> str:
         """A report file a node returned (``odm_report/<file_name>``), stored under ``report/``."""
         return join(self.submodel_dir(submodel_id, fingerprint), "report", file_name)

@@ -435,6 +435,7 @@ class SubmodelRunner:
         sid = submodel.id
         state = client.task_state(uuid)
         if state is None:
+            self._mark_upload(client, submodel, uuid)
             by_name = {img.name: img.url for img in self.survey.images}
             files = [by_name[name] for name in submodel.image_names]
             progress.emit("submodel", id=sid, state="uploading", fraction=0.0, node=client.url)
@@ -462,6 +463,28 @@ class SubmodelRunner:
                 raise client.classify_failure(state)
         else:
             self.log(f"{sid}: re-attached to running task {uuid} on {client.url}")
+
+    def _mark_upload(self, client: NodeBackend, submodel: Submodel, uuid: str) -> None:
+        """Record that an upload under ``uuid`` begins; refuse a UUID an earlier run began.
+
+        No node has ``uuid`` as a task here, and each attempt of this process takes a fresh UUID,
+        so a mark already present was left by a run killed before its commit: the node may keep
+        that upload's files (NodeODM 2.2.4 and the engine do), and uploading again under the
+        UUID would add every image a second time. The submodel moves to its next UUID instead,
+        without sending anything.
+
+        Raises:
+            StaleTaskError: an earlier run began an upload under ``uuid``.
+            StorageError: the mark cannot be written (the output location).
+        """
+        mark = self.layout.submodel_upload_mark(submodel.id, submodel.fingerprint, uuid)
+        if storage.exists(mark):
+            raise StaleTaskError(
+                "an earlier run began an upload under this UUID and never committed it",
+                node_url=client.url,
+                task_uuid=uuid,
+            )
+        storage.write_bytes_atomic(mark, f"{client.url}\n".encode())
 
     def _collect(self, client: NodeBackend, submodel: Submodel, uuid: str) -> dict[str, str]:
         """Wait for the task, download, verify and store its products; product -> URL."""

@@ -187,6 +187,10 @@ def test_memory_admission_never_overcommits_a_node_and_uses_both(
 def test_killed_flow_process_reattaches_without_duplicates(
     prefect_api, brighton_images, tmp_path, odm_home
 ):
+    """Kill the flow process while tasks run (and others may be mid-upload): the rerun
+    re-attaches to every committed task, and a submodel whose upload the kill cut takes its next
+    UUID (the node keeps the cut upload's files under the old one) without re-sending anything
+    under the old UUID; nothing committed is uploaded again."""
     with engines(tmp_path, [{"faults": {"slow_seconds": 6}}] * 2) as nodes:
         urls = [e.url for e in nodes]
         proc = start_cli_run(brighton_images, tmp_path / "out", urls, prefect_api)
@@ -194,25 +198,28 @@ def test_killed_flow_process_reattaches_without_duplicates(
         wait_running(clients, proc, at_least=2)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        committed_before = [s for c in clients for u in c.task_list() if (s := c.task_state(u))]
+        inits_before = sum(count(e, "POST", "/task/new/init") for e in nodes)
         uploads_before = sum(count(e, "POST", "/task/new/upload") for e in nodes)
         manifest = run_flow(brighton_images, tmp_path / "out", urls)
         tasks = [u for c in clients for u in c.task_list()]
         inits = sum(count(e, "POST", "/task/new/init") for e in nodes)
         uploads_after = sum(count(e, "POST", "/task/new/upload") for e in nodes)
-        images_per_submodel_upload = sum(
-            len(
-                json.loads(
-                    Path(manifest.products["orthophoto"])
-                    .parents[1]
-                    .joinpath("plan", "plan.json")
-                    .read_text()
-                )["submodels"][i]["image_names"]
-            )
-            for i in range(len(manifest.submodels))
+        plan = json.loads(
+            Path(manifest.products["orthophoto"])
+            .parents[1]
+            .joinpath("plan", "plan.json")
+            .read_text()
         )
-    assert len(tasks) == len(manifest.submodels) == inits  # one task per submodel, no duplicate
-    assert uploads_after == images_per_submodel_upload  # nothing uploaded twice
-    assert uploads_before <= uploads_after
+        images_per_submodel_upload = sum(len(sm["image_names"]) for sm in plan["submodels"])
+    assert len(committed_before) >= 2
+    assert len(tasks) == len(manifest.submodels)  # one task per submodel, no duplicate
+    # every committed task re-attached; every other submodel initialised exactly once more
+    assert inits - inits_before == len(manifest.submodels) - len(committed_before)
+    # only the images of submodels not committed before the kill are sent again
+    committed_images = sum(s.images_count for s in committed_before)
+    assert uploads_after - uploads_before == images_per_submodel_upload - committed_images
+    assert all(r.status == "completed" for r in manifest.submodels)
     # Identical to an uninterrupted run on fresh nodes.
     with engines(tmp_path / "fresh", [{}, {}]) as fresh:
         clean = run_flow(brighton_images, tmp_path / "clean", [e.url for e in fresh])
@@ -470,3 +477,51 @@ def test_an_option_the_node_does_not_list_is_refused_before_any_upload(
         assert count(node, "POST", "/task/new") == 0
     assert "did you mean orthophoto-resolution" in str(info.value)
     assert not (tmp_path / "out").exists()  # refused before the plan is written
+
+
+def test_upload_a_killed_run_began_is_never_sent_again_under_its_uuid(brighton_images, tmp_path):
+    """A run killed after two of a submodel's images were sent left its upload mark and the
+    node's pending upload under attempt 0's UUID. The rerun sends nothing under that UUID: it
+    takes attempt 1's, uploads each image once, and the node ends with one whole task."""
+    import requests
+
+    from prefect_odm.backend import task_uuid
+    from prefect_odm.layout import OutputLayout
+    from prefect_odm.planning import plan_submodels
+    from prefect_odm.pool import NodePool, PoolNode
+    from prefect_odm.scan import scan_survey
+    from prefect_odm.submodels import SubmodelRunner
+
+    survey = scan_survey(str(brighton_images))
+    plan = plan_submodels(survey, split=100, options=DIRECT)
+    submodel = plan.submodels[0]
+    layout = OutputLayout(str(tmp_path / "out"), survey.fingerprint)
+    by_name = {img.name: img.url for img in survey.images}
+    with engines(tmp_path, [{}]) as (node,):
+        client = NodeClient(node.url)
+        cut = task_uuid(submodel.fingerprint, 0)
+        mark = Path(layout.submodel_upload_mark(submodel.id, submodel.fingerprint, cut))
+        mark.parent.mkdir(parents=True)
+        mark.write_text(client.url)  # what the killed run wrote before its upload
+        client._init_task(cut, {}, name="killed", outputs=())
+        for name in submodel.image_names[:2]:
+            with open(by_name[name], "rb") as fh:
+                requests.post(client._upload_url(cut), files={"images": (name, fh)}, timeout=30)
+        uploads_before = count(node, "POST", "/task/new/upload")
+        runner = SubmodelRunner(
+            plan,
+            survey,
+            layout,
+            NodePool([PoolNode(client.url, memory_gib=64.0, max_parallel_tasks=1)]),
+            {client.url: client},
+            poll_interval_seconds=0.3,
+        )
+        result = runner.run(submodel.id)
+        tasks = client.task_list()
+        state = client.task_state(tasks[0]) if tasks else None
+        uploads = count(node, "POST", "/task/new/upload") - uploads_before
+    assert result.status == "completed", result.error
+    assert result.task_uuid == task_uuid(submodel.fingerprint, 1)
+    assert tasks == [result.task_uuid] and state is not None
+    assert state.images_count == len(submodel.image_names) == uploads
+    assert mark.parent.joinpath(result.task_uuid).is_file()
