@@ -388,9 +388,26 @@ def _run_inline(
             live.publish()
 
     unsubscribe = progress.subscribe(follow)
-    with sharing_cluster(cluster):
-        futures = [
-            run_submodel.submit(layout.plan_json, sid, layout.root, urls, force) for sid in pending
+    # As many submodels in flight as the pool has task slots (the flow's own runner would hold
+    # them to its 4 workers whatever the nodes, issue 14); the pool's leases still decide which
+    # node and how much memory each gets.
+    workers = min(len(pending), cluster.pool.task_slots)
+    with (
+        sharing_cluster(cluster),
+        ThreadPoolTaskRunner[SubmodelResult](max_workers=workers) as runner,
+    ):
+        futures: list[PrefectFuture[SubmodelResult]] = [
+            runner.submit(
+                run_submodel,
+                parameters={
+                    "plan_url": layout.plan_json,
+                    "submodel_id": sid,
+                    "output": layout.root,
+                    "nodes": urls,
+                    "force": force,
+                },
+            )
+            for sid in pending
         ]
         by_future = dict(zip(futures, pending, strict=True))
         try:

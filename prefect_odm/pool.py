@@ -95,6 +95,15 @@ class NodePool:
             ),
         )
 
+    @property
+    def task_slots(self) -> int:
+        """How many submodels the pool can hold at once: the task slots of the nodes that are
+        up, plus as many as the largest of them for each node set aside (it may come back);
+        at least 1."""
+        up = [n.max_parallel_tasks for n in self.nodes if not n.down]
+        aside = sum(1 for n in self.nodes if n.down)
+        return max(1, sum(up) + aside * max(up, default=1))
+
     def check_fits(self, memory_gib: float, what: str) -> None:
         """Raise :class:`PlanningError` if no node could ever run ``memory_gib``."""
         largest = max((n.memory_gib for n in self.nodes), default=0.0)

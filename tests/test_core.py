@@ -181,6 +181,14 @@ def test_pool_marks_nodes_down():
             pass
 
 
+def test_pool_task_slots_count_up_nodes_and_room_for_set_aside_ones():
+    pool = NodePool([PoolNode("a", 8, 3), PoolNode("b", 8, 2), PoolNode("c", 0, 1, down=True)])
+    assert pool.task_slots == 3 + 2 + 3  # c may come back as large as the largest
+    pool.mark_down("a")
+    assert pool.task_slots == 2 + 2 * 2
+    assert NodePool([]).task_slots == 1
+
+
 def test_core_imports_neither_prefect_nor_pyodm():
     code = (
         "import sys\n"

@@ -3,6 +3,7 @@ injected through the engine's hooks, through real Prefect."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -20,7 +21,7 @@ import rasterio
 
 from prefect_odm.engine.launch import EngineProcess, start_engine
 from prefect_odm.errors import IncompleteRunError
-from prefect_odm.models import ProcessingOptions
+from prefect_odm.models import MergeOptions, ProcessingOptions
 from prefect_odm.nodeodm import RUNNING, NodeClient
 from prefect_odm.settings import FAULTS_ENV
 
@@ -70,10 +71,8 @@ def run_flow(
         images=str(images),
         output=str(out),
         nodes=nodes,
-        split=5,
-        split_overlap_m=15,
         options=options,
-        **kwargs,
+        **{"split": 5, "split_overlap_m": 15, **kwargs},
     )
 
 
@@ -525,3 +524,46 @@ def test_upload_a_killed_run_began_is_never_sent_again_under_its_uuid(brighton_i
     assert tasks == [result.task_uuid] and state is not None
     assert state.images_count == len(submodel.image_names) == uploads
     assert mark.parent.joinpath(result.task_uuid).is_file()
+
+
+def test_inline_run_keeps_every_task_slot_of_the_pool_busy(
+    prefect_api, brighton_images, tmp_path, odm_home
+):
+    """3 nodes with 2 task slots each and at least 6 submodels: the inline run has all 6 slots
+    running at once (the flow's own task runner used to cap it at 4 whatever the pool)."""
+    with engines(tmp_path, [{"faults": {"slow_seconds": 5}, "parallel": 2}] * 3) as nodes:
+        clients = [NodeClient(e.url) for e in nodes]
+        peak, stop = [0], threading.Event()
+
+        def watch() -> None:
+            while not stop.is_set():
+                running = 0
+                for c in clients:
+                    with contextlib.suppress(Exception):
+                        running += sum(
+                            1
+                            for u in c.task_list()
+                            if (s := c.task_state(u)) and s.status == RUNNING
+                        )
+                peak[0] = max(peak[0], running)
+                time.sleep(0.1)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            manifest = run_flow(
+                brighton_images,
+                tmp_path / "out",
+                [e.url for e in nodes],
+                split=3,
+                split_overlap_m=5,
+                # submodels of 3 images barely overlap: the gates are not what this test is about
+                merge_options=MergeOptions(accept_alignment=True),
+            )
+        finally:
+            stop.set()
+            watcher.join()
+        per_node = [len(c.task_list()) for c in clients]
+    assert len(manifest.submodels) >= 6
+    assert all(r.status == "completed" for r in manifest.submodels)
+    assert peak[0] == 6, (peak[0], per_node)
