@@ -16,11 +16,11 @@ from prefect_odm.tasks.admission import DEFAULT_LIMIT_NAME, ensure_memory_limit,
 from prefect_odm.tasks.artifacts import cached_state, rename_this_run, submodel_progress
 from prefect_odm.tasks.submodels import cluster_for
 
-from prefect_odm import storage
 from prefect_odm.errors import SubmodelFailedError
-from prefect_odm.layout import OutputLayout, plan_file
-from prefect_odm.models import SplitPlan, SubmodelResult, Survey
+from prefect_odm.layout import OutputLayout
+from prefect_odm.models import SubmodelResult
 from prefect_odm.node_refs import refuse_credentials, submodel_run_name
+from prefect_odm.plan_cache import load_plan_and_survey
 from prefect_odm.submodels import SubmodelRunner
 
 
@@ -62,10 +62,7 @@ def process_submodel(
     """
     refuse_credentials(nodes)
     logger = get_run_logger()
-    plan = SplitPlan.model_validate(storage.read_json(plan_url))
-    survey = Survey.model_validate(
-        storage.read_json(plan_file(plan_url.rsplit("/", 1)[0], "survey"))
-    )
+    plan, survey = load_plan_and_survey(plan_url)  # once per process, not per submodel
     layout = OutputLayout(output, plan.survey_fingerprint)
     rename_this_run(submodel_run_name(survey.source, plan.survey_fingerprint, submodel_id))
     with cluster_for(nodes, plan.options.pipeline, node_pool) as cluster:

@@ -1,0 +1,53 @@
+"""The plan and survey a process's submodel flows share (prefect_odm.plan_cache)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from prefect_odm import storage
+from prefect_odm.layout import plan_file
+from prefect_odm.plan_cache import MAX_PLANS, _cache, load_plan_and_survey
+from prefect_odm.planning import plan_submodels
+from prefect_odm.scan import scan_survey
+
+
+def store(folder: Path, images: Path, split: int) -> str:
+    survey = scan_survey(str(images))
+    plan = plan_submodels(survey, split=split, split_overlap_m=10)
+    plan_url = str(folder / "plan" / "plan.json")
+    storage.write_json_atomic(plan_url, plan.model_dump(mode="json"))
+    storage.write_json_atomic(
+        plan_file(str(folder / "plan"), "survey"), survey.model_dump(mode="json")
+    )
+    return plan_url
+
+
+def test_plan_is_read_once_and_again_when_rewritten(brighton_images, tmp_path):
+    _cache.clear()
+    url = store(tmp_path, brighton_images, split=5)
+    plan, survey = load_plan_and_survey(url)
+    assert len(survey.images) == 18 and len(plan.submodels) >= 3
+    again = load_plan_and_survey(url)
+    assert again[0] is plan and again[1] is survey  # the same objects: not read again
+    store(tmp_path, brighton_images, split=9)  # a new plan under the same name
+    stat = os.stat(url)
+    os.utime(url, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    rewritten, _ = load_plan_and_survey(url)
+    assert rewritten is not plan and len(rewritten.submodels) < len(plan.submodels)
+
+
+def test_missing_plan_raises_and_cache_stays_bounded(brighton_images, tmp_path):
+    _cache.clear()
+    with pytest.raises(FileNotFoundError):
+        load_plan_and_survey(str(tmp_path / "nowhere" / "plan.json"))
+    url = store(tmp_path / "a", brighton_images, split=5)
+    for i in range(MAX_PLANS + 2):
+        copy = tmp_path / f"copy{i}"
+        copy.mkdir()
+        (copy / "plan.json").write_bytes(Path(url).read_bytes())
+        (copy / "survey.json").write_bytes(Path(url).with_name("survey.json").read_bytes())
+        load_plan_and_survey(str(copy / "plan.json"))
+    assert len(_cache) == MAX_PLANS
