@@ -34,16 +34,29 @@ def _command(images: Path, output: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def _env(tmp_path: Path) -> dict[str, str]:
+@pytest.fixture(scope="module")
+def prefect_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One Prefect home for both runs: the second temporary server finds its database migrated."""
+    return tmp_path_factory.mktemp("prefect-home")
+
+
+def _env(tmp_path: Path, prefect_home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env.update(PREFECT_ODM_HOME=str(tmp_path / "home"), PREFECT_HOME=str(tmp_path / "ph"))
+    env.update(PREFECT_ODM_HOME=str(tmp_path / "home"), PREFECT_HOME=str(prefect_home))
     return env
 
 
-def test_terminal_shows_each_submodel_in_flight_with_node_and_state(brighton_images, tmp_path):
+def test_terminal_shows_each_submodel_in_flight_with_node_and_state(
+    brighton_images, tmp_path, prefect_home
+):
     import pexpect
 
-    env = {**_env(tmp_path), "TERM": "xterm-256color", "COLUMNS": "160", "LINES": "40"}
+    env = {
+        **_env(tmp_path, prefect_home),
+        "TERM": "xterm-256color",
+        "COLUMNS": "160",
+        "LINES": "40",
+    }
     cmd = _command(brighton_images, tmp_path / "out")
     child = pexpect.spawn(
         cmd[0], cmd[1:], env=env, dimensions=(40, 160), encoding="utf-8", timeout=600
@@ -60,12 +73,12 @@ def test_terminal_shows_each_submodel_in_flight_with_node_and_state(brighton_ima
     assert "orthophoto:" in screen and re.search(r"(\d+) of \1 submodels done", screen), screen
 
 
-def test_piped_output_is_plain_lines(brighton_images, tmp_path):
+def test_piped_output_is_plain_lines(brighton_images, tmp_path, prefect_home):
     proc = subprocess.run(
         _command(brighton_images, tmp_path / "out"),
         capture_output=True,
         text=True,
-        env=_env(tmp_path),
+        env=_env(tmp_path, prefect_home),
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr
