@@ -39,19 +39,35 @@ class Uploads:
     done: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
+    _local: threading.local = field(default_factory=threading.local)
+    _sessions: list[requests.Session] = field(default_factory=list)
 
     def run(self, files: Sequence[str], parallel_uploads: int) -> None:
-        """Upload every file, ``parallel_uploads`` at once; the first failure stops the rest
-        and is raised."""
-        with ThreadPoolExecutor(max_workers=max(1, parallel_uploads)) as pool:
-            futures = [pool.submit(self.one, f) for f in files]
-            finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
-            errors = [e for f in finished if (e := f.exception()) is not None]
-            if errors:
-                self.stop.set()
-                for f in futures:
-                    f.cancel()
-                raise errors[0]
+        """Upload every file, ``parallel_uploads`` at once, each stream on one kept-alive
+        connection; the first failure stops the rest and is raised."""
+        try:
+            with ThreadPoolExecutor(max_workers=max(1, parallel_uploads)) as pool:
+                futures = [pool.submit(self.one, f) for f in files]
+                finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
+                errors = [e for f in finished if (e := f.exception()) is not None]
+                if errors:
+                    self.stop.set()
+                    for f in futures:
+                        f.cancel()
+                    raise errors[0]
+        finally:
+            for session in self._sessions:
+                session.close()
+
+    def _session(self) -> requests.Session:
+        """This upload thread's session: its connection is reused from file to file (a new
+        TCP connection per image held uploads to 0.41 of one plain POST, issue 14)."""
+        session: requests.Session | None = getattr(self._local, "session", None)
+        if session is None:
+            session = self._local.session = requests.Session()
+            with self.lock:
+                self._sessions.append(session)
+        return session
 
     def one(self, path: str) -> None:
         """Upload one file, retried until it is accepted, refused for good, or out of time."""
@@ -88,7 +104,7 @@ class Uploads:
         try:
             enc = MultipartEncoder(fields={"images": (base, data, mime)})
             timeout = max(1.0, min(self.timeout_seconds, self.deadline - time.monotonic()))
-            res = requests.post(
+            res = self._session().post(
                 self.upload_url,
                 data=enc,
                 headers={"Content-Type": enc.content_type},
