@@ -227,9 +227,11 @@ def _shared_seamlines(
     ownership: Ownership | None,
     crs_epsg: int | None,
     options: MergeOptions,
+    alignment: AlignmentReport | None = None,
 ) -> OwnerLabels | None:
-    """The least-cost owner labels of this merge, from the orthophotos and DSMs together
-    (:func:`prefect_odm.merge.seamline_rasters.merge_seamlines`); None for other seam methods."""
+    """The least-cost owner labels of this merge, from the orthophotos and DSMs together where
+    the alignment puts them (:func:`prefect_odm.merge.seamline_rasters.merge_seamlines`); None for
+    other seam methods."""
     from prefect_odm.merge.seamline_rasters import merge_seamlines
     from prefect_odm.merge.seams import LABEL_SEAM_METHODS
 
@@ -242,6 +244,7 @@ def _shared_seamlines(
         dsms=_local_inputs(dsm, work, "dsm"),
         crs_epsg=crs_epsg,
         colour_balance=options.colour_balance,
+        alignment=alignment.raster_corrections() if alignment is not None else None,
     )
 
 
@@ -294,7 +297,7 @@ def merge_products(
             ownership = _derived_ownership(products, work, crs_epsg)
         alignment = kw.get("alignment")
         options = kw.get("options") or MergeOptions()
-        seamlines = _shared_seamlines(products, work, ownership, crs_epsg, options)
+        seamlines = _shared_seamlines(products, work, ownership, crs_epsg, options, alignment)
         context = MergeContext(
             work, ownership, crs_epsg, options, alignment=alignment, seamlines=seamlines
         )

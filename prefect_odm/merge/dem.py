@@ -278,17 +278,17 @@ def merge_dems(
     opts, run = options or MergeOptions(), RasterRun(**raster)
     started = time.perf_counter()
     out = Path(out)
+    fixes = alignment.raster_corrections() if alignment is not None else None
     plan = plan_grid(
         inputs, resolution_m=run.resolution_m, crs_epsg=run.crs_epsg, value_bands=1,
-        corrections=alignment.raster_corrections() if alignment is not None else None,
-        correct_heights=True,
+        corrections=fixes, correct_heights=True,
     )  # fmt: skip
     owners = resolve_ownership(plan, ownership)
     remove = opts.remove_vertical_offsets and alignment is None
     offsets, medians = vertical_offsets(plan, remove, opts.max_dem_offset_m)
     edges = edge_distances(plan, edt_max_side_px)
     seams = seams_for(opts.seam_method, owners, plan, run.lattice_step_px, seamlines=seamlines,
-                      dsms={k: Path(v) for k, v in inputs.items()})  # fmt: skip
+                      dsms={k: Path(v) for k, v in inputs.items()}, alignment=fixes)  # fmt: skip
     readers = ThreadReaders(plan)
     pixels, union_pixels = write_merged_raster(
         out,

@@ -270,7 +270,8 @@ def merge_orthophotos(
     phases.done("colour_balance")
     seams = seams_for(opts.seam_method, owners, plan, run.lattice_step_px, seamlines=seamlines,
                       orthophotos={k: Path(v) for k, v in inputs.items()},
-                      corrections=corrections if opts.colour_balance else None)  # fmt: skip
+                      corrections=corrections if opts.colour_balance else None,
+                      alignment=fixes)  # fmt: skip
     phases.done("seamlines")
     readers = ThreadReaders(plan)
     blocks = _OrthoBlocks(plan, readers, seams, corrections, opts.orthophoto_feather_m)

@@ -139,10 +139,13 @@ def test_least_cost_seam_distances_are_zero_for_the_owner() -> None:
     assert np.array_equal(e[:, 37:101, 101:178], part)
 
 
-def _two_submodels(tmp_path: Path) -> tuple[dict[str, Path], dict[str, Path], Ownership]:
+def _two_submodels(
+    tmp_path: Path, b_moved_m: tuple[float, float] = (0.0, 0.0)
+) -> tuple[dict[str, Path], dict[str, Path], Ownership]:
     """A 40 m x 20 m ground at 0.1 m in two overlapping submodels (a: x < 26 m, b: x > 14 m);
     a 6 m x 10 m building of 8 m straddles the ownership seam x = 20 m. DSMs: a at 100 m,
-    b at 100.5 m, so the merged DSM tells which submodel a pixel came from."""
+    b at 100.5 m, so the merged DSM tells which submodel a pixel came from. ``b_moved_m``:
+    b's products are placed that far east and that much higher (a submodel off by its GPS)."""
     ground = ground_texture(200, 400)
     x = (np.arange(400) + 0.5) * 0.1
     y = (np.arange(200) + 0.5) * 0.1
@@ -150,11 +153,12 @@ def _two_submodels(tmp_path: Path) -> tuple[dict[str, Path], dict[str, Path], Ow
     building = (np.abs(gx - 20) < 3) & (np.abs(gy - 10) < 5)
     ortho, dsm = {}, {}
     for sid, (c0, c1), base in (("a", (0, 260), 100.0), ("b", (140, 400), 100.5)):
+        dx, dz = b_moved_m if sid == "b" else (0.0, 0.0)
         ortho[sid] = write_rgba(
-            tmp_path / f"{sid}.tif", ground[:, :, c0:c1], LEFT + c0 * 0.1, TOP, 0.1
+            tmp_path / f"{sid}.tif", ground[:, :, c0:c1], LEFT + c0 * 0.1 + dx, TOP, 0.1
         )
-        z = (base + 8.0 * building[:, c0:c1]).astype(np.float32)
-        dsm[sid] = write_dem(tmp_path / f"{sid}_dsm.tif", z, LEFT + c0 * 0.1, TOP, 0.1)
+        z = (base + dz + 8.0 * building[:, c0:c1]).astype(np.float32)
+        dsm[sid] = write_dem(tmp_path / f"{sid}_dsm.tif", z, LEFT + c0 * 0.1 + dx, TOP, 0.1)
     own = Ownership.from_cameras([(LEFT + 8.0, TOP - 10.0, "a"), (LEFT + 32.0, TOP - 10.0, "b")])
     return ortho, dsm, own
 
@@ -209,3 +213,37 @@ def _write_laz(path: Path, x: np.ndarray, y: np.ndarray, tag: int) -> Path:
     las.intensity = np.full(x.size, tag, np.uint16)
     las.write(path)
     return path
+
+
+def test_seamlines_are_cut_between_the_products_where_the_alignment_puts_them(
+    tmp_path: Path,
+) -> None:
+    """b's products lie 3 m east and 1.5 m high; given the alignment that moves them back, the
+    seamlines are those of products that line up (the building avoided), and without it they
+    are not."""
+    from prefect_odm.align.similarity import RasterCorrection
+
+    (tmp_path / "true").mkdir()
+    (tmp_path / "off").mkdir()
+    ortho, dsm, own = _two_submodels(tmp_path / "true")
+    reference = merge_seamlines(
+        own, orthophotos=ortho, dsms=dsm, crs_epsg=EPSG, colour_balance=True
+    ).labels
+    ortho_off, dsm_off, _ = _two_submodels(tmp_path / "off", b_moved_m=(3.0, 1.5))
+    back = RasterCorrection(
+        affine=((1.0, 0.0, -3.0), (0.0, 1.0, 0.0)), lean_m_per_m=(0.0, 0.0),
+        reference_height_m=0.0, z_scale=1.0, z_plane=(-1.5, 0.0, 0.0),
+    )  # fmt: skip
+    aligned = merge_seamlines(
+        own, orthophotos=ortho_off, dsms=dsm_off, crs_epsg=EPSG, colour_balance=True,
+        alignment={"b": back},
+    ).labels  # fmt: skip
+    unaligned = merge_seamlines(
+        own, orthophotos=ortho_off, dsms=dsm_off, crs_epsg=EPSG, colour_balance=True
+    ).labels
+    assert aligned.shape == reference.shape
+    assert np.mean(aligned == reference) > 0.999
+    common = tuple(
+        slice(0, min(a, b)) for a, b in zip(unaligned.shape, reference.shape, strict=True)
+    )
+    assert np.mean(unaligned[common] != reference[common]) > 0.01
