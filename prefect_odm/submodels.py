@@ -181,6 +181,17 @@ class SubmodelRunner:
             uuid = task_uuid(submodel.fingerprint, uuid_attempt)
             # A task a killed run left on some node is re-attached there, never duplicated.
             holder = self._locate(uuid, excluded)
+            while holder is None and self._upload_marked(submodel, uuid):
+                # An earlier run began an upload under this UUID and no node has the task (cut
+                # by a kill, or removed by the node since): its files may wait on the node, so
+                # the next UUID is taken, without counting as an attempt.
+                self.log(
+                    f"{submodel_id}: an earlier run began an upload as task {uuid}, which no node "
+                    "has; taking the next task UUID"
+                )
+                uuid_attempt += 1
+                uuid = task_uuid(submodel.fingerprint, uuid_attempt)
+                holder = self._locate(uuid, excluded)
             pinned = [k for k in self.clients if k != holder] if holder else []
             leased_at, on_node = time.monotonic(), None  # the node of this attempt
             try:
@@ -464,17 +475,22 @@ class SubmodelRunner:
         else:
             self.log(f"{sid}: re-attached to running task {uuid} on {client.url}")
 
-    def _mark_upload(self, client: NodeBackend, submodel: Submodel, uuid: str) -> None:
-        """Record that an upload under ``uuid`` begins; refuse a UUID an earlier run began.
+    def _upload_marked(self, submodel: Submodel, uuid: str) -> bool:
+        """Whether a run began an upload under ``uuid`` (:meth:`_mark_upload`)."""
+        return storage.exists(
+            self.layout.submodel_upload_mark(submodel.id, submodel.fingerprint, uuid)
+        )
 
-        No node has ``uuid`` as a task here, and each attempt of this process takes a fresh UUID,
-        so a mark already present was left by a run killed before its commit: the node may keep
-        that upload's files (NodeODM 2.2.4 and the engine do), and uploading again under the
-        UUID would add every image a second time. The submodel moves to its next UUID instead,
-        without sending anything.
+    def _mark_upload(self, client: NodeBackend, submodel: Submodel, uuid: str) -> None:
+        """Record that an upload under ``uuid`` begins; refuse a UUID a run began before.
+
+        No node has ``uuid`` as a task here, and :meth:`_process` passes over marked UUIDs
+        that no node has, so a mark found here was written since (a second process on the same
+        submodel): the node may keep that upload's files (NodeODM 2.2.4 and the engine do), and
+        uploading again under the UUID would add every image a second time.
 
         Raises:
-            StaleTaskError: an earlier run began an upload under ``uuid``.
+            StaleTaskError: a run began an upload under ``uuid``.
             StorageError: the mark cannot be written (the output location).
         """
         mark = self.layout.submodel_upload_mark(submodel.id, submodel.fingerprint, uuid)

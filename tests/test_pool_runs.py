@@ -480,8 +480,10 @@ def test_an_option_the_node_does_not_list_is_refused_before_any_upload(
 
 def test_upload_a_killed_run_began_is_never_sent_again_under_its_uuid(brighton_images, tmp_path):
     """A run killed after two of a submodel's images were sent left its upload mark and the
-    node's pending upload under attempt 0's UUID. The rerun sends nothing under that UUID: it
-    takes attempt 1's, uploads each image once, and the node ends with one whole task."""
+    node's pending upload under attempt 0's UUID; earlier runs left marks of tasks the node has
+    since removed under the next 4 (as many as a run's attempts). The rerun sends nothing under
+    those UUIDs and spends none of its attempts on them: it takes attempt 5's UUID, uploads
+    each image once, and the node ends with one whole task."""
     import requests
 
     from prefect_odm.backend import task_uuid
@@ -501,7 +503,8 @@ def test_upload_a_killed_run_began_is_never_sent_again_under_its_uuid(brighton_i
         cut = task_uuid(submodel.fingerprint, 0)
         mark = Path(layout.submodel_upload_mark(submodel.id, submodel.fingerprint, cut))
         mark.parent.mkdir(parents=True)
-        mark.write_text(client.url)  # what the killed run wrote before its upload
+        for attempt in range(5):  # what the killed and the earlier runs wrote before uploading
+            mark.with_name(task_uuid(submodel.fingerprint, attempt)).write_text(client.url)
         client._init_task(cut, {}, name="killed", outputs=())
         for name in submodel.image_names[:2]:
             with open(by_name[name], "rb") as fh:
@@ -520,7 +523,7 @@ def test_upload_a_killed_run_began_is_never_sent_again_under_its_uuid(brighton_i
         state = client.task_state(tasks[0]) if tasks else None
         uploads = count(node, "POST", "/task/new/upload") - uploads_before
     assert result.status == "completed", result.error
-    assert result.task_uuid == task_uuid(submodel.fingerprint, 1)
+    assert result.task_uuid == task_uuid(submodel.fingerprint, 5) and result.attempts == 1
     assert tasks == [result.task_uuid] and state is not None
     assert state.images_count == len(submodel.image_names) == uploads
     assert mark.parent.joinpath(result.task_uuid).is_file()
