@@ -236,7 +236,13 @@ class SubmodelRunner:
         return self._failed(submodel, last, node_key, uuid, attempt + 1, start, options, early_fp)
 
     def _run_on(self, client: NodeBackend, submodel: Submodel, uuid: str) -> dict[str, str]:
-        """Create (or attach to) and collect the task; a cancelled run cancels it remotely."""
+        """Create (or attach to) and collect the task; a cancelled run cancels it remotely.
+
+        A run cancelled (or failing) by the time the submodel gets its node starts nothing on
+        it: queued submodels used to upload their images only to cancel them (issue 14).
+        """
+        if self.cancelled.is_set():
+            raise RunCancelledError(f"{submodel.id}: run cancelled before it started on a node")
         try:
             self._create_or_attach(client, submodel, uuid)
             return self._collect(client, submodel, uuid)

@@ -7,9 +7,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
-from prefect import task
+import httpx
+from prefect import Task, task
 from prefect.cache_policies import NO_CACHE
+from prefect.client.schemas.objects import State, TaskRun
 
 from prefect_odm.cluster import Cluster, connect_nodes, embedded_engine, split_token
 from prefect_odm.errors import SubmodelFailedError
@@ -18,8 +21,31 @@ from prefect_odm.models import SubmodelResult
 _active: dict[tuple[str, ...], Cluster] = {}
 _active_lock = threading.Lock()
 
+BOOKKEEPING_RETRY_DELAYS_SECONDS = [2.0, 5.0, 15.0]
+"""Back-off before each new try of a submodel whose Prefect bookkeeping failed (jitter 0.5x)."""
 
-@task(name="run_submodel", cache_policy=NO_CACHE, task_run_name="run-{submodel_id}")
+
+def bookkeeping_failed(task: Task[Any, Any], task_run: TaskRun, state: State[Any]) -> bool:
+    """Whether a ``run_submodel`` try failed on the Prefect API rather than on its nodes: an
+    answer of 429 or 5xx, or no answer, after the Prefect client's own retries (a SQLite-backed
+    server answers 503 while its database is locked, issue 14). Such a try is tried again: the
+    submodel's stored result or its task on the node makes that cheap, never a second task."""
+    exc = state.data
+    if isinstance(exc, httpx.HTTPStatusError):
+        code = exc.response.status_code
+        return code == 429 or code >= 500
+    return isinstance(exc, httpx.TransportError)
+
+
+@task(
+    name="run_submodel",
+    cache_policy=NO_CACHE,
+    task_run_name="run-{submodel_id}",
+    retries=len(BOOKKEEPING_RETRY_DELAYS_SECONDS),
+    retry_delay_seconds=BOOKKEEPING_RETRY_DELAYS_SECONDS,
+    retry_jitter_factor=0.5,
+    retry_condition_fn=bookkeeping_failed,
+)
 def run_submodel(
     plan_url: str, submodel_id: str, output: str, nodes: list[str], force: bool
 ) -> SubmodelResult:

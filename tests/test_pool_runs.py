@@ -570,3 +570,54 @@ def test_inline_run_keeps_every_task_slot_of_the_pool_busy(
     assert len(manifest.submodels) >= 6
     assert all(r.status == "completed" for r in manifest.submodels)
     assert peak[0] == 6, (peak[0], per_node)
+
+
+def test_a_cancelled_run_starts_nothing_on_a_node(brighton_images, tmp_path):
+    """A run that is cancelled, or failing, by the time a queued submodel gets its node uploads
+    nothing there (queued submodels used to upload their images only to cancel them)."""
+    from prefect_odm.errors import RunCancelledError
+    from prefect_odm.layout import OutputLayout
+    from prefect_odm.planning import plan_submodels
+    from prefect_odm.pool import NodePool, PoolNode
+    from prefect_odm.scan import scan_survey
+    from prefect_odm.submodels import SubmodelRunner
+
+    survey = scan_survey(str(brighton_images))
+    plan = plan_submodels(survey, split=100, options=DIRECT)
+    layout = OutputLayout(str(tmp_path / "out"), survey.fingerprint)
+    with engines(tmp_path, [{}]) as (node,):
+        client = NodeClient(node.url)
+        runner = SubmodelRunner(
+            plan, survey, layout, NodePool([PoolNode(client.url, 64.0, 1)]), {client.url: client}
+        )
+        runner.cancelled.set()
+        with pytest.raises(RunCancelledError, match="before it started on a node"):
+            runner.run(plan.submodels[0].id)
+        started = [r for r in requests_of(node) if r["path"].startswith("/task/new")]
+        tasks = client.task_list()
+    assert started == [] and tasks == []
+
+
+def test_only_a_failed_prefect_api_call_retries_a_submodel():
+    """``run_submodel`` is tried again when Prefect's API failed it (429, 5xx, no answer), never
+    for the submodel's own failures or a cancelled run."""
+    import httpx
+    from prefect.states import Failed
+    from prefect_odm.tasks.submodels import bookkeeping_failed, run_submodel
+
+    from prefect_odm.errors import InputError, RunCancelledError
+
+    request = httpx.Request("POST", "http://127.0.0.1:4200/api/task_runs/")
+
+    def status(code: int) -> httpx.HTTPStatusError:
+        response = httpx.Response(code, request=request)
+        return httpx.HTTPStatusError(f"HTTP {code}", request=request, response=response)
+
+    def retried(exc: BaseException) -> bool:
+        return bookkeeping_failed(run_submodel, None, Failed(data=exc))  # type: ignore[arg-type]
+
+    assert retried(status(503)) and retried(status(500)) and retried(status(429))
+    assert retried(httpx.ConnectError("refused", request=request))
+    assert not retried(status(404)) and not retried(status(422))
+    assert not retried(RunCancelledError("cancelled")) and not retried(InputError("bad"))
+    assert run_submodel.retries == 3 and run_submodel.retry_condition_fn is bookkeeping_failed
