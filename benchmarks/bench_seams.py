@@ -8,7 +8,11 @@ from ``OUT/<run>/plan/plan.json``) three times:
 - ``today``: ownership seams with the gain-and-offset balance (today's default);
 - ``least-cost``: least-cost seamlines from the orthophotos and DSMs together (as the reconstruct
   flow computes them once per merge, :func:`prefect_odm.merge.seamline_rasters.merge_seamlines`),
-  balance, and colour offsets along the seams.
+  balance, and colour offsets along the seams;
+- ``aligned``: the same after the alignment between submodels (``build_alignment`` from the
+  run's cameras and products, as the reconstruct flow solves it), seamlines cut between the
+  aligned products and the orthophotos merged where the alignment puts them: what
+  ``reconstruct`` with ``seam_method="least-cost"`` makes.
 
 The seam difference is the mean absolute difference (DN, mean over RGB) between the two
 submodels' colours, as corrected, over the pixels within the seam band (half the feathering
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -53,18 +58,37 @@ def _inputs(run: Path) -> tuple[dict[str, Path], dict[str, Path], Ownership, int
     return ortho, dsm, Ownership.from_cameras(cams, only=list(ortho)), int(plan["crs_epsg"])
 
 
+def _alignment(run: Path, epsg: int) -> Any:
+    """The run's alignment between submodels, solved as the reconstruct flow does."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from align_perturb import products_of, submodel_folders
+    from prefect_odm.tasks.align import build_alignment
+
+    plan = json.loads((run / "plan" / "plan.json").read_text())
+    gps = {
+        c["name"]: (c["x_m"], c["y_m"], c["z_m"])
+        for c in plan["cameras"]
+        if c.get("z_m") is not None
+    }
+    products, shots = products_of(submodel_folders(run))
+    return build_alignment(products, shots, MergeOptions(accept_alignment=True), gps, epsg)
+
+
 def _merge(
     name: str, ortho: dict[str, Path], own: Ownership, epsg: int, out: Path, **kw: Any
 ) -> tuple[dict[str, Any], OwnerLabels | None]:
     started = time.perf_counter()
     labels = None
-    if name == "least-cost":
+    alignment = kw.pop("alignment", None)
+    if name in ("least-cost", "aligned"):
+        fixes = alignment.raster_corrections() if alignment is not None else None
         labels = merge_seamlines(own, orthophotos=ortho, dsms=kw.pop("dsm"), crs_epsg=epsg,
-                                 colour_balance=True)  # fmt: skip
+                                 colour_balance=True, alignment=fixes)  # fmt: skip
     opts = MergeOptions(**kw)
     rep = merge_orthophotos(
-        ortho, out, ownership=own, options=opts, crs_epsg=epsg, seamlines=labels
-    )
+        ortho, out, ownership=own, options=opts, crs_epsg=epsg, seamlines=labels,
+        alignment=alignment,
+    )  # fmt: skip
     seconds = time.perf_counter() - started
     return {"before": rep.seam_mean_abs_diff_before, "after": rep.seam_mean_abs_diff_after,
             "seconds": seconds, "pixels": sum(s.pixels for s in rep.seams)}, labels  # fmt: skip
@@ -147,16 +171,19 @@ def main() -> None:
     ortho, dsm, own, epsg = _inputs(args.run)
     print(f"{args.run}: {len(ortho)} orthophotos, {len(dsm)} DSMs")
     with tempfile.TemporaryDirectory(prefix="bench-seams-") as tmp:
-        out = {n: Path(tmp) / f"{n}.tif" for n in ("unbalanced", "today", "least-cost")}
+        out = {n: Path(tmp) / f"{n}.tif" for n in ("unbalanced", "today", "least-cost", "aligned")}
         base, _ = _merge("unbalanced", ortho, own, epsg, out["unbalanced"], colour_balance=False)
         today, _ = _merge("today", ortho, own, epsg, out["today"])
         new, labels = _merge("least-cost", ortho, own, epsg, out["least-cost"],
                              seam_method="least-cost", dsm=dsm)  # fmt: skip
+        aligned, _ = _merge("aligned", ortho, own, epsg, out["aligned"], seam_method="least-cost",
+                            dsm=dsm, alignment=_alignment(args.run, epsg))  # fmt: skip
         ref = base["after"]
         print(
             f"{'method':<12} {'seam |diff| DN':>15} {'vs baseline':>12} {'seconds':>8} {'ratio':>6}"
         )
-        for name, row in (("unbalanced", base), ("today", today), ("least-cost", new)):
+        rows = (("unbalanced", base), ("today", today), ("least-cost", new), ("aligned", aligned))
+        for name, row in rows:
             change = 100.0 * (row["after"] - ref) / ref
             print(f"{name:<12} {row['after']:15.2f} {change:+11.1f}% {row['seconds']:8.1f} "
                   f"{row['seconds'] / base['seconds']:6.2f}")  # fmt: skip
