@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import rasterio
+from odm_server import reconstruct_command
 
 from prefect_odm.engine.launch import EngineProcess, start_engine
 from prefect_odm.errors import IncompleteRunError
@@ -78,23 +79,7 @@ def run_flow(
 
 def start_cli_run(images: Path, out: Path, urls: list[str], api_url: str) -> subprocess.Popen:
     """``prefect-odm reconstruct`` as a user runs it, in its own session (stderr piped)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "prefect_odm.cli",
-        "reconstruct",
-        str(images),
-        "--output",
-        str(out),
-        "--nodes",
-        *urls,
-        "--split",
-        "5",
-        "--split-overlap-m",
-        "15",
-        "--pipeline",
-        "direct",
-    ]
+    cmd = reconstruct_command(images, out, "--nodes", *urls)
     env = dict(os.environ, PREFECT_API_URL=api_url)
     return subprocess.Popen(
         cmd,
