@@ -170,6 +170,11 @@ class NodePool:
                 node.running -= 1
                 self._cond.notify_all()
 
+    def down_keys(self) -> frozenset[str]:
+        """The keys of the nodes set aside now (down, or not answering at the start)."""
+        with self._cond:
+            return frozenset(n.key for n in self.nodes if n.down)
+
     def mark_down(self, key: str) -> None:
         """Stop placing work on the node ``key``."""
         with self._cond:

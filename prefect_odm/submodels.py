@@ -174,7 +174,7 @@ class SubmodelRunner:
         attempt = retries_elsewhere = 0
         # continue the attempt a killed run left; a failed download retries the same task
         uuid_attempt = (
-            backend.live_attempt(self.clients, submodel.fingerprint, 2 * self.max_attempts) - 1
+            backend.live_attempt(self._answering(), submodel.fingerprint, 2 * self.max_attempts) - 1
         )
         for attempt in range(self.max_attempts):
             uuid_attempt += 0 if isinstance(last, DownloadError) else 1
@@ -418,8 +418,12 @@ class SubmodelRunner:
         return result
 
     def _locate(self, uuid: str, excluded: Sequence[str]) -> str | None:
-        """The node (key) that already has task ``uuid`` running or finished, if any answers so."""
-        for key, client in sorted(self.clients.items()):
+        """The node (key) that already has task ``uuid`` running or finished, if any answers so.
+
+        Nodes the pool has set aside are not asked: a hung node would hold every look-up for
+        its whole request time-out (30 s per UUID), and a task on it could not be reached.
+        """
+        for key, client in sorted(self._answering().items()):
             if key in excluded:
                 continue
             try:
@@ -429,6 +433,11 @@ class SubmodelRunner:
             if state is not None:  # cancelled too: restarted where its images are
                 return key
         return None
+
+    def _answering(self) -> dict[str, NodeBackend]:
+        """The clients of the nodes the pool has not set aside (down or silent at the start)."""
+        down = self.pool.down_keys()
+        return {key: client for key, client in self.clients.items() if key not in down}
 
     def _cancel_remote(self, client: NodeBackend, uuid: str) -> None:
         try:
