@@ -606,3 +606,42 @@ def test_only_a_failed_prefect_api_call_retries_a_submodel():
     assert not retried(status(404)) and not retried(status(422))
     assert not retried(RunCancelledError("cancelled")) and not retried(InputError("bad"))
     assert run_submodel.retries == 3 and run_submodel.retry_condition_fn is bookkeeping_failed
+
+
+def test_a_set_aside_node_is_never_asked_for_a_killed_runs_task(brighton_images, tmp_path):
+    """Looking for the task a killed run left asks only the nodes the pool has not set aside:
+    a hung node held every look-up (8 task UUIDs) for its whole request time-out, which made a
+    run with one hung node take minutes per submodel."""
+    import socket
+
+    from prefect_odm.layout import OutputLayout
+    from prefect_odm.planning import plan_submodels
+    from prefect_odm.pool import NodePool, PoolNode
+    from prefect_odm.scan import scan_survey
+    from prefect_odm.submodels import SubmodelRunner
+
+    survey = scan_survey(str(brighton_images))
+    plan = plan_submodels(survey, split=100, options=DIRECT)
+    layout = OutputLayout(str(tmp_path / "out"), survey.fingerprint)
+    with (
+        socket.socket(socket.AF_INET, socket.SOCK_STREAM) as hung,
+        engines(tmp_path, [{}]) as (node,),
+    ):
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(64)
+        hung_url = f"http://127.0.0.1:{hung.getsockname()[1]}"
+        client = NodeClient(node.url)
+        pool = NodePool([PoolNode(client.url, 64.0, 1), PoolNode(hung_url, 64.0, 1, down=True)])
+        clients = {client.url: client, hung_url: NodeClient(hung_url, timeout_seconds=0.5)}
+        runner = SubmodelRunner(plan, survey, layout, pool, clients, poll_interval_seconds=0.3)
+        result = runner.run(plan.submodels[0].id)
+        hung.setblocking(False)
+        asked = 0
+        while True:  # the connections the hung node's backlog holds: one per request to it
+            try:
+                hung.accept()[0].close()
+                asked += 1
+            except BlockingIOError:
+                break
+    assert result.status == "completed" and result.node_url == client.url
+    assert asked == 0, f"{asked} requests went to the set-aside node"
