@@ -5,8 +5,8 @@
    (its reported processing time) and not in transfers (upload and download calls, timed) is the
    orchestration overhead: placement, polling, verification, storing, result records.
 2. Upload throughput: the seneca images uploaded as one task with :meth:`NodeClient.create_task`
-   (per-file retries, 4 in parallel) against the baseline of one plain multipart HTTP POST of the
-   same files to ``/task/new`` in the same run.
+   (batches of up to 8 files per request, 4 in parallel, each retried) against the baseline of
+   one plain multipart HTTP POST of the same files to ``/task/new`` in the same run.
 
     python benchmarks/bench_orchestration.py [--submodels 20] [--upload-repeat 5] [--upload-only]
 """
@@ -121,7 +121,7 @@ def upload(tmp: Path, repeat: int) -> None:
     print(
         f"  baseline (one multipart POST /task/new): {baseline:6.2f} s  {size_mb / baseline:6.1f} MB/s"
     )
-    print(f"  ours (init, uploads x4, commit):         {mine:6.2f} s  {size_mb / mine:6.1f} MB/s")
+    print(f"  ours (init, batches x4, commit):         {mine:6.2f} s  {size_mb / mine:6.1f} MB/s")
     print(
         f"  throughput ratio ours/baseline: {baseline / mine:.2f} "
         f"(per run: {', '.join(f'{b / o:.2f}' for b, o in zip(baselines, ours, strict=True))})"

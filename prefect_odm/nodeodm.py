@@ -6,7 +6,7 @@ The defects handled here (see DESIGN.md, "NodeODM client"):
   token leaks to every later request of every ``Node`` object, other hosts included.
   :class:`_SafeNode` copies the query on every call.
 * ``Node.create_task`` can block for ever when an upload fails for good. Uploads here are our own
-  loop (init, per-file upload with retries and back-off in :mod:`prefect_odm.node_uploads`,
+  loop (init, uploads in batches with retries and back-off in :mod:`prefect_odm.node_uploads`,
   commit) with a deadline.
 * ``TaskInfo`` raises ``KeyError`` on a task without a name and ``TaskFailedError`` carries no
   message: task info is read as the raw JSON dictionary and failures are classified from the
@@ -241,12 +241,13 @@ class NodeClient:
         name: str,
         outputs: Sequence[str] = (),
         parallel_uploads: int = 4,
+        upload_batch_files: int = 8,
         max_retries: int = 5,
         retry_base_seconds: float = 1.0,
         deadline_seconds: float = 1800.0,
         progress: Callable[[int, int], None] | None = None,
     ) -> str:
-        """Create a task with a chosen UUID: init, upload each file (retried), commit.
+        """Create a task with a chosen UUID: init, upload the files in batches (retried), commit.
 
         Args:
             uuid: the task UUID to set (``set-uuid``), see :func:`task_uuid`.
@@ -254,8 +255,10 @@ class NodeClient:
             options: NodeODM option name -> value.
             name: task name shown by the node.
             outputs: limit all.zip to these paths (NodeODM ``outputs``).
-            parallel_uploads: files uploaded at once.
-            max_retries: attempts per file after the first one (back-off with jitter).
+            parallel_uploads: upload requests in flight at once.
+            upload_batch_files: most files in one upload request
+                (:func:`~prefect_odm.node_uploads.upload_batches`).
+            max_retries: attempts per request after the first one (back-off with jitter).
             retry_base_seconds: the first back-off, seconds (doubled per attempt, 0.5x-1.5x jitter).
             deadline_seconds: the whole upload must finish within this time.
             progress: called with (files uploaded, total files).
@@ -285,7 +288,7 @@ class NodeClient:
             progress=progress,
         )
         self._init_task(uuid, options, name=name, outputs=outputs)
-        uploads.run(files, parallel_uploads)
+        uploads.run(files, parallel_uploads, upload_batch_files)
         self._commit_task(uuid)
         self._check_images_count(uuid, len(files))
         return uuid

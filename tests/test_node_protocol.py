@@ -117,6 +117,16 @@ def test_token_is_required_and_never_echoed(start_node: NodeFactory) -> None:
     assert node.client().wait(uuid, poll_interval_seconds=POLL_SECONDS).status == COMPLETED
 
 
+def test_uploads_in_batches_store_every_image_once(start_node: NodeFactory) -> None:
+    """Several files per upload request (5 requests for 18 images): NodeODM's ``multer`` array
+    and the engine store each, under its own name, exactly once."""
+    client = start_node().client()
+    uuid = create(client, 18, parallel_uploads=2, upload_batch_files=4)
+    state = client.wait(uuid, poll_interval_seconds=POLL_SECONDS, max_wait_seconds=120)
+    assert state.status == COMPLETED
+    assert state.images_count == 18
+
+
 def test_dropped_uploads_are_retried(start_node: NodeFactory) -> None:
     node = start_node(drop_uploads=True)
     client = node.client()

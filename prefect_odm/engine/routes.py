@@ -4,7 +4,9 @@ Every route and answer shape follows ``NODEODM_API.md`` (NodeODM 2.2.x as pyodm,
 ClusterODM see it): errors are HTTP 200 ``{"error": ...}``, an injected upload failure is a bare
 HTTP 500, unknown routes are 404. When a token is configured every route needs ``?token=``.
 Every request is logged to ``{data_dir}/requests.log`` as one JSON line with the method, the path
-and the *names* of the query parameters (never their values, so a token is never written down).
+and the *names* of the query parameters (never their values, so a token is never written down);
+every accepted upload request adds one line to ``{data_dir}/uploads.log`` with the task and the
+names of the files it stored (requests carry several files: tests count files there).
 """
 
 from __future__ import annotations
@@ -204,7 +206,9 @@ def _add_new_task_routes(app: FastAPI, engine: Engine, auth: list[Any]) -> None:
         except Exception as exc:  # a broken multipart body: the chunk failed, the client retries
             logger.warning("upload to %s failed: %s", uuid, exc)
             return PlainTextResponse(f"Upload failed: {exc}", status_code=500)
-        await run_in_threadpool(engine.store_files, uuid, files)
+        stored = await run_in_threadpool(engine.store_files, uuid, files)
+        with open(engine.data_dir / "uploads.log", "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"uuid": uuid, "files": stored}) + "\n")
         engine.config.faults.die_if_upload_limit(ordinal)
         return _json({"success": True})
 
