@@ -215,7 +215,10 @@ def ortho_shifts(
         corrections=None if predict else fixes,
     )  # fmt: skip
     res = plan.grid.resolution_m
-    reader = SourceReader(plan, Resampling.bilinear)
+    # Submodels' orthophotos differ in resolution, so all but one are warped onto the grid. The
+    # solve's measure warps with nearest: 3.5x cheaper than bilinear, and its sub-pixel jitter
+    # averages out over a tile (the phase correlation's peak is the mean shift).
+    reader = SourceReader(plan, Resampling.nearest if predict else Resampling.bilinear)
     out: dict[tuple[str, str], OrthoShift] = {}
     try:
         for a, b, win in overlap_pairs(plan):
