@@ -320,6 +320,8 @@ def merge_products(
         for staged, path in run.staged.items():
             stored[staged] = layout_merged(staged)
             storage.put_file(path, stored[staged])
+            # the report names the stored product, not the staging file deleted below
+            run.reports[staged] = run.reports[staged].model_copy(update={"path": stored[staged]})
     return MergedProducts(stored=stored, reports=MergeReports(**run.reports))
 
 

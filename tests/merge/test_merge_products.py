@@ -63,6 +63,10 @@ def test_outputs_without_point_clouds_merge_their_orthophoto_and_dsm(
         (Path(manifest.products["dsm"]).parents[1] / "report/merge.json").read_text()
     )
     assert set(reports) == {"orthophoto", "dsm", "coverage", "alignment"}
+    # each product's report names the stored product, not the merge's deleted staging file
+    assert {p: reports[p]["path"] for p in ("orthophoto", "dsm")} == {
+        p: manifest.products[p] for p in ("orthophoto", "dsm")
+    }
     # no cameras: aligned from the products (DSM differences, orthophoto phase correlation)
     assert reports["alignment"]["result"]["method"] == "dem"
     assert manifest.alignment is not None and manifest.alignment.failures == []
