@@ -9,7 +9,8 @@ does, samples the nodes every half second, and prints:
 
 * node utilisation: the share of samples, while submodels remained, in which each node ran a task;
 * overhead per submodel outside the node: the submodel's duration minus its task's processing
-  time on the node (median, p90);
+  time on the node (median, p90), and the median of each phase the run records per submodel
+  (``phase_seconds`` in the manifest: waiting for a node, upload, processing, download, store);
 * Prefect API errors seen by the run (retried ``503``/``429`` answers in its log);
 * the flow process's peak memory (RSS) and CPU seconds per image;
 * merge time; and, for several ``--images`` values, how CPU per image grows against the smallest
@@ -242,6 +243,15 @@ def run_once(n: int, k: int, split: int, sqlite: bool, work: Path) -> dict[str, 
         f"  overhead per submodel outside the node: median {statistics.median(overhead):.1f} s, "
         f"p90 {float(np.percentile(overhead, 90)):.1f} s"
     )
+    phases = sorted({k for s in submodels for k in s.get("phase_seconds", {})})
+    if phases:
+        print(
+            "  phases per submodel (median s): "
+            + ", ".join(
+                f"{p} {statistics.median(s.get('phase_seconds', {}).get(p, 0.0) for s in submodels):.1f}"
+                for p in phases
+            )
+        )
     print(f"  Prefect API errors retried: {api_errors}")
     print(
         f"  flow process: peak RSS {peak_rss / 2**20:.0f} MiB, CPU {cpu_seconds:.1f} s "

@@ -311,6 +311,14 @@ class SubmodelResult(BaseModel):
     )
     error: str | None = None
     last_output: list[str] = Field(default_factory=list)
+    phase_seconds: dict[str, float] = Field(
+        default_factory=dict,
+        description=(
+            "Where the submodel's time went, seconds summed over its attempts: waiting_for_node "
+            "(memory slots and a node lease), upload, processing (on the node, from commit to "
+            "finished), download, store (products to the output location)."
+        ),
+    )
 
 
 class Manifest(BaseModel):

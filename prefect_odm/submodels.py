@@ -11,8 +11,8 @@ import logging
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,6 +90,32 @@ def previous_results(layout: OutputLayout, submodel_id: str) -> list[SubmodelRes
 
 def _no_admission(submodel_id: str, memory_gib: float) -> AbstractContextManager[object]:
     return nullcontext()
+
+
+@dataclass
+class PhaseClock:
+    """Seconds per phase of one submodel (summed over its attempts), for
+    :attr:`~prefect_odm.models.SubmodelResult.phase_seconds`: what the operator and
+    ``benchmarks/bench_city.py`` read to see where the time outside the node goes."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def add(self, phase: str, seconds: float) -> None:
+        """Count ``seconds`` (>= 0) to ``phase``."""
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + max(0.0, seconds)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time the block as ``name`` (also when it raises)."""
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.add(name, time.monotonic() - started)
+
+    def rounded(self) -> dict[str, float]:
+        """The phases, in milliseconds' precision."""
+        return {k: round(v, 3) for k, v in self.seconds.items()}
 
 
 @dataclass
@@ -172,6 +198,7 @@ class SubmodelRunner:
         node_key: str | None = None
         uuid: str | None = None
         attempt = retries_elsewhere = 0
+        clock = PhaseClock()
         # continue the attempt a killed run left; a failed download retries the same task
         uuid_attempt = (
             backend.live_attempt(self._answering(), submodel.fingerprint, 2 * self.max_attempts) - 1
@@ -194,6 +221,7 @@ class SubmodelRunner:
                 holder = self._locate(uuid, excluded)
             pinned = [k for k in self.clients if k != holder] if holder else []
             leased_at, on_node = time.monotonic(), None  # the node of this attempt
+            asked_at = leased_at
             try:
                 with (
                     self.admit(submodel_id, memory_gib),
@@ -203,11 +231,13 @@ class SubmodelRunner:
                 ):
                     node_key = on_node = node.key
                     leased_at = time.monotonic()
-                    products = self._run_on(self.clients[node.key], submodel, uuid)
+                    clock.add("waiting_for_node", leased_at - asked_at)
+                    products = self._run_on(self.clients[node.key], submodel, uuid, clock)
                 self.pool.record(lambda book: book.task_completed(node.key))
                 return self._store(
-                    submodel, products, node_key, uuid, attempt + 1, start, options, early_fp, None
-                )
+                    submodel, products, node_key, uuid, attempt + 1, start, options, early_fp,
+                    None, clock,
+                )  # fmt: skip
             except StaleTaskError as exc:
                 last = exc  # a half-made task of a killed run holds this UUID: take the next
                 self.log(f"{submodel_id}: {_first(exc)}; moving to the next task UUID")
@@ -233,9 +263,13 @@ class SubmodelRunner:
                 excluded.append(on_node)
                 retries_elsewhere += 1
         assert last is not None
-        return self._failed(submodel, last, node_key, uuid, attempt + 1, start, options, early_fp)
+        return self._failed(
+            submodel, last, node_key, uuid, attempt + 1, start, options, early_fp, clock
+        )
 
-    def _run_on(self, client: NodeBackend, submodel: Submodel, uuid: str) -> dict[str, str]:
+    def _run_on(
+        self, client: NodeBackend, submodel: Submodel, uuid: str, clock: PhaseClock
+    ) -> dict[str, str]:
         """Create (or attach to) and collect the task; a cancelled run cancels it remotely.
 
         A run cancelled (or failing) by the time the submodel gets its node starts nothing on
@@ -244,8 +278,9 @@ class SubmodelRunner:
         if self.cancelled.is_set():
             raise RunCancelledError(f"{submodel.id}: run cancelled before it started on a node")
         try:
-            self._create_or_attach(client, submodel, uuid)
-            return self._collect(client, submodel, uuid)
+            with clock.phase("upload"):
+                self._create_or_attach(client, submodel, uuid)
+            return self._collect(client, submodel, uuid, clock)
         except (RunCancelledError, KeyboardInterrupt, SystemExit):
             self._cancel_remote(client, uuid)
             raise
@@ -296,6 +331,7 @@ class SubmodelRunner:
         start: float,
         options: Options,
         early_fp: str,
+        clock: PhaseClock,
     ) -> SubmodelResult:
         """The failed result: the last error's first line and the node's last output lines."""
         progress.emit("submodel", id=submodel.id, state="failed", fraction=1.0)
@@ -312,6 +348,7 @@ class SubmodelRunner:
             early_fingerprint=early_fp,
             error=str(last).split("\n")[0],
             last_output=last.last_output,
+            phase_seconds=clock.rounded(),
         )
 
     def _early_fingerprint(self, submodel: Submodel, options: Mapping[str, object]) -> str:
@@ -343,6 +380,7 @@ class SubmodelRunner:
             return None
         client = self.clients[holder]
         sid = submodel.id
+        clock = PhaseClock()
         try:
             state = client.task_state(previous.task_uuid)
             if state is None or state.status != COMPLETED:
@@ -351,6 +389,7 @@ class SubmodelRunner:
             stage = rerun_from_stage(previous.options, options, stages)
             if stage is None or stage == stages[0]:
                 return None
+            asked_at = time.monotonic()
             with (
                 self.admit(sid, submodel.estimated_memory_gib),
                 self.pool.lease(
@@ -359,13 +398,14 @@ class SubmodelRunner:
                     exclude=[k for k in self.clients if k != holder],
                 ),
             ):
+                clock.add("waiting_for_node", time.monotonic() - asked_at)
                 self.log(
                     f"{sid}: restarting task {previous.task_uuid} on {client.url} from {stage}"
                 )
                 progress.emit("submodel", id=sid, state=f"rerun from {stage}", fraction=0.1)
                 if not client.restart(previous.task_uuid, {**options, "rerun-from": stage}):
                     return None
-                products = self._collect(client, submodel, previous.task_uuid)
+                products = self._collect(client, submodel, previous.task_uuid, clock)
         except NodeError as exc:
             self.log(
                 f"{sid}: rerun-from on {client.url} failed ({str(exc).splitlines()[0]}); processing from scratch"
@@ -381,6 +421,7 @@ class SubmodelRunner:
             options,
             early_fp,
             stage,
+            clock,
         )
 
     def _store(
@@ -394,6 +435,7 @@ class SubmodelRunner:
         options: Options,
         early_fp: str,
         rerun_from: str | None,
+        clock: PhaseClock,
     ) -> SubmodelResult:
         result = SubmodelResult(
             submodel_id=submodel.id,
@@ -408,6 +450,7 @@ class SubmodelRunner:
             options=options,
             early_fingerprint=early_fp,
             rerun_from=rerun_from,
+            phase_seconds=clock.rounded(),
         )
         # result.json last: its presence means every product is stored.
         storage.write_json_atomic(
@@ -517,7 +560,9 @@ class SubmodelRunner:
             )
         storage.write_bytes_atomic(mark, f"{client.url}\n".encode())
 
-    def _collect(self, client: NodeBackend, submodel: Submodel, uuid: str) -> dict[str, str]:
+    def _collect(
+        self, client: NodeBackend, submodel: Submodel, uuid: str, clock: PhaseClock
+    ) -> dict[str, str]:
         """Wait for the task, download, verify and store its products; product -> URL."""
         sid = submodel.id
 
@@ -529,11 +574,16 @@ class SubmodelRunner:
                 "submodel", id=sid, state="processing", fraction=fraction, node=client.url
             )
 
-        client.wait(uuid, poll_interval_seconds=self.poll_interval_seconds, on_progress=on_progress)
+        with clock.phase("processing"):
+            client.wait(
+                uuid, poll_interval_seconds=self.poll_interval_seconds, on_progress=on_progress
+            )
         progress.emit("submodel", id=sid, state="downloading", fraction=0.95)
         with tempfile.TemporaryDirectory(prefix=f"prefect-odm-{sid}-") as tmp:
-            extracted = client.download(uuid, Path(tmp))
-            found = find_odm_products(extracted, require=REQUIRED_PRODUCTS)
+            with clock.phase("download"):
+                extracted = client.download(uuid, Path(tmp))
+                found = find_odm_products(extracted, require=REQUIRED_PRODUCTS)
+            stored_at = time.monotonic()
             stored: dict[str, str] = {}
             for product, path in sorted(found.items()):
                 url = self.layout.submodel_product(sid, submodel.fingerprint, product)
@@ -546,6 +596,7 @@ class SubmodelRunner:
                         extra,
                         self.layout.submodel_report_file(sid, submodel.fingerprint, extra.name),
                     )
+            clock.add("store", time.monotonic() - stored_at)
         return stored
 
 

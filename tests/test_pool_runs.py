@@ -663,3 +663,8 @@ def test_a_set_aside_node_is_never_asked_for_a_killed_runs_task(brighton_images,
                 break
     assert result.status == "completed" and result.node_url == client.url
     assert asked == 0, f"{asked} requests went to the set-aside node"
+    # where the time went: every phase timed once, together no more than the whole
+    phases = result.phase_seconds
+    assert set(phases) == {"waiting_for_node", "upload", "processing", "download", "store"}
+    assert all(v >= 0 for v in phases.values()) and phases["processing"] > 0
+    assert sum(phases.values()) <= result.duration_seconds + 0.01
