@@ -536,8 +536,10 @@ def test_inline_run_keeps_every_task_slot_of_the_pool_busy(
     prefect_api, brighton_images, tmp_path, odm_home
 ):
     """3 nodes with 2 task slots each and at least 6 submodels: the inline run has all 6 slots
-    running at once (the flow's own task runner used to cap it at 4 whatever the pool)."""
-    with engines(tmp_path, [{"faults": {"slow_seconds": 5}, "parallel": 2}] * 3) as nodes:
+    running at once (the flow's own task runner used to cap it at 4 whatever the pool). Each
+    task is held 20 s on its node, so the six overlap however slowly a busy machine starts them
+    (with 5 s, CI once saw the first task end before the sixth began: a peak of 5)."""
+    with engines(tmp_path, [{"faults": {"slow_seconds": 20}, "parallel": 2}] * 3) as nodes:
         clients = [NodeClient(e.url) for e in nodes]
         peak, stop = [0], threading.Event()
 
