@@ -583,20 +583,19 @@ class SubmodelRunner:
             with clock.phase("download"):
                 extracted = client.download(uuid, Path(tmp))
                 found = find_odm_products(extracted, require=REQUIRED_PRODUCTS)
-            stored_at = time.monotonic()
             stored: dict[str, str] = {}
-            for product, path in sorted(found.items()):
-                url = self.layout.submodel_product(sid, submodel.fingerprint, product)
-                storage.put_file(path, url)
-                stored[product] = url
-            report = extracted / REPORT_FOLDER
-            for extra in sorted(report.glob("*")) if report.is_dir() else []:
-                if extra.is_file():
-                    storage.put_file(
-                        extra,
-                        self.layout.submodel_report_file(sid, submodel.fingerprint, extra.name),
-                    )
-            clock.add("store", time.monotonic() - stored_at)
+            with clock.phase("store"):
+                for product, path in sorted(found.items()):
+                    url = self.layout.submodel_product(sid, submodel.fingerprint, product)
+                    storage.put_file(path, url)
+                    stored[product] = url
+                report = extracted / REPORT_FOLDER
+                for extra in sorted(report.glob("*")) if report.is_dir() else []:
+                    if extra.is_file():
+                        storage.put_file(
+                            extra,
+                            self.layout.submodel_report_file(sid, submodel.fingerprint, extra.name),
+                        )
         return stored
 
 
