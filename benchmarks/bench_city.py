@@ -7,14 +7,19 @@ Starts K built-in engine nodes (``direct`` pipeline) and a ``prefect server`` on
 PostgreSQL (``--sqlite`` for SQLite), runs ``prefect-odm reconstruct`` against them as a user
 does, samples the nodes every half second, and prints:
 
-* node utilisation: the share of samples, while submodels remained, in which each node ran a task;
+* node utilisation while work remained: the share of the time from the first task's start to
+  the last task's end in which each node ran a task (from the tasks each engine records in its
+  ``tasks.json``), and how long a node idled between two of its tasks;
 * overhead per submodel outside the node: the submodel's duration minus its task's processing
-  time on the node (median, p90), and the median of each phase the run records per submodel
-  (``phase_seconds`` in the manifest: waiting for a node, upload, processing, download, store);
+  time on the node and minus its wait for a free node (median, p90), and the median of each
+  phase the run records per submodel (``phase_seconds`` in the manifest: waiting for a node,
+  upload, processing, download, store);
 * Prefect API errors seen by the run (retried ``503``/``429`` answers in its log);
 * the flow process's peak memory (RSS) and CPU seconds per image;
 * merge time; and, for several ``--images`` values, how CPU per image grows against the smallest
   run (the baseline, run in the same process).
+
+``--from-work DIR`` prints the figures of a run kept with ``--work`` again, without running.
 
     python benchmarks/bench_city.py --images 600 1800 --nodes 4 [--split 100] [--sqlite]
 """
@@ -30,7 +35,6 @@ import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -40,11 +44,10 @@ from pathlib import Path
 
 import numpy as np
 import psutil
-import requests
 from PIL import Image
 from PIL.TiffImagePlugin import IFDRational
 
-from prefect_odm.engine.launch import EngineProcess, start_engine
+from prefect_odm.engine.launch import start_engine
 from prefect_odm.layouts import read_layout
 
 REPO = Path(__file__).resolve().parents[1]
@@ -119,37 +122,40 @@ def build_survey(n: int, folder: Path) -> None:
 
 
 @dataclass
-class Samples:
-    """Per node: how many samples saw it running a task, out of the samples taken."""
+class NodeTasks:
+    """One node's tasks as its engine recorded them: (started, finished) in seconds since epoch."""
 
-    busy: dict[str, int] = field(default_factory=dict)
-    taken: int = 0
-
-
-def sample_nodes(nodes: list[EngineProcess], stop: threading.Event, out: Samples) -> None:
-    while not stop.wait(0.5):
-        out.taken += 1
-        for node in nodes:
-            try:
-                uuids = [t["uuid"] for t in requests.get(f"{node.url}/task/list", timeout=5).json()]
-                running = any(
-                    requests.get(f"{node.url}/task/{u}/info", timeout=5).json()["status"]["code"]
-                    == 20
-                    for u in uuids
-                )
-            except (requests.RequestException, KeyError, ValueError):
-                running = False
-            out.busy[node.url] = out.busy.get(node.url, 0) + int(running)
+    node: str
+    spans: list[tuple[float, float]] = field(default_factory=list)
+    processing_seconds: dict[str, float] = field(default_factory=dict)
 
 
-def processing_seconds(nodes: list[EngineProcess]) -> dict[str, float]:
-    """Task UUID -> processing time on its node, seconds."""
-    out: dict[str, float] = {}
-    for node in nodes:
-        for task in requests.get(f"{node.url}/task/list", timeout=10).json():
-            info = requests.get(f"{node.url}/task/{task['uuid']}/info", timeout=10).json()
-            out[task["uuid"]] = float(info.get("processingTime", 0)) / 1000.0
+def node_tasks(data_dir: Path) -> NodeTasks:
+    """A node's task spans and per-task processing time, from its engine's ``tasks.json``."""
+    records = json.loads((data_dir / "tasks.json").read_text())["tasks"]
+    out = NodeTasks(str(data_dir))
+    for t in records:
+        if t.get("started_ms") and t.get("finished_ms"):
+            out.spans.append((t["started_ms"] / 1000.0, t["finished_ms"] / 1000.0))
+        out.processing_seconds[t["uuid"]] = float(t.get("processing_time_ms") or 0) / 1000.0
+    out.spans.sort()
     return out
+
+
+def busy_share(spans: list[tuple[float, float]], start: float, end: float) -> float:
+    """The share of [start, end] covered by at least one span."""
+    covered, reach = 0.0, start
+    for a, b in spans:
+        a, b = max(a, reach), min(b, end)
+        if b > a:
+            covered += b - a
+            reach = b
+    return covered / max(1e-9, end - start)
+
+
+def idle_gaps(spans: list[tuple[float, float]]) -> list[float]:
+    """Seconds between one task finishing on a node and the next starting there."""
+    return [max(0.0, b[0] - a[1]) for a, b in zip(spans, spans[1:], strict=False)]
 
 
 @contextmanager
@@ -197,13 +203,10 @@ def run_once(n: int, k: int, split: int, sqlite: bool, work: Path) -> dict[str, 
         # every image is one photo at another position: the products cannot be aligned, and
         # orchestration is what this measures
         cmd += ["--accept-alignment"]
-        samples, stop = Samples(), threading.Event()
-        sampler = threading.Thread(target=sample_nodes, args=(nodes, stop, samples), daemon=True)
         log = work / f"run-{n}.log"
         started = time.perf_counter()
         with open(log, "wb") as out:
             proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
-            sampler.start()
             watched = psutil.Process(proc.pid)
             peak_rss = 0
             cpu_seconds = 0.0
@@ -216,29 +219,51 @@ def run_once(n: int, k: int, split: int, sqlite: bool, work: Path) -> dict[str, 
                     pass
                 time.sleep(0.2)
         wall = time.perf_counter() - started
-        stop.set()
-        sampler.join()
         text = log.read_text(errors="replace")
         if proc.returncode != 0:
             print(text[-3000:])
             raise SystemExit(f"reconstruct failed with exit code {proc.returncode}")
-        manifest = json.loads(next((work / f"out-{n}").glob("*/manifest.json")).read_text())
-        on_node = processing_seconds(nodes)
+    print_figures(work, n, k, wall)
+    print(
+        f"  flow process: peak RSS {peak_rss / 2**20:.0f} MiB, CPU {cpu_seconds:.1f} s "
+        f"({1000 * cpu_seconds / n:.1f} ms per image)"
+    )
+    return {"cpu_per_image": cpu_seconds / n, "wall": wall}
+
+
+def print_figures(work: Path, n: int, k: int, wall: float) -> None:
+    """Print the run's figures from what it left in ``work``: the manifest, the nodes' task
+    records and the run's log."""
+    text = (work / f"run-{n}.log").read_text(errors="replace")
+    manifest = json.loads(next((work / f"out-{n}").glob("*/manifest.json")).read_text())
+    records = [node_tasks(work / f"node-{n}-{i}") for i in range(k)]
+    on_node = {u: p for r in records for u, p in r.processing_seconds.items()}
     submodels = manifest["submodels"]
+    # outside the node: not processing there, and not waiting for a free node either
     overhead = [
-        s["duration_seconds"] - on_node.get(s["task_uuid"], 0.0)
+        s["duration_seconds"]
+        - on_node.get(s["task_uuid"], 0.0)
+        - s.get("phase_seconds", {}).get("waiting_for_node", 0.0)
         for s in submodels
         if s["status"] == "completed"
     ]
-    busy = [samples.busy.get(node.url, 0) / max(1, samples.taken) for node in nodes]
+    spans = [span for r in records for span in r.spans]
+    first, last = min(a for a, _ in spans), max(b for _, b in spans)
+    busy = [busy_share(r.spans, first, last) for r in records]
+    gaps = [g for r in records for g in idle_gaps(r.spans)]
     api_errors = text.count("retryable status code") + text.count("retryable exception")
     merge_seconds = float(manifest.get("timings_seconds", {}).get("merge", float("nan")))
     print(f"  {len(submodels)} submodels on {k} nodes, wall {wall:.0f} s")
     print(
-        "  node utilisation (share of samples running a task): "
+        f"  node utilisation from the first task's start to the last task's end ({last - first:.0f} s): "
         + ", ".join(f"{b:.2f}" for b in busy)
         + f"; mean {statistics.fmean(busy):.2f}"
     )
+    if gaps:
+        print(
+            f"  a node idle between two of its tasks: median {statistics.median(gaps):.1f} s, "
+            f"max {max(gaps):.1f} s"
+        )
     print(
         f"  overhead per submodel outside the node: median {statistics.median(overhead):.1f} s, "
         f"p90 {float(np.percentile(overhead, 90)):.1f} s"
@@ -252,12 +277,7 @@ def run_once(n: int, k: int, split: int, sqlite: bool, work: Path) -> dict[str, 
                 for p in phases
             )
         )
-    print(f"  Prefect API errors retried: {api_errors}")
-    print(
-        f"  flow process: peak RSS {peak_rss / 2**20:.0f} MiB, CPU {cpu_seconds:.1f} s "
-        f"({1000 * cpu_seconds / n:.1f} ms per image); merge {merge_seconds:.1f} s"
-    )
-    return {"cpu_per_image": cpu_seconds / n, "wall": wall}
+    print(f"  Prefect API errors retried: {api_errors}; merge {merge_seconds:.1f} s")
 
 
 def main() -> None:
@@ -267,7 +287,15 @@ def main() -> None:
     parser.add_argument("--split", type=int, default=100)
     parser.add_argument("--sqlite", action="store_true", help="SQLite behind the Prefect server")
     parser.add_argument("--work", type=Path, default=None, help="keep everything in this folder")
+    parser.add_argument("--from-work", type=Path, default=None, help="print a kept run's figures")
     args = parser.parse_args()
+    if args.from_work is not None:
+        for n in args.images:
+            manifest = next((args.from_work / f"out-{n}").glob("*/manifest.json"))
+            wall = float(json.loads(manifest.read_text())["timings_seconds"]["total"])
+            print(f"\n{n} images (kept run in {args.from_work})")
+            print_figures(args.from_work, n, args.nodes, wall)
+        return
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-city-"))
     print(f"work folder: {work}")
     results = {n: run_once(n, args.nodes, args.split, args.sqlite, work) for n in args.images}

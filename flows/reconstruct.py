@@ -389,9 +389,15 @@ def _run_inline(
 
     unsubscribe = progress.subscribe(follow)
     # As many submodels in flight as the pool has task slots (the flow's own runner would hold
-    # them to its 4 workers whatever the nodes, issue 14); the pool's leases still decide which
-    # node and how much memory each gets.
-    workers = min(len(pending), cluster.pool.task_slots)
+    # them to its 4 workers whatever the nodes, issue 14), and one more per node waiting for a
+    # slot: its Prefect bookkeeping and node look-ups are done by the time a slot frees, so the
+    # node starts its next task at once. The pool's leases still decide which node and how
+    # much memory each gets, first come first served.
+    workers = min(len(pending), cluster.pool.task_slots + len(cluster.pool.nodes))
+    # Largest first (Graham's longest-processing-time rule): a big submodel started last would
+    # keep one node busy while the others idle.
+    images = {s.id: len(s.image_names) for s in plan.submodels}
+    order = sorted(pending, key=lambda sid: (-images[sid], sid))
     with (
         sharing_cluster(cluster),
         ThreadPoolTaskRunner[SubmodelResult](max_workers=workers) as runner,
@@ -407,9 +413,9 @@ def _run_inline(
                     "force": force,
                 },
             )
-            for sid in pending
+            for sid in order
         ]
-        by_future = dict(zip(futures, pending, strict=True))
+        by_future = dict(zip(futures, order, strict=True))
         try:
             results: dict[str, SubmodelResult] = {}
             for future in as_completed(futures):

@@ -232,7 +232,10 @@ class SubmodelRunner:
                     node_key = on_node = node.key
                     leased_at = time.monotonic()
                     clock.add("waiting_for_node", leased_at - asked_at)
-                    products = self._run_on(self.clients[node.key], submodel, uuid, clock)
+                    self._run_on(self.clients[node.key], submodel, uuid, clock)
+                # The task is done: its slot and memory go to the next submodel while this one
+                # downloads (a node idled for every download, issue 14).
+                products = self._fetch(self.clients[node.key], submodel, uuid, clock)
                 self.pool.record(lambda book: book.task_completed(node.key))
                 return self._store(
                     submodel, products, node_key, uuid, attempt + 1, start, options, early_fp,
@@ -269,8 +272,8 @@ class SubmodelRunner:
 
     def _run_on(
         self, client: NodeBackend, submodel: Submodel, uuid: str, clock: PhaseClock
-    ) -> dict[str, str]:
-        """Create (or attach to) and collect the task; a cancelled run cancels it remotely.
+    ) -> None:
+        """Create (or attach to) the task and wait for it; a cancelled run cancels it remotely.
 
         A run cancelled (or failing) by the time the submodel gets its node starts nothing on
         it: queued submodels used to upload their images only to cancel them (issue 14).
@@ -280,7 +283,7 @@ class SubmodelRunner:
         try:
             with clock.phase("upload"):
                 self._create_or_attach(client, submodel, uuid)
-            return self._collect(client, submodel, uuid, clock)
+            self._wait(client, submodel, uuid, clock)
         except (RunCancelledError, KeyboardInterrupt, SystemExit):
             self._cancel_remote(client, uuid)
             raise
@@ -405,7 +408,8 @@ class SubmodelRunner:
                 progress.emit("submodel", id=sid, state=f"rerun from {stage}", fraction=0.1)
                 if not client.restart(previous.task_uuid, {**options, "rerun-from": stage}):
                     return None
-                products = self._collect(client, submodel, previous.task_uuid, clock)
+                self._wait(client, submodel, previous.task_uuid, clock)
+            products = self._fetch(client, submodel, previous.task_uuid, clock)
         except NodeError as exc:
             self.log(
                 f"{sid}: rerun-from on {client.url} failed ({str(exc).splitlines()[0]}); processing from scratch"
@@ -466,16 +470,10 @@ class SubmodelRunner:
         Nodes the pool has set aside are not asked: a hung node would hold every look-up for
         its whole request time-out (30 s per UUID), and a task on it could not be reached.
         """
-        for key, client in sorted(self._answering().items()):
-            if key in excluded:
-                continue
-            try:
-                state = client.task_state(uuid)
-            except NodeError:
-                continue
-            if state is not None:  # cancelled too: restarted where its images are
-                return key
-        return None
+        asked = {k: c for k, c in self._answering().items() if k not in excluded}
+        # cancelled too: restarted where its images are
+        holders = sorted(key for key, _uuid in backend.find_tasks(asked, [uuid]))
+        return holders[0] if holders else None
 
     def _answering(self) -> dict[str, NodeBackend]:
         """The clients of the nodes the pool has not set aside (down or silent at the start)."""
@@ -560,10 +558,12 @@ class SubmodelRunner:
             )
         storage.write_bytes_atomic(mark, f"{client.url}\n".encode())
 
-    def _collect(
-        self, client: NodeBackend, submodel: Submodel, uuid: str, clock: PhaseClock
-    ) -> dict[str, str]:
-        """Wait for the task, download, verify and store its products; product -> URL."""
+    def _wait(self, client: NodeBackend, submodel: Submodel, uuid: str, clock: PhaseClock) -> None:
+        """Wait for the task to complete, showing its progress.
+
+        Raises:
+            RunCancelledError: the run was cancelled while the task ran.
+        """
         sid = submodel.id
 
         def on_progress(s: TaskState) -> None:
@@ -578,6 +578,12 @@ class SubmodelRunner:
             client.wait(
                 uuid, poll_interval_seconds=self.poll_interval_seconds, on_progress=on_progress
             )
+
+    def _fetch(
+        self, client: NodeBackend, submodel: Submodel, uuid: str, clock: PhaseClock
+    ) -> dict[str, str]:
+        """Download, verify and store a completed task's products; product -> URL."""
+        sid = submodel.id
         progress.emit("submodel", id=sid, state="downloading", fraction=0.95)
         with tempfile.TemporaryDirectory(prefix=f"prefect-odm-{sid}-") as tmp:
             with clock.phase("download"):

@@ -25,6 +25,7 @@ from node_helpers import (
     wait_for,
 )
 
+from prefect_odm.backend import find_tasks, live_attempt, task_uuid
 from prefect_odm.errors import NodeError, ProcessingFailedError
 from prefect_odm.node_capacity import node_capacity
 from prefect_odm.node_health import HealthBook, HealthPolicy, order_nodes
@@ -104,6 +105,48 @@ def test_create_upload_commit_poll_download(start_node: NodeFactory, tmp_path: P
     dest = client.download(uuid, tmp_path / "out")
     assert (dest / "odm_orthophoto" / "odm_orthophoto.tif").is_file()
     assert not list(dest.glob(".*.part"))
+
+
+def test_find_tasks_asks_each_node_once_and_only_for_what_it_lists(
+    start_node: NodeFactory,
+) -> None:
+    """Two nodes, a task on one: ``find_tasks`` finds it there (one ``/task/list`` per node,
+    then ``/task/{uuid}/info`` only for listed UUIDs) and ``live_attempt`` picks its attempt;
+    a node whose list fails is asked for each UUID instead, and one that refuses everything (a
+    wrong token) is passed over."""
+    holder, other = start_node(token="s3cret-token"), start_node()
+    clients = {"a": holder.client(token="s3cret-token"), "b": other.client()}
+    fingerprint = "f" * 64
+    uuid, absent = task_uuid(fingerprint, 2), task_uuid(fingerprint, 0)
+    clients["a"].create_task(uuid, images(1), {}, name="protocol-test", retry_base_seconds=0.05)
+    assert clients["a"].wait(uuid, poll_interval_seconds=POLL_SECONDS).status == COMPLETED
+    asked: list[str] = []
+
+    class Counting:
+        def __init__(self, inner: NodeClient, list_fails: bool = False) -> None:
+            self.inner, self.list_fails = inner, list_fails
+
+        def task_list(self) -> list[str]:
+            asked.append("list")
+            if self.list_fails:
+                raise NodeError("GET /task/list: not supported", node_url=self.inner.url)
+            return self.inner.task_list()
+
+        def task_state(self, u: str, **kw: object) -> TaskState | None:
+            asked.append(u)
+            return self.inner.task_state(u)
+
+    counted = {k: Counting(c) for k, c in clients.items()}
+    found = find_tasks(counted, [absent, uuid])  # type: ignore[arg-type]
+    assert set(found) == {("a", uuid)} and found[("a", uuid)].status == COMPLETED
+    assert sorted(asked) == sorted(["list", "list", uuid])
+    assert live_attempt(clients, fingerprint, 4) == 2  # type: ignore[arg-type]
+    asked.clear()
+    no_list = {"a": Counting(clients["a"], list_fails=True)}
+    assert set(find_tasks(no_list, [absent, uuid])) == {("a", uuid)}  # type: ignore[arg-type]
+    assert sorted(asked) == sorted(["list", absent, uuid])
+    refused = {"a": holder.client(token="wrong-token"), "b": other.client()}
+    assert find_tasks(refused, [uuid]) == {}  # type: ignore[arg-type]
 
 
 def test_token_is_required_and_never_echoed(start_node: NodeFactory) -> None:

@@ -577,6 +577,38 @@ def test_inline_run_keeps_every_task_slot_of_the_pool_busy(
     assert peak[0] == 6, (peak[0], per_node)
 
 
+def test_a_node_starts_its_next_submodel_while_the_last_one_downloads(
+    prefect_api, brighton_images, tmp_path, odm_home
+):
+    """One node with one task slot and a download held 8 s: each next task is created on the
+    node before the download of the one before it can have ended (the slot is freed when the
+    task completes and the next submodel is already waiting for it). Before, the node idled
+    through every download, then through the next submodel's Prefect bookkeeping. Submodels
+    are started largest first."""
+    faults = {"slow_download_seconds": 8}
+    with engines(tmp_path, [{"faults": faults, "parallel": 1}]) as (node,):
+        manifest = run_flow(
+            brighton_images,
+            tmp_path / "out",
+            [node.url],
+            split=6,
+            split_overlap_m=5,
+            merge_options=MergeOptions(accept_alignment=True),
+        )
+        tasks = json.loads((node.data_dir / "tasks.json").read_text())
+    assert len(manifest.submodels) >= 3
+    assert all(r.status == "completed" for r in manifest.submodels)
+    records = sorted(tasks["tasks"], key=lambda t: t["date_created_ms"])
+    assert len(records) == len(manifest.submodels)
+    for before, after in zip(records, records[1:], strict=False):
+        # the download of `before` answers 8 s after it was asked, at the earliest
+        assert after["date_created_ms"] < before["finished_ms"] + 8000, (before, after)
+    # two submodels are in flight at once (the slot and one waiting), so the first task is one
+    # of the two largest
+    sizes = sorted((t["images_count"] for t in records), reverse=True)
+    assert records[0]["images_count"] >= sizes[1], sizes
+
+
 def test_a_cancelled_run_starts_nothing_on_a_node(brighton_images, tmp_path):
     """A run that is cancelled, or failing, by the time a queued submodel gets its node uploads
     nothing there (queued submodels used to upload their images only to cancel them)."""

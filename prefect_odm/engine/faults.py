@@ -24,6 +24,8 @@ Faults are switched on only by the environment variable ``PREFECT_ODM_ENGINE_FAU
     the engine process dies (``os._exit(70)``) S seconds after a task process was started.
 ``slow_seconds`` (float N)
     each task process waits N seconds (printing a line per second) before processing.
+``slow_download_seconds`` (float N)
+    each ``/task/{uuid}/download/{asset}`` request waits N seconds before it answers.
 ``stand_in_pipeline`` (bool)
     use :data:`STAND_IN_PIPELINE` (:class:`StandInPipeline`), a tiny fake photogrammetry
     pipeline that writes small placeholder files in ODM's layout, instead of
@@ -79,6 +81,7 @@ class Faults:
     die_after_uploads: int = 0
     die_after_task_seconds: float = 0.0
     slow_seconds: float = 0.0
+    slow_download_seconds: float = 0.0
     stand_in_pipeline: bool = False
 
     @classmethod

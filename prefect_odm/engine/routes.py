@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import IO, Any
 
@@ -254,6 +255,8 @@ def _add_task_routes(app: FastAPI, engine: Engine, auth: list[Any]) -> None:
     @app.get("/task/{uuid}/download/{asset}", dependencies=auth)
     def task_download(uuid: str, asset: str) -> Response:
         path = engine.zip_of(uuid, asset)
+        if engine.config.faults.slow_download_seconds > 0:
+            time.sleep(engine.config.faults.slow_download_seconds)
         handle = open(path, "rb")  # noqa: SIM115 - closed by the generator
         size = os.fstat(handle.fileno()).st_size
 
