@@ -15,8 +15,8 @@ extrapolated on the last segment's slope:
   1000 -> 58, 1500 -> 79, 2500 -> 121, 3500 -> 163, 5000 -> 227, 12000 -> 800 GiB. Its ~16 GiB
   baseline is the SIFT/OpenSfM working set of full-resolution (12-20 MP) DJI images.
 * ``"builtin"`` -- the built-in engine's own measured peaks, :data:`BUILTIN_ENGINE_MEASURED_PEAKS`
-  (``benchmarks/bench_engine.py``, with a safety factor of 2); while it holds fewer than two
-  points, a conservative stand-in (:data:`BUILTIN_ENGINE_FALLBACK`) is used and says so in the log.
+  (``benchmarks/bench_engine.py``, with a safety factor of 2), one table per pipeline: ``direct``
+  (``pipeline=direct``), ``sparse`` (``fast-orthophoto``) and ``dense`` (the default).
 
 Both published tables are for full-size drone photos; we scale the per-image part by
 ``megapixels / REFERENCE_MEGAPIXELS`` (12 MP, a DJI Phantom 4 / Mavic frame). That scaling and the
@@ -61,21 +61,30 @@ SCALEODM_MEASURED_PEAKS_GIB: tuple[tuple[int, float], ...] = (
     (12000, 800.0),
 )
 
-#: Measured peak resident memory of the built-in engine's structure-from-motion method (images,
-#: GiB) at :data:`BUILTIN_ENGINE_MEASURED_MEGAPIXELS`, from ``python benchmarks/bench_engine.py``
-#: on 2 cores: brighton, 18 images at 1.44 MP, 440 MiB; a seneca set of 50 images at 1.08 MP,
-#: 563 MiB, i.e. 0.67 GiB at 1.44 MP by the pixel scaling below. Times
-#: :data:`BUILTIN_ENGINE_SAFETY_FACTOR`: two small measurements, extrapolated linearly.
+#: Measured peak resident memory of the built-in engine, from ``python benchmarks/bench_engine.py``
+#: on 2 cores (``ru_maxrss`` of the run's process): brighton, 18 images at 1.44 MP, and the 50
+#: seneca images nearest its centre at 1.08 MP. ``sparse`` (``fast-orthophoto``) 646 and 846 MiB,
+#: ``direct`` 484 and 660 MiB: tables of (images, GiB) at
+#: :data:`BUILTIN_ENGINE_MEASURED_MEGAPIXELS` (seneca's brought to it by the pixel scaling below,
+#: / 0.825), times :data:`BUILTIN_ENGINE_SAFETY_FACTOR`: two small measurements, extrapolated
+#: linearly. ``dense`` (the default) is the sparse run plus its depth maps, whose size ODM's
+#: rule keeps between about 640 and 1,600 px a side whatever the photo
+#: (:func:`~prefect_odm.engine.pipeline_options.depthmap_scale`): 981 MiB for brighton (18 depth
+#: maps of 0.36 MP) and 3,494 MiB for seneca (50 of 1.08 MP) are 0.33 and 2.58 GiB above the
+#: sparse runs, :data:`BUILTIN_DENSE_GIB_PER_DEPTH_MEGAPIXEL` (0.051 and 0.048) per image per
+#: depth-map megapixel.
 BUILTIN_ENGINE_SAFETY_FACTOR = 2.0
-BUILTIN_ENGINE_MEASURED_PEAKS: tuple[tuple[int, float], ...] = (
-    (18, round(0.43 * BUILTIN_ENGINE_SAFETY_FACTOR, 2)),
-    (50, round(0.67 * BUILTIN_ENGINE_SAFETY_FACTOR, 2)),
-)
-#: Megapixels of the images the built-in engine peaks were measured on.
+BUILTIN_ENGINE_MEASURED_PEAKS: Mapping[str, tuple[tuple[int, float], ...]] = {
+    method: tuple((n, round(gib * BUILTIN_ENGINE_SAFETY_FACTOR, 2)) for n, gib in points)
+    for method, points in {
+        "sparse": ((18, 0.63), (50, 1.00)),
+        "direct": ((18, 0.47), (50, 0.78)),
+    }.items()
+}
+#: Megapixels of the images the built-in engine's sparse and direct peaks are given at.
 BUILTIN_ENGINE_MEASURED_MEGAPIXELS: float = 1.44
-#: Stand-in for the built-in engine until it is measured: 1 GiB base + 0.05 GiB per image at
-#: 1.44 MP (an assumption, deliberately generous; not a measurement).
-BUILTIN_ENGINE_FALLBACK: tuple[tuple[int, float], ...] = ((0, 1.0), (1000, 51.0))
+#: The dense pipeline's memory above the sparse one, per image per depth-map megapixel, GiB.
+BUILTIN_DENSE_GIB_PER_DEPTH_MEGAPIXEL = 0.049
 
 #: The image size the published tables are taken to describe.
 REFERENCE_MEGAPIXELS = 12.0
@@ -103,6 +112,39 @@ def _interpolate(table: Sequence[tuple[int, float]], x: float) -> float:
             return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
     (x0, y0), (x1, y1) = table[-2], table[-1]
     return y1 + (y1 - y0) / (x1 - x0) * (x - x1)
+
+
+def _builtin_method(options: Mapping[str, Any] | None) -> str:
+    """Which of the built-in engine's tables applies: ``direct``, ``sparse`` or ``dense``."""
+    if not options:
+        return "dense"
+    if str(options.get("pipeline", "")) == "direct":
+        return "direct"
+    if options.get("fast-orthophoto") in (True, "true", "True", 1):
+        return "sparse"
+    return "dense"
+
+
+def _builtin_dense_depth_gib(
+    image_count: int, megapixels: float, options: Mapping[str, Any] | None
+) -> float:
+    """The built-in engine's dense depth maps: per image x depth-map megapixels (4:3 photos
+    assumed), times the safety factor.
+
+    Raises:
+        InputError: an unknown ``pc-quality``.
+    """
+    from prefect_odm.engine.pipeline_options import depthmap_scale
+
+    quality = str((options or {}).get("pc-quality", "medium"))
+    if quality not in PC_QUALITY_FACTOR:
+        raise InputError(
+            f"unknown pc-quality {quality!r}; expected one of {sorted(PC_QUALITY_FACTOR)}"
+        )
+    side = (megapixels * 1e6 * 4.0 / 3.0) ** 0.5
+    depth_mp = megapixels * depthmap_scale(round(side), round(side * 0.75), quality) ** 2
+    per = BUILTIN_DENSE_GIB_PER_DEPTH_MEGAPIXEL * BUILTIN_ENGINE_SAFETY_FACTOR
+    return per * image_count * depth_mp
 
 
 def _options_factor(options: Mapping[str, Any] | None) -> float:
@@ -135,7 +177,8 @@ def estimate_peak_memory_gib(
         image_count: images the node processes (core plus overlap), >= 0.
         megapixels: mean image size in millions of pixels (> 0).
         options: NodeODM options by name (``ProcessingOptions.to_nodeodm()``); ``pc-quality``
-            and ``fast-orthophoto`` change the estimate.
+            and ``fast-orthophoto`` change the estimate, and for ``"builtin"`` ``pipeline``
+            (``direct``) and ``fast-orthophoto`` pick the measured table.
         model: which anchor table to use (see the module docstring): ``"odm"`` (ODM's documented
             minimum RAM per image count), ``"scaleodm"`` (ScaleODM's measured Kubernetes peaks) or
             ``"builtin"`` (the built-in engine's measured peaks).
@@ -158,12 +201,14 @@ def estimate_peak_memory_gib(
     elif model == "scaleodm":
         table, reference_mp = SCALEODM_MEASURED_PEAKS_GIB, REFERENCE_MEGAPIXELS
     elif model == "builtin":
-        reference_mp = BUILTIN_ENGINE_MEASURED_MEGAPIXELS
-        if len(BUILTIN_ENGINE_MEASURED_PEAKS) >= 2:
-            table = BUILTIN_ENGINE_MEASURED_PEAKS
-        else:
-            logger.debug("built-in engine peaks not measured yet; using the stand-in table")
-            table = BUILTIN_ENGINE_FALLBACK
+        method = _builtin_method(options)
+        depth_gib = 0.0
+        if method == "dense":  # the sparse run plus the depth maps
+            depth_gib = _builtin_dense_depth_gib(image_count, float(megapixels), options)
+            method = "sparse"
+        peak = _interpolate(BUILTIN_ENGINE_MEASURED_PEAKS[method], float(image_count))
+        share = float(megapixels) / BUILTIN_ENGINE_MEASURED_MEGAPIXELS
+        return round(peak * ((1.0 - PIXEL_SHARE) + PIXEL_SHARE * share) + depth_gib, 2)
     else:
         raise InputError(f"unknown memory model {model!r}; expected odm, scaleodm or builtin")
     published = _interpolate(table, float(image_count))

@@ -9,8 +9,8 @@ Steps, all on the CPU with OpenCV:
    overlap x baseline ratio capped at ``GOOD_BASE_RATIO``), as OpenMVS's neighbour view
    selection does with its own scores.
 2. **Rectification** from the SfM poses (``cv2.stereoRectify`` with the refined radial
-   distortion) of both images downscaled by ODM's ``pc-quality`` factor
-   (:data:`PC_QUALITY_SCALE`). A pair whose baseline runs along the image rows is transposed and
+   distortion) of both images downscaled to the depth-map size ODM and OpenMVS pick for
+   ``pc-quality`` (:func:`.pipeline_options.depthmap_scale`). A pair whose baseline runs along the image rows is transposed and
    a pair whose disparities would be negative is mirrored, so the matcher always sees a left and a
    right image with positive disparities.
 3. **Semi-global matching** (Hirschmueller, "Stereo Processing by Semiglobal Matching and Mutual
@@ -42,15 +42,6 @@ from numpy.typing import NDArray
 from prefect_odm.engine.camera import CameraPose
 
 logger = logging.getLogger(__name__)
-
-PC_QUALITY_SCALE: dict[str, float] = {
-    "ultra": 1.0,
-    "high": 0.5,
-    "medium": 0.25,
-    "low": 0.125,
-    "lowest": 0.0675,
-}
-"""ODM's ``pc-quality`` -> image scale of the depth maps (ODM's ``openmvs`` stage)."""
 
 MIN_OVERLAP = 0.3
 """Least share of an image's visible sparse points the partner must see too."""
@@ -296,7 +287,7 @@ def match_pair(
         first, second: the pair's cameras (UTM poses).
         image_dir: folder of the image files.
         points_xyz: sparse points (UTM metres, ``(n, 3)``) for the disparity range.
-        scale: image scale of the depth map (:data:`PC_QUALITY_SCALE`).
+        scale: image scale of the depth map (:func:`.pipeline_options.depthmap_scale`).
 
     Returns:
         The pair's points; empty when the pair shares too few sparse points or its disparity

@@ -196,7 +196,7 @@ def densify(
         scene: cameras and sparse points (UTM).
         image_dir: folder of the image files.
         grid: the fusion grid (UTM).
-        scale: depth-map image scale (:data:`~.dense.PC_QUALITY_SCALE`).
+        scale: depth-map image scale (:func:`~.pipeline_options.depthmap_scale`).
         workers: threads matching pairs at once (>= 1).
         sample_m: ODM's ``pc-sample``, metres.
         log: progress line sink.

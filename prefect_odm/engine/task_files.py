@@ -74,8 +74,15 @@ def safe_relative(task_dir: Path, relative: str) -> Path | None:
     return None
 
 
+STORED_SUFFIXES = frozenset({".tif", ".tiff", ".laz", ".jpg", ".jpeg", ".png"})
+"""Files put in all.zip as they are: the products are compressed already (DEFLATE gained 0.06 %
+on a 41 MB orthophoto and made a LAZ larger), so deflating cost the engine and then the client
+CPU for nothing."""
+
+
 def build_zip(task_dir: Path, outputs: list[str] | None) -> Path:
-    """Write ``task_dir/all.zip`` with the products (or only ``outputs``), atomically.
+    """Write ``task_dir/all.zip`` with the products (or only ``outputs``), atomically; already
+    compressed files (:data:`STORED_SUFFIXES`) stored, the rest deflated.
 
     Args:
         task_dir: the task folder.
@@ -101,7 +108,8 @@ def build_zip(task_dir: Path, outputs: list[str] | None) -> Path:
                 if arcname in seen or arcname in (ZIP_FILE, f".{ZIP_FILE}.tmp"):
                     continue
                 seen.add(arcname)
-                zf.write(file, arcname)
+                stored = file.suffix.lower() in STORED_SUFFIXES
+                zf.write(file, arcname, compress_type=zipfile.ZIP_STORED if stored else None)
     final = task_dir / ZIP_FILE
     os.replace(tmp, final)
     return final

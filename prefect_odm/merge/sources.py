@@ -298,6 +298,7 @@ class SourceReader:
         self._plan = plan
         self._resampling = resampling
         self._open: dict[str, Any] = {}
+        self._coarse_alpha: dict[str, int | None] = {}
         self._handles: list[Any] = []
 
     def _warp_options(self, src: RasterSource) -> dict[str, Any]:
@@ -332,6 +333,79 @@ class SourceReader:
             ds = raw
         self._open[src.submodel_id] = ds
         return ds
+
+    def coarse_dataset(self, src: RasterSource, factor: int) -> tuple[Any, int | None]:
+        """The source warped (nearest) onto the output grid coarsened ``factor`` times, and its
+        alpha band (None where nodata marks validity); opened on first use.
+
+        Coarse pixel ``(i, j)`` covers output rows ``i * factor`` to ``(i + 1) * factor`` and is
+        sampled at its centre, the same place for every source, so two sources' samples of an
+        overlap are co-located. GDAL warps only the coarse pixels asked for: decimating a read
+        of the full-resolution warp warped every output pixel first (283 of a 612 s merge at
+        1,800 images).
+        """
+        key = f"{src.submodel_id}@{factor}"
+        found = self._open.get(key)
+        if found is not None:
+            return found, self._coarse_alpha[key]
+        g = self._plan.grid
+        res = g.resolution_m * factor
+        kwargs: dict[str, Any] = {
+            "crs": self._plan.crs,
+            "transform": Affine(res, 0.0, g.left, 0.0, -res, g.top),
+            "width": -(-g.width // factor),
+            "height": -(-g.height // factor),
+            "resampling": Resampling.nearest,
+        }
+        if src.src_transform is not None:
+            kwargs["src_transform"] = Affine(*src.src_transform)
+        own_alpha = src.src_alpha if src.warp else src.alpha_band
+        if own_alpha:
+            kwargs.update(src_alpha=own_alpha, dst_alpha=own_alpha)
+        elif src.nodata is not None:
+            kwargs.update(src_nodata=src.nodata, nodata=src.nodata)
+        else:
+            kwargs.update(add_alpha=True)
+        raw = rasterio.open(src.path)
+        self._handles.append(raw)
+        ds = WarpedVRT(raw, **kwargs)
+        self._handles.append(ds)
+        alpha = own_alpha or (None if src.nodata is not None else ds.count)
+        self._open[key], self._coarse_alpha[key] = ds, alpha
+        return ds, alpha
+
+    def read_decimated(
+        self, src: RasterSource, window: Window4, factor: int
+    ) -> tuple[NDArray[np.float32], NDArray[np.bool_], Window4]:
+        """Values and validity of ``src`` on the output grid coarsened ``factor`` times
+        (:meth:`coarse_dataset`), over the coarse pixels that lie wholly inside ``window``.
+
+        Returns:
+            ``(values, valid, aligned)``: ``(bands, rows, cols)`` float32, ``(rows, cols)``
+            bool, and the window on the output grid they cover (``factor``-aligned; empty
+            arrays when no coarse pixel fits).
+        """
+        r0, c0 = -(-window[0] // factor), -(-window[1] // factor)
+        r1, c1 = (window[0] + window[2]) // factor, (window[1] + window[3]) // factor
+        rows, cols = max(0, r1 - r0), max(0, c1 - c0)
+        aligned = (r0 * factor, c0 * factor, rows * factor, cols * factor)
+        if rows == 0 or cols == 0:
+            empty = np.zeros((len(src.value_bands), rows, cols), dtype=np.float32)
+            return empty, np.zeros((rows, cols), dtype=bool), aligned
+        ds, alpha = self.coarse_dataset(src, factor)
+        win = Window(c0, r0, cols, rows)
+        values = ds.read(list(src.value_bands), window=win).astype(np.float32, copy=False)
+        if alpha is not None:
+            valid = ds.read(alpha, window=win) > 0
+        else:
+            nd = np.float32(src.nodata)
+            valid = np.any((values != nd) & np.isfinite(values), axis=0)
+        if src.heights is not None:
+            g = self._plan.grid
+            values = src.heights.heights_on_grid(
+                (g.left, g.top, g.resolution_m), aligned, values, valid
+            )
+        return values, valid, aligned
 
     def read(
         self,
@@ -380,6 +454,7 @@ class SourceReader:
             handle.close()
         self._handles.clear()
         self._open.clear()
+        self._coarse_alpha.clear()
 
 
 class ThreadReaders:
@@ -455,15 +530,20 @@ def sample_overlap(
     window: Window4,
     max_pixels: int = _STATS_MAX_PIXELS,
 ) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
-    """Co-located values of two sources where both have data, sampled at a decimated resolution.
+    """Co-located values of two sources where both have data, sampled on the output grid
+    coarsened so that the window holds at most about ``max_pixels`` samples
+    (:meth:`SourceReader.read_decimated`; at full resolution when it already does).
 
     Returns:
         ``(values_a, values_b)``, each ``(bands, n)`` float32.
     """
     factor = max(1, int(np.ceil(np.sqrt(window[2] * window[3] / max_pixels))))
-    shape = (max(1, window[2] // factor), max(1, window[3] // factor))
-    va, ma = reader.read(a, window, out_shape=shape if factor > 1 else None)
-    vb, mb = reader.read(b, window, out_shape=shape if factor > 1 else None)
+    if factor == 1:
+        va, ma = reader.read(a, window)
+        vb, mb = reader.read(b, window)
+    else:
+        va, ma, _ = reader.read_decimated(a, window, factor)
+        vb, mb, _ = reader.read_decimated(b, window, factor)
     both = ma & mb
     return va[:, both], vb[:, both]
 

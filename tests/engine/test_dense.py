@@ -13,6 +13,7 @@ import pytest
 from prefect_odm.engine import ground
 from prefect_odm.engine.dense import PairPoints
 from prefect_odm.engine.dense_fusion import fuse_pairs, sample_points
+from prefect_odm.engine.pipeline_options import depthmap_scale
 from prefect_odm.merge.grid import Grid
 
 RES_M = 0.5
@@ -142,3 +143,30 @@ def test_pc_sample_keeps_one_point_per_cube_deterministically() -> None:
     assert len(np.unique(keys, axis=0)) == len(chosen) <= 1000
     assert np.array_equal(chosen, sample_points(xyz, 1.0))
     assert np.array_equal(sample_points(xyz, 0.0), np.arange(5000))
+
+
+@pytest.mark.parametrize(
+    ("width", "height", "quality", "side_px"),
+    [
+        # ODM asks for 1600 x 0.125 x 2 = 400 px; OpenMVS will not go below 640: 800 px
+        (1600, 900, "medium", 800),
+        (1600, 900, "ultra", 1600),
+        (1600, 900, "lowest", 400),
+        # 1200 px: one halving would already be below 640, so none
+        (1200, 900, "medium", 1200),
+        # 12 MP: ODM asks for 500 px, level 3 gives 500 < 640, level 2 gives 1000
+        (4000, 3000, "medium", 1000),
+        (4000, 3000, "low", 500),
+        # 20 MP: ODM's multiplier is 1 above 6 MP
+        (5472, 3648, "medium", 684),
+    ],
+)
+def test_depthmap_size_is_the_one_odm_and_openmvs_pick(
+    width: int, height: int, quality: str, side_px: int
+) -> None:
+    assert depthmap_scale(width, height, quality) * max(width, height) == side_px
+
+
+def test_depthmap_size_refuses_an_unknown_quality() -> None:
+    with pytest.raises(KeyError):
+        depthmap_scale(1600, 900, "extreme")
