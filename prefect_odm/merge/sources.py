@@ -298,21 +298,25 @@ class SourceReader:
         self._plan = plan
         self._resampling = resampling
         self._open: dict[str, Any] = {}
-        self._coarse_alpha: dict[str, int | None] = {}
         self._handles: list[Any] = []
 
-    def _warp_options(self, src: RasterSource) -> dict[str, Any]:
+    def _warp_options(
+        self, src: RasterSource, grid: Grid, resampling: Resampling
+    ) -> dict[str, Any]:
+        """``WarpedVRT`` keywords that put ``src`` onto ``grid`` (in the plan CRS), its own alpha,
+        nodata or mask carried into the VRT's validity."""
         kwargs: dict[str, Any] = {
             "crs": self._plan.crs,
-            "transform": Affine(*src.grid.transform),
-            "width": src.width,
-            "height": src.height,
-            "resampling": self._resampling,
+            "transform": Affine(*grid.transform),
+            "width": grid.width,
+            "height": grid.height,
+            "resampling": resampling,
         }
         if src.src_transform is not None:
             kwargs["src_transform"] = Affine(*src.src_transform)
-        if src.src_alpha:
-            kwargs.update(src_alpha=src.src_alpha, dst_alpha=src.src_alpha)
+        own_alpha = src.src_alpha if src.warp else src.alpha_band
+        if own_alpha:
+            kwargs.update(src_alpha=own_alpha, dst_alpha=own_alpha)
         elif src.nodata is not None:
             kwargs.update(src_nodata=src.nodata, nodata=src.nodata)
         else:
@@ -327,7 +331,7 @@ class SourceReader:
         raw = rasterio.open(src.path)
         self._handles.append(raw)
         if src.warp:
-            ds = WarpedVRT(raw, **self._warp_options(src))
+            ds = WarpedVRT(raw, **self._warp_options(src, src.grid, self._resampling))
             self._handles.append(ds)
         else:
             ds = raw
@@ -346,33 +350,23 @@ class SourceReader:
         """
         key = f"{src.submodel_id}@{factor}"
         found = self._open.get(key)
-        if found is not None:
-            return found, self._coarse_alpha[key]
-        g = self._plan.grid
-        res = g.resolution_m * factor
-        kwargs: dict[str, Any] = {
-            "crs": self._plan.crs,
-            "transform": Affine(res, 0.0, g.left, 0.0, -res, g.top),
-            "width": -(-g.width // factor),
-            "height": -(-g.height // factor),
-            "resampling": Resampling.nearest,
-        }
-        if src.src_transform is not None:
-            kwargs["src_transform"] = Affine(*src.src_transform)
-        own_alpha = src.src_alpha if src.warp else src.alpha_band
-        if own_alpha:
-            kwargs.update(src_alpha=own_alpha, dst_alpha=own_alpha)
-        elif src.nodata is not None:
-            kwargs.update(src_nodata=src.nodata, nodata=src.nodata)
-        else:
-            kwargs.update(add_alpha=True)
-        raw = rasterio.open(src.path)
-        self._handles.append(raw)
-        ds = WarpedVRT(raw, **kwargs)
-        self._handles.append(ds)
-        alpha = own_alpha or (None if src.nodata is not None else ds.count)
-        self._open[key], self._coarse_alpha[key] = ds, alpha
-        return ds, alpha
+        if found is None:
+            g = self._plan.grid
+            coarse = Grid(
+                g.left,
+                g.top,
+                g.resolution_m * factor,
+                -(-g.width // factor),
+                -(-g.height // factor),
+            )
+            options = self._warp_options(src, coarse, Resampling.nearest)
+            raw = rasterio.open(src.path)
+            self._handles.append(raw)
+            ds = WarpedVRT(raw, **options)
+            self._handles.append(ds)
+            alpha = options.get("dst_alpha") or (ds.count if options.get("add_alpha") else None)
+            found = self._open[key] = (ds, alpha)
+        return found
 
     def read_decimated(
         self, src: RasterSource, window: Window4, factor: int
@@ -454,7 +448,6 @@ class SourceReader:
             handle.close()
         self._handles.clear()
         self._open.clear()
-        self._coarse_alpha.clear()
 
 
 class ThreadReaders:
