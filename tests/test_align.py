@@ -276,7 +276,8 @@ def test_outlier_camera_rejected_and_reported(block: Block) -> None:
     t.centres[row] += [3.0, -4.0, 0.0]
     result = align_submodels(tables)
     assert [(o.image, o.overlap) for o in result.rejected if o.image == bad_image]
-    assert all(o.residual_m > 4.0 for o in result.rejected if o.image == bad_image)
+    # the camera was moved 5 m: its residual, in metres of the plan CRS, says so
+    assert all(4.0 < o.residual_m < 6.0 for o in result.rejected if o.image == bad_image)
     assert len(result.rejected) <= 2  # the bad camera in each overlap it is shared in, no more
     ov = next(o for o in result.overlaps if o.overlap == result.rejected[0].overlap)
     assert ov.n_used == ov.n_shared - len(ov.outliers) and ov.outliers

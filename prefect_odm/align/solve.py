@@ -404,7 +404,7 @@ def align_submodels(
     pr = problem.pairs
     rejected = [
         OutlierCamera(overlap=pairs[pr.overlap[r]].key, image=pr.names[r], residual_m=float(e))
-        for r, e in _rejected_rows(pr, by_id, pairs)
+        for r, e in _rejected_rows(pr, by_id, pairs, origin)
     ]
     overlaps = overlap_residuals(pairs, by_id, pr.active, pr.overlap, rejected)
     return AlignmentResult(
@@ -423,12 +423,17 @@ def align_submodels(
 
 
 def _rejected_rows(
-    pr: _Pairs, by_id: Mapping[str, Similarity], pairs: Sequence[Correspondence]
+    pr: _Pairs,
+    by_id: Mapping[str, Similarity],
+    pairs: Sequence[Correspondence],
+    origin: FloatArray,
 ) -> list[tuple[int, float]]:
+    """``(row, metres between the two corrected positions)`` of each rejected camera; the rows'
+    positions are about ``origin``, the similarities in the plan CRS."""
     out = []
     for r in np.flatnonzero(~pr.active):
         c = pairs[pr.overlap[r]]
-        xa = by_id[c.first].apply(pr.xa[r : r + 1])
-        xb = by_id[c.second].apply(pr.xb[r : r + 1])
+        xa = by_id[c.first].apply(pr.xa[r : r + 1] + origin)
+        xb = by_id[c.second].apply(pr.xb[r : r + 1] + origin)
         out.append((int(r), float(np.linalg.norm(xa - xb))))
     return out
