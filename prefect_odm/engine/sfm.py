@@ -4,27 +4,16 @@ Steps (COLMAP's incremental pipeline, Schoenberger & Frahm, "Structure-from-Moti
 CVPR 2016):
 
 1. SIFT features on images downscaled to ``resize-to`` (keypoints are reported in full-size
-   pixels); one camera per camera model and image size, its focal length from EXIF
-   (:attr:`ImageMeta.focal_length_px`, ODM's prior), with two radial distortion terms (COLMAP's
-   RADIAL: ``k1``, ``k2``, the radial part of the ``brown`` model ODM gives OpenSfM by default,
-   ``opendm/photo.py``). The principal point is refined as OpenSfM refines it (ODM's default
-   ``optimize_camera_parameters``).
+   pixels); one camera (SIMPLE_RADIAL) per camera model and image size, its focal length from
+   EXIF (:attr:`ImageMeta.focal_length_px`).
 2. Spatial matching: each image is matched to its nearest neighbours by GPS position within about
    one image footprint, not exhaustively.
 3. Incremental mapping with the focal length held fixed: over a flat scene seen from straight
    above, focal length and scene depth cannot be told apart (a longer focal length just pushes
    the ground down), so letting bundle adjustment refine it makes the ground drift by metres
-   (brighton: the refined focal length drifts from 849 to 1107 px and the ground sinks 10 m;
-   with the GPS priors below, 889 px sinks it 9.1 m; OpenSfM holds it with a 1 % prior, which
-   COLMAP does not offer). Radial distortion and the principal point are refined. Against ODM's
-   brighton cloud (dense DSM, ``benchmarks/bench_engine.py --only brighton``): one radial term,
-   848 px (the 35 mm equivalent on the image diagonal), principal point fixed: tilt 0.98 deg,
-   median |dz| 0.85 m, orthophoto offset 0.0-0.1 m; two terms, 889 px, principal point fixed:
-   0.04 deg, 0.29 m, but the orthophoto 0.68 m off (heights line up, texture does not); two
-   terms, 889 px, principal point refined (the engine): 0.24 deg, 0.91 m, 0.05 m. The last lines
-   up both DSM and orthophoto horizontally with ODM's and leaves a vertical offset of +0.9 m,
-   the focal-length/depth ambiguity above. SIFT's peak threshold is lowered so near-textureless
-   frames still register (seneca_1200's fields).
+   (brighton: the refined focal length drifts from 849 to 1107 px and the ground sinks 10 m).
+   Radial distortion is refined. SIFT's peak threshold is lowered so near-textureless frames
+   still register (seneca_1200's fields).
 4. Georeferencing inside the bundle adjustment: every image's GPS position (UTM metres less a
    survey origin, standard deviation ``gps-accuracy``) is a position prior in COLMAP's database;
    the mapper aligns each model to the priors (a similarity) and its global bundle adjustments add
@@ -53,12 +42,6 @@ from prefect_odm.engine.direct import estimate_ground_z_m
 from prefect_odm.errors import ProcessingFailedError
 
 logger = logging.getLogger(__name__)
-
-CAMERA_MODEL = "RADIAL"
-"""COLMAP camera model: ``f, cx, cy, k1, k2`` (the focal length held fixed)."""
-
-REFINE_PRINCIPAL_POINT = True
-"""Bundle adjustment refines ``cx, cy`` (brighton's moved 15 px, within OpenSfM's 1 % prior)."""
 
 MAX_FEATURES = 6000
 """SIFT features kept per image (COLMAP's default is 8192; fewer is faster on 2 cores)."""
@@ -173,7 +156,7 @@ def reconstruct_sfm(
 
 
 def _extract_features(run: _Colmap, resize_to: int, max_features: int) -> None:
-    """SIFT features of every image into the database, one RADIAL camera per camera key."""
+    """SIFT features of every image into the database, one SIMPLE_RADIAL camera per camera key."""
     import pycolmap
 
     images, threads = run.images, run.threads
@@ -191,10 +174,8 @@ def _extract_features(run: _Colmap, resize_to: int, max_features: int) -> None:
     for group in groups.values():
         first = group[0]
         reader = pycolmap.ImageReaderOptions()
-        reader.camera_model = CAMERA_MODEL
-        reader.camera_params = (
-            f"{first.focal_length_px},{first.width / 2.0},{first.height / 2.0},0,0"
-        )
+        reader.camera_model = "SIMPLE_RADIAL"
+        reader.camera_params = f"{first.focal_length_px},{first.width / 2.0},{first.height / 2.0},0"
         pycolmap.extract_features(
             run.database,
             run.image_dir,
@@ -286,7 +267,7 @@ def _map_incrementally(run: _Colmap, pairs: int) -> Any:
     options.num_threads = run.threads
     options.random_seed = 0
     options.ba_refine_focal_length = False
-    options.ba_refine_principal_point = REFINE_PRINCIPAL_POINT
+    options.ba_refine_principal_point = False
     options.ba_refine_extra_params = True
     options.mapper.abs_pose_refine_focal_length = False
     options.min_model_size = 3
@@ -360,7 +341,7 @@ def _scene_parts(
     for image_id in model.reg_image_ids():
         image = model.images[image_id]
         camera = model.cameras[image.camera_id]
-        f, cx, cy, k1, k2 = (float(v) for v in camera.params[:5])
+        f, cx, cy, k1 = (float(v) for v in camera.params[:4])
         rotation = image.cam_from_world().rotation.matrix()
         center = np.asarray(image.projection_center()) + origin
         cameras.append(
@@ -372,7 +353,7 @@ def _scene_parts(
                 cx=cx,
                 cy=cy,
                 k1=k1,
-                k2=k2,
+                k2=0.0,
                 rotation=rotation_tuple(rotation),
                 center=(float(center[0]), float(center[1]), float(center[2])),
             )

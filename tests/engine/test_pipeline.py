@@ -174,8 +174,7 @@ def test_metadata_matches_manifest() -> None:
         assert (meta.width, meta.height) == (1600, 900)
         assert meta.gimbal_yaw_deg is not None
     # 35 mm equivalent on the diagonal: 20 mm * 1835.8 px / 43.27 mm
-    # ODM's prior: 35 mm equivalent (20 mm) / 36 mm x the long side (1600 px)
-    assert metas["DJI_0018.JPG"].focal_length_px == pytest.approx(20 / 36 * 1600, abs=0.01)
+    assert metas["DJI_0018.JPG"].focal_length_px == pytest.approx(848.5, abs=0.5)
     seneca = read_image_meta(DATA / "seneca_1200" / "images" / "IMG_0446.jpg")
     # FocalLength 4.3 mm x FocalPlaneXResolution 6071.6 px/inch
     assert seneca.focal_length_px == pytest.approx(4.3 * 6071.645 / 25.4, rel=1e-4)
