@@ -90,6 +90,7 @@ def test_piped_output_is_plain_lines(brighton_images, tmp_path, prefect_home):
     # machine with one memory slot, the other submodel uploads after the first completes):
     # the first upload comes with nothing done, and every planned submodel uploads once.
     uploads = [line for line in lines if re.match(r"submodel-\d{3}: uploading on ", line)]
+    assert uploads, proc.stderr
     assert re.match(
         r"submodel-\d{3}: uploading on http://127\.0\.0\.1:\d+; 0 of \d+ submodels done", uploads[0]
     ), proc.stderr
