@@ -82,14 +82,7 @@ class ViewCandidates:
 def view_grid(grid: Grid, cell_m: float = VIEW_CELL_M) -> tuple[Grid, int]:
     """The coarse view grid over ``grid`` and its factor (orthophoto cells per view cell)."""
     factor = max(1, int(round(cell_m / grid.resolution_m)))
-    coarse = Grid(
-        grid.left,
-        grid.top,
-        grid.resolution_m * factor,
-        -(-grid.width // factor),
-        -(-grid.height // factor),
-    )
-    return coarse, factor
+    return grid.coarsened(factor), factor
 
 
 def view_cell_heights(grid: Grid, factor: int, height_at: HeightSampler) -> NDArray[np.float32]:

@@ -137,7 +137,12 @@ class Grid:
             ``factor`` times larger; its extent may overhang by less than one coarse pixel).
         """
         factor = max(1, math.ceil(max(self.width, self.height) / max_side_px))
-        return factor, Grid(
+        return factor, self.coarsened(factor)
+
+    def coarsened(self, factor: int) -> Grid:
+        """The grid over the same area with pixels ``factor`` times larger (same top-left corner;
+        its extent may overhang by less than one coarse pixel)."""
+        return Grid(
             left=self.left,
             top=self.top,
             resolution_m=self.resolution_m * factor,

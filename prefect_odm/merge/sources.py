@@ -351,14 +351,7 @@ class SourceReader:
         key = f"{src.submodel_id}@{factor}"
         found = self._open.get(key)
         if found is None:
-            g = self._plan.grid
-            coarse = Grid(
-                g.left,
-                g.top,
-                g.resolution_m * factor,
-                -(-g.width // factor),
-                -(-g.height // factor),
-            )
+            coarse = self._plan.grid.coarsened(factor)
             options = self._warp_options(src, coarse, Resampling.nearest)
             raw = rasterio.open(src.path)
             self._handles.append(raw)
