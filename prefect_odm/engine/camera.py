@@ -35,8 +35,10 @@ IMAGE_SUFFIXES: frozenset[str] = frozenset({".jpg", ".jpeg", ".tif", ".tiff"})
 DEFAULT_FOCAL_RATIO = 1.2
 """Focal length / long image side used when EXIF gives no focal length (COLMAP's default)."""
 
-FULL_FRAME_DIAGONAL_MM = math.hypot(36.0, 24.0)
-"""Diagonal of the 36 x 24 mm frame: a 35 mm-equivalent focal length is defined on it."""
+FULL_FRAME_WIDTH_MM = 36.0
+"""Width of the 36 x 24 mm frame. ODM and OpenSfM turn a 35 mm-equivalent focal length into a
+focal ratio on it (``focal_35 / 36``, times the long image side; ODM ``opendm/photo.py``,
+OpenSfM ``exif.compute_focal``)."""
 
 DISTORTION_VALID_RADIUS = 1.3
 """Points whose undistorted radius exceeds this many half image diagonals are not projected."""
@@ -75,21 +77,21 @@ class ImageMeta(ImageMetadata):
 
     @property
     def focal_length_px(self) -> float:
-        """Focal length in pixels of the stored image.
+        """Focal length in pixels of the stored image: the prior structure from motion starts
+        from and, on a constant-height nadir flight, keeps (see :mod:`.sfm`).
 
-        Order of preference: ``FocalLength`` x ``FocalPlaneXResolution`` (physical pixel pitch);
-        else the 35 mm equivalent focal length scaled by the image diagonal over the 43.27 mm
-        full-frame diagonal (the definition of the equivalent focal length, CIPA DC-008); else
-        1.2 x the long side (COLMAP's default prior).
+        Order of preference: ``FocalLength`` x ``FocalPlaneXResolution`` (physical pixel pitch;
+        ODM's sensor-width route gives the same for landscape images); else the 35 mm equivalent
+        focal length over the 36 mm frame width, times the long image side, as ODM and OpenSfM
+        take it (:data:`FULL_FRAME_WIDTH_MM`); else 1.2 x the long side (COLMAP's default prior).
+
+        On a constant-height nadir flight this prior sets the ground height (see :mod:`.sfm`
+        for what each choice gives on brighton against ODM's cloud).
         """
         if self.focal_length_mm and self.focal_plane_x_resolution_px_per_mm:
             return self.focal_length_mm * self.focal_plane_x_resolution_px_per_mm
         if self.focal_length_35mm:
-            return (
-                self.focal_length_35mm
-                * math.hypot(self.width, self.height)
-                / (FULL_FRAME_DIAGONAL_MM)
-            )
+            return self.focal_length_35mm / FULL_FRAME_WIDTH_MM * max(self.width, self.height)
         return DEFAULT_FOCAL_RATIO * max(self.width, self.height)
 
     @property

@@ -4,16 +4,28 @@ Steps (COLMAP's incremental pipeline, Schoenberger & Frahm, "Structure-from-Moti
 CVPR 2016):
 
 1. SIFT features on images downscaled to ``resize-to`` (keypoints are reported in full-size
-   pixels); one camera (SIMPLE_RADIAL) per camera model and image size, its focal length from
-   EXIF (:attr:`ImageMeta.focal_length_px`).
+   pixels); one camera per camera model and image size, its focal length from EXIF
+   (:attr:`ImageMeta.focal_length_px`, ODM's prior), with two radial distortion terms (COLMAP's
+   RADIAL: ``k1``, ``k2``, the radial part of the ``brown`` model ODM gives OpenSfM by default,
+   ``opendm/photo.py``) and the principal point refined as OpenSfM refines it (ODM's default
+   ``optimize_camera_parameters``); a camera seen in fewer than :data:`FULL_CAMERA_MIN_IMAGES`
+   images keeps one radial term and its principal point at the image centre.
 2. Spatial matching: each image is matched to its nearest neighbours by GPS position within about
    one image footprint, not exhaustively.
 3. Incremental mapping with the focal length held fixed: over a flat scene seen from straight
    above, focal length and scene depth cannot be told apart (a longer focal length just pushes
    the ground down), so letting bundle adjustment refine it makes the ground drift by metres
-   (brighton: the refined focal length drifts from 849 to 1107 px and the ground sinks 10 m).
-   Radial distortion is refined. SIFT's peak threshold is lowered so near-textureless frames
-   still register (seneca_1200's fields).
+   (brighton: the refined focal length drifts from 849 to 1107 px and the ground sinks 10 m;
+   with the GPS priors below, 889 px sinks it 9.1 m; OpenSfM holds it with a 1 % prior, which
+   COLMAP does not offer). Radial distortion and the principal point are refined. Against ODM's
+   brighton cloud (dense DSM, ``benchmarks/bench_engine.py --only brighton``): one radial term,
+   848 px (the 35 mm equivalent on the image diagonal), principal point fixed: tilt 0.98 deg,
+   median |dz| 0.85 m, orthophoto offset 0.0-0.1 m; two terms, 889 px, principal point fixed:
+   0.04 deg, 0.29 m, but the orthophoto 0.68 m off (heights line up, texture does not); two
+   terms, 889 px, principal point refined (the engine from 15 images on): 0.24-0.27 deg, 0.91 m, 0.00-0.05 m. The last lines
+   up both DSM and orthophoto horizontally with ODM's and leaves a vertical offset of +0.9 m,
+   the focal-length/depth ambiguity above. SIFT's peak threshold is lowered so near-textureless
+   frames still register (seneca_1200's fields).
 4. Georeferencing inside the bundle adjustment: every image's GPS position (UTM metres less a
    survey origin, standard deviation ``gps-accuracy``) is a position prior in COLMAP's database;
    the mapper aligns each model to the priors (a similarity) and its global bundle adjustments add
@@ -42,6 +54,17 @@ from prefect_odm.engine.direct import estimate_ground_z_m
 from prefect_odm.errors import ProcessingFailedError
 
 logger = logging.getLogger(__name__)
+
+FULL_CAMERA_MIN_IMAGES = 15
+"""Images a camera needs before bundle adjustment refines its full model.
+
+From this many images on, the camera is COLMAP's ``RADIAL`` (``f, cx, cy, k1, k2``: the radial
+part of ODM's default ``brown``) with the principal point refined, as OpenSfM refines it for ODM;
+below, ``SIMPLE_RADIAL`` (``f, cx, cy, k``) with the principal point at the image centre. A
+principal-point shift trades against the cameras' tilt, and a few images (one flight line)
+cannot tell them apart: brighton split in two (about 10 images a submodel) with the full model
+leaves the two submodels' orthophotos 0.45 m apart after alignment and needs 2.09 deg of
+rotation between them (0.06 m with the simple one). The focal length is held fixed in both."""
 
 MAX_FEATURES = 6000
 """SIFT features kept per image (COLMAP's default is 8192; fewer is faster on 2 cores)."""
@@ -156,7 +179,11 @@ def reconstruct_sfm(
 
 
 def _extract_features(run: _Colmap, resize_to: int, max_features: int) -> None:
-    """SIFT features of every image into the database, one SIMPLE_RADIAL camera per camera key."""
+    """SIFT features of every image into the database, one camera per camera key.
+
+    The camera is ``RADIAL`` for a key with :data:`FULL_CAMERA_MIN_IMAGES` images or more, else
+    ``SIMPLE_RADIAL``.
+    """
     import pycolmap
 
     images, threads = run.images, run.threads
@@ -173,9 +200,13 @@ def _extract_features(run: _Colmap, resize_to: int, max_features: int) -> None:
         groups[meta.camera_key].append(meta)
     for group in groups.values():
         first = group[0]
+        full = len(group) >= FULL_CAMERA_MIN_IMAGES
         reader = pycolmap.ImageReaderOptions()
-        reader.camera_model = "SIMPLE_RADIAL"
-        reader.camera_params = f"{first.focal_length_px},{first.width / 2.0},{first.height / 2.0},0"
+        reader.camera_model = "RADIAL" if full else "SIMPLE_RADIAL"
+        reader.camera_params = (
+            f"{first.focal_length_px},{first.width / 2.0},{first.height / 2.0},0"
+            + (",0" if full else "")
+        )
         pycolmap.extract_features(
             run.database,
             run.image_dir,
@@ -253,6 +284,14 @@ def _match_neighbours(run: _Colmap, max_neighbours: int) -> int:
     return pairs
 
 
+def _refines_principal_point(images: Sequence[ImageMeta]) -> bool:
+    """Whether every camera has the full model (:data:`FULL_CAMERA_MIN_IMAGES`)."""
+    per_camera: dict[str, int] = defaultdict(int)
+    for meta in images:
+        per_camera[meta.camera_key] += 1
+    return bool(per_camera) and min(per_camera.values()) >= FULL_CAMERA_MIN_IMAGES
+
+
 def _map_incrementally(run: _Colmap, pairs: int) -> Any:
     """COLMAP's incremental mapping with the focal length held fixed; the largest model.
 
@@ -267,7 +306,7 @@ def _map_incrementally(run: _Colmap, pairs: int) -> Any:
     options.num_threads = run.threads
     options.random_seed = 0
     options.ba_refine_focal_length = False
-    options.ba_refine_principal_point = False
+    options.ba_refine_principal_point = _refines_principal_point(images)
     options.ba_refine_extra_params = True
     options.mapper.abs_pose_refine_focal_length = False
     options.min_model_size = 3
@@ -341,7 +380,8 @@ def _scene_parts(
     for image_id in model.reg_image_ids():
         image = model.images[image_id]
         camera = model.cameras[image.camera_id]
-        f, cx, cy, k1 = (float(v) for v in camera.params[:4])
+        f, cx, cy, k1, *rest = (float(v) for v in camera.params)
+        k2 = rest[0] if rest else 0.0  # RADIAL has a second term, SIMPLE_RADIAL none
         rotation = image.cam_from_world().rotation.matrix()
         center = np.asarray(image.projection_center()) + origin
         cameras.append(
@@ -353,7 +393,7 @@ def _scene_parts(
                 cx=cx,
                 cy=cy,
                 k1=k1,
-                k2=0.0,
+                k2=k2,
                 rotation=rotation_tuple(rotation),
                 center=(float(center[0]), float(center[1]), float(center[2])),
             )

@@ -173,8 +173,8 @@ def test_metadata_matches_manifest() -> None:
         assert meta.gimbal_pitch_deg == pytest.approx(float(row["gimbal_pitch"]), abs=1e-3)
         assert (meta.width, meta.height) == (1600, 900)
         assert meta.gimbal_yaw_deg is not None
-    # 35 mm equivalent on the diagonal: 20 mm * 1835.8 px / 43.27 mm
-    assert metas["DJI_0018.JPG"].focal_length_px == pytest.approx(848.5, abs=0.5)
+    # ODM's prior: 35 mm equivalent (20 mm) / 36 mm x the long side (1600 px)
+    assert metas["DJI_0018.JPG"].focal_length_px == pytest.approx(20 / 36 * 1600, abs=0.01)
     seneca = read_image_meta(DATA / "seneca_1200" / "images" / "IMG_0446.jpg")
     # FocalLength 4.3 mm x FocalPlaneXResolution 6071.6 px/inch
     assert seneca.focal_length_px == pytest.approx(4.3 * 6071.645 / 25.4, rel=1e-4)
@@ -376,8 +376,10 @@ def test_sfm_brighton_registers_all_and_is_accurate(sfm_task: Path) -> None:
 def test_sfm_brighton_dense_products_against_odm(sfm_task: Path) -> None:
     """The default sfm run is dense (ODM's openmvs stage): figures against ODM's own cloud.
 
-    The absolute bound is loose because the georeferencing differs from ODM's by a tilt of
-    ~1 degree and +0.8 m (see the benchmark); the shape, with that plane removed, is tight.
+    The absolute bound is loose because the ground sits +0.9 m above ODM's (the focal length is
+    not observable on this flight; DESIGN.md's known gap); the tilt and the shape, with that
+    plane removed, are tight. With one radial term and the principal point fixed (the camera of
+    small blocks) the tilt is 0.98 deg.
     """
     from .dense_figures import dense_figures
 
@@ -389,6 +391,7 @@ def test_sfm_brighton_dense_products_against_odm(sfm_task: Path) -> None:
     print("\n".join(figures.lines()))
     assert figures.dsm_median_abs_m <= 1.0 and figures.dsm_p90_abs_m <= 1.8
     assert figures.plane_removed_median_abs_m <= 0.3
+    assert figures.tilt_deg <= 0.5
     assert figures.measured_share_of_reference >= 0.85
     # issue 12's target: ODM's depth-map size at the default medium gives ~264 points/m2
     assert figures.points_per_m2 >= 150 and figures.coloured_share >= 0.99
