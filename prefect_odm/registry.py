@@ -87,9 +87,10 @@ REPORT_FILES: dict[str, str] = {
     "shots": "shots.geojson",
     "cameras": "cameras.json",
 }
-"""Report files a node may return, by name -> file name inside :data:`REPORT_FOLDER` (ODM's
-``odm_report/shots.geojson``: each reconstructed camera's position and rotation; ``cameras.json``:
-the camera models). Stored under ``report/`` in the submodel's folder."""
+"""Report files a node may return, by name -> file name (ODM's ``odm_report/shots.geojson``:
+each reconstructed camera's position and rotation; ``cameras.json``, at the top of the outputs:
+the camera models, OpenSfM's parameters). Every file in :data:`REPORT_FOLDER`, and
+``cameras.json``, is stored under ``report/`` in the submodel's folder."""
 
 
 def product(name: str) -> Product:

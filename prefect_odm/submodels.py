@@ -35,16 +35,18 @@ from prefect_odm.models import OptionValue, SplitPlan, Submodel, SubmodelResult,
 from prefect_odm.option_stages import early_options, node_stages, rerun_from_stage
 from prefect_odm.pool import NodePool
 from prefect_odm.products import find_odm_products
-from prefect_odm.registry import PRODUCTS, REPORT_FOLDER
+from prefect_odm.registry import PRODUCTS, REPORT_FILES, REPORT_FOLDER
 
 logger = logging.getLogger(__name__)
 
 OUTPUTS = [
     *dict.fromkeys(p.odm_path.split("/", 1)[0] for p in PRODUCTS.values()),
     REPORT_FOLDER,
+    REPORT_FILES["cameras"],
 ]
-"""Folders asked for in all.zip (NodeODM ``outputs``): the products' folders and the report
-(``odm_orthophoto``, ``odm_dem``, ``odm_georeferencing``, ``odm_report``)."""
+"""What all.zip is asked to hold (NodeODM ``outputs``): the products' folders, the report and
+the camera models (``odm_orthophoto``, ``odm_dem``, ``odm_georeferencing``, ``odm_report``,
+``cameras.json``, as ODM's own split-merge asks its nodes, ``opendm/remote.py``)."""
 
 REQUIRED_PRODUCTS = tuple(name for name, p in PRODUCTS.items() if p.required)
 """Products a finished submodel must return (orthophoto, DSM, point cloud)."""
@@ -596,7 +598,8 @@ class SubmodelRunner:
                     storage.put_file(path, url)
                     stored[product] = url
                 report = extracted / REPORT_FOLDER
-                for extra in sorted(report.glob("*")) if report.is_dir() else []:
+                extras = sorted(report.glob("*")) if report.is_dir() else []
+                for extra in [*extras, extracted / REPORT_FILES["cameras"]]:
                     if extra.is_file():
                         storage.put_file(
                             extra,

@@ -4,6 +4,7 @@ moved by the issue's known transform and aligned and merged again."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -64,6 +65,11 @@ def test_run_records_its_alignment_in_the_manifest_and_report(brighton_split) ->
     assert ov.rms_after_m < ov.rms_before_m
     report = (survey_dir / "report" / "report.md").read_text()
     assert "## Alignment between submodels" in report
+    # the node's camera models are kept with each submodel; about 10 images a submodel keep the
+    # simple camera (one radial term, the principal point at the centre)
+    for folder in submodel_folders(survey_dir).values():
+        (camera,) = json.loads((folder / "report" / "cameras.json").read_text()).values()
+        assert camera["k2"] == camera["c_x"] == camera["c_y"] == 0.0 and camera["k1"] != 0.0
 
 
 def test_known_transform_is_recovered_and_the_seam_closes(brighton_split, tmp_path) -> None:

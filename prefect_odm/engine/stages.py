@@ -48,6 +48,8 @@ ENGINE_REPORT = f"{REPORT_FOLDER}/engine.json"
 """The engine's report: method, image counts, points, GSD, resolutions, seconds per stage."""
 
 SHOTS = f"{REPORT_FOLDER}/{REPORT_FILES['shots']}"
+CAMERAS = REPORT_FILES["cameras"]
+"""The camera models, at the top of the task's outputs as ODM writes them."""
 STAGE_SECONDS = f"{REPORT_FOLDER}/stage_seconds.json"
 DATASET = "images.json"
 RECONSTRUCTION_DIR = "opensfm"
@@ -72,7 +74,7 @@ STAGE_OUTPUTS: dict[str, tuple[str, ...]] = {
     "odm_dem": (SURFACE, SURFACE_GRID),
     "odm_orthophoto": (ORTHOPHOTO,),
     "odm_georeferencing": (POINT_CLOUD,),
-    "odm_report": (ENGINE_REPORT, SHOTS),
+    "odm_report": (ENGINE_REPORT, SHOTS, CAMERAS),
 }
 """Stage -> the files (relative to the task folder) whose presence means it finished."""
 
@@ -432,6 +434,7 @@ def _stage_report(ctx: StageContext) -> None:
 
     scene = _load_scene(ctx)
     writers.write_shots_geojson(ctx.path(SHOTS), scene)
+    writers.write_cameras_json(ctx.path(CAMERAS), scene, _load_dataset(ctx)[0])
     ground_z = footprints.reference_ground_z_m(scene)
     gsd_cm, ortho_cm, dem_cm = _resolutions(ctx, scene, ground_z)
     laz = ctx.path(POINT_CLOUD)

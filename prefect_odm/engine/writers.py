@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from prefect_odm.engine.camera import Scene
+from prefect_odm.engine.camera import ImageMeta, Scene
 from prefect_odm.engine.footprints import FloatArray
 from prefect_odm.merge.grid import Grid
 
@@ -129,3 +130,48 @@ def write_shots_geojson(path: Path, scene: Scene) -> None:
         )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"type": "FeatureCollection", "features": features}, indent=1))
+
+
+def write_cameras_json(path: Path, scene: Scene, images: Sequence[ImageMeta]) -> None:
+    """The camera models as ODM writes ``cameras.json``: OpenSfM's ``brown`` camera per camera.
+
+    One entry per camera (make, model, image size), keyed as ODM keys it (OpenSfM's camera id
+    without ``v2``: ``"make model width height brown focal"``, lower case, the focal prior as a
+    ratio of the long side cut to 6 characters; ODM ``opendm/camera.py``). Values are OpenSfM's
+    normalised ones: ``focal_x``, ``focal_y`` the focal length over the long side; ``c_x``,
+    ``c_y`` the principal point's offset from the image centre over the long side; ``k1``,
+    ``k2`` the radial terms on normalised image coordinates (the same in COLMAP and OpenSfM);
+    ``p1``, ``p2``, ``k3`` zero (the engine does not refine them). ODM takes the file back with
+    ``--cameras``. Cameras of images that did not register are left out.
+    """
+    by_name = {m.name: m for m in images}
+    cameras: dict[str, dict[str, Any]] = {}
+    for pose in scene.cameras:
+        meta = by_name.get(pose.name)
+        make = (meta.make or "unknown") if meta else "unknown"
+        model = (meta.model or "unknown") if meta else "unknown"
+        size = float(max(pose.width, pose.height))
+        prior = meta.focal_length_px / size if meta else pose.focal_px / size
+        key = " ".join(
+            (make.strip(), model.strip(), str(pose.width), str(pose.height), "brown")
+        ).lower()
+        key = f"{key} {str(float(prior))[:6]}"
+        cameras.setdefault(
+            key,
+            {
+                "projection_type": "brown",
+                "width": pose.width,
+                "height": pose.height,
+                "focal_x": pose.focal_px / size,
+                "focal_y": pose.focal_px / size,
+                "c_x": (pose.cx - pose.width / 2.0) / size,
+                "c_y": (pose.cy - pose.height / 2.0) / size,
+                "k1": pose.k1,
+                "k2": pose.k2,
+                "p1": 0.0,
+                "p2": 0.0,
+                "k3": 0.0,
+            },
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(cameras, indent=4))

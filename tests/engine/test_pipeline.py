@@ -373,6 +373,23 @@ def test_sfm_brighton_registers_all_and_is_accurate(sfm_task: Path) -> None:
     assert np.all(dtm[valid] <= dsm[valid] + 1e-3)
 
 
+def test_sfm_writes_the_refined_camera_as_odm_does(sfm_task: Path) -> None:
+    """``cameras.json`` at the top of the outputs, keyed and normalised as ODM writes it; 18
+    images of one camera refine the full model (two radial terms and the principal point)."""
+    cameras = json.loads((sfm_task / "cameras.json").read_text())
+    assert list(cameras) == ["dji fc300s 1600 900 brown 0.5555"]
+    camera = cameras["dji fc300s 1600 900 brown 0.5555"]
+    assert camera["projection_type"] == "brown"
+    assert (camera["width"], camera["height"]) == (1600, 900)
+    assert camera["focal_x"] == camera["focal_y"] == pytest.approx(20 / 36)  # held fixed
+    scene = json.loads((sfm_task / "opensfm" / "scene.json").read_text())
+    posed = scene["cameras"][0]
+    assert camera["k1"] == posed["k1"] and camera["k2"] == posed["k2"] != 0.0
+    assert camera["c_x"] == pytest.approx((posed["cx"] - 800) / 1600)
+    assert camera["c_y"] == pytest.approx((posed["cy"] - 450) / 1600)
+    assert 0 < abs(camera["c_x"]) + abs(camera["c_y"]) < 0.02  # refined, within 1 % per axis
+
+
 def test_sfm_brighton_dense_products_against_odm(sfm_task: Path) -> None:
     """The default sfm run is dense (ODM's openmvs stage): figures against ODM's own cloud.
 
