@@ -22,9 +22,9 @@ CVPR 2016):
    848 px (the 35 mm equivalent on the image diagonal), principal point fixed: tilt 0.98 deg,
    median |dz| 0.85 m, orthophoto offset 0.0-0.1 m; two terms, 889 px, principal point fixed:
    0.04 deg, 0.29 m, but the orthophoto 0.68 m off (heights line up, texture does not); two
-   terms, 889 px, principal point refined (the engine from 15 images on): 0.24-0.27 deg, 0.91 m, 0.00-0.05 m. The last lines
-   up both DSM and orthophoto horizontally with ODM's and leaves a vertical offset of +0.9 m,
-   the focal-length/depth ambiguity above. SIFT's peak threshold is lowered so near-textureless
+   terms, 889 px, principal point refined (the engine from 15 images on): 0.24-0.27 deg,
+   0.91 m, 0.00-0.05 m. The last lines up both DSM and orthophoto horizontally with ODM's and
+   leaves a vertical offset of +0.9 m, the focal-length/depth ambiguity above. SIFT's peak threshold is lowered so near-textureless
    frames still register (seneca_1200's fields).
 4. Georeferencing inside the bundle adjustment: every image's GPS position (UTM metres less a
    survey origin, standard deviation ``gps-accuracy``) is a position prior in COLMAP's database;
@@ -64,7 +64,9 @@ below, ``SIMPLE_RADIAL`` (``f, cx, cy, k``) with the principal point at the imag
 principal-point shift trades against the cameras' tilt, and a few images (one flight line)
 cannot tell them apart: brighton split in two (about 10 images a submodel) with the full model
 leaves the two submodels' orthophotos 0.45 m apart after alignment and needs 2.09 deg of
-rotation between them (0.06 m with the simple one). The focal length is held fixed in both."""
+rotation between them (0.03 m and within the 2 deg gate with the simple one;
+``tests/test_align_wired.py``). The count is of the images given, per camera. The focal length is
+held fixed in both."""
 
 MAX_FEATURES = 6000
 """SIFT features kept per image (COLMAP's default is 8192; fewer is faster on 2 cores)."""
