@@ -62,10 +62,10 @@ From this many images on, the camera is COLMAP's ``RADIAL`` (``f, cx, cy, k1, k2
 part of ODM's default ``brown``) with the principal point refined, as OpenSfM refines it for ODM;
 below, ``SIMPLE_RADIAL`` (``f, cx, cy, k``) with the principal point at the image centre. A
 principal-point shift trades against the cameras' tilt, and a few images (one flight line)
-cannot tell them apart: brighton split in two (about 10 images a submodel) with the full model
-leaves the two submodels' orthophotos 0.45 m apart after alignment and needs 2.09 deg of
-rotation between them (0.03 m and within the 2 deg gate with the simple one;
-``tests/test_align_wired.py``). The count is of the images given, per camera. The focal length is
+cannot tell them apart. On brighton split in two (about 10 images a submodel,
+``tests/test_align_wired.py``) the full model needs 2.09 deg of rotation between the two
+submodels, over the alignment's 2 deg gate; two radial terms with the principal point fixed
+leave their orthophotos 0.45 m apart after alignment; the simple camera 0.03 m. The count is of the images given, per camera. The focal length is
 held fixed in both."""
 
 MAX_FEATURES = 6000
