@@ -13,7 +13,8 @@ does, samples the nodes every half second, and prints:
 * overhead per submodel outside the node: the submodel's duration minus its task's processing
   time on the node and minus its wait for a free node (median, p90), and the median of each
   phase the run records per submodel (``phase_seconds`` in the manifest: waiting for a node,
-  upload, processing, download, store);
+  upload, processing, download, store); and how much longer the runner's processing phase is
+  than the node's (the start after the commit and noticing the end: the polling);
 * Prefect API errors seen by the run (retried ``503``/``429`` answers in its log);
 * the flow process's peak memory (RSS) and CPU seconds per image;
 * merge time; and, for several ``--images`` values, how CPU per image grows against the smallest
@@ -276,6 +277,20 @@ def print_figures(work: Path, n: int, k: int, wall: float) -> None:
                 f"{p} {statistics.median(s.get('phase_seconds', {}).get(p, 0.0) for s in submodels):.1f}"
                 for p in phases
             )
+        )
+    # the runner's processing phase runs from the commit until it sees the task completed
+    noticed = [
+        s["phase_seconds"]["processing"] - on_node[s["task_uuid"]]
+        for s in submodels
+        if s["status"] == "completed"
+        and "processing" in s.get("phase_seconds", {})
+        and on_node.get(s["task_uuid"])
+    ]
+    if noticed:
+        print(
+            "  runner's processing phase beyond the node's processing time (commit to start, "
+            f"completion to noticed): median {statistics.median(noticed):.2f} s, "
+            f"p90 {float(np.percentile(noticed, 90)):.2f} s"
         )
     print(f"  Prefect API errors retried: {api_errors}; merge {merge_seconds:.1f} s")
 

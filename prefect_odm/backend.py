@@ -73,6 +73,45 @@ class TaskState:
         return self.status in (FAILED, COMPLETED, CANCELED)
 
 
+SHORTEST_POLL_SECONDS = 0.2
+"""The shortest wait between two status polls of a task (when it is about to finish)."""
+
+LONGEST_POLL_SECONDS = 30.0
+"""The longest wait between two status polls of a long-running task."""
+
+POLL_SHARE_OF_PROCESSING = 0.005
+"""A running task is polled at least every this share of its processing time so far (and the
+caller's interval): finishing is noticed within 0.5 % of the task's time, and an hour-long task
+is polled a few hundred times, not once a second (many submodels on one ClusterODM)."""
+
+
+def next_poll_seconds(state: TaskState, interval_seconds: float) -> float:
+    """How long to wait before polling ``state``'s task again.
+
+    A queued task, or one whose node gives no progress or processing time, waits
+    ``interval_seconds``. A running task waits a quarter of its estimated time left
+    (``processing_time_ms * (100 - progress) / progress``, from its own progress), at least
+    :data:`SHORTEST_POLL_SECONDS` and at most the larger of ``interval_seconds`` and
+    :data:`POLL_SHARE_OF_PROCESSING` of its processing time (never above
+    :data:`LONGEST_POLL_SECONDS`). So a task about to finish is seen finished within a fraction of
+    a second, and a long one is not polled every ``interval_seconds`` for hours.
+
+    Args:
+        state: the task's last state.
+        interval_seconds: the caller's poll interval, seconds.
+
+    Returns:
+        Seconds to wait.
+    """
+    interval = max(float(interval_seconds), SHORTEST_POLL_SECONDS)
+    if state.status != RUNNING or state.progress <= 0 or state.processing_time_ms <= 0:
+        return interval
+    elapsed_seconds = state.processing_time_ms / 1000.0
+    longest = min(max(interval, POLL_SHARE_OF_PROCESSING * elapsed_seconds), LONGEST_POLL_SECONDS)
+    left_seconds = elapsed_seconds * max(100.0 - state.progress, 0.0) / state.progress
+    return min(longest, max(SHORTEST_POLL_SECONDS, left_seconds / 4.0))
+
+
 @dataclass(frozen=True)
 class NodeInfo:
     """A node's ``/info``.

@@ -53,6 +53,7 @@ from prefect_odm.backend import (
     NodeInfo,
     NodeOption,
     TaskState,
+    next_poll_seconds,
     task_uuid,
 )
 from prefect_odm.errors import (
@@ -360,6 +361,9 @@ class NodeClient:
     ) -> TaskState:
         """Poll until the task finishes; a poll error is transient, never the task's failure.
 
+        Polls every ``poll_interval_seconds``, more often as the task nears its end and less
+        often once it has run long (:func:`~prefect_odm.backend.next_poll_seconds`).
+
         Raises:
             OutOfMemoryError: the task failed for lack of memory.
             ProcessingFailedError: the task failed or was cancelled.
@@ -394,7 +398,7 @@ class NodeClient:
                     node_url=self.url,
                     task_uuid=uuid,
                 )
-            time.sleep(poll_interval_seconds)
+            time.sleep(next_poll_seconds(state, poll_interval_seconds))
 
     def classify_failure(self, state: TaskState) -> NodeError:
         """The error for a FAILED or CANCELED task, with the node's last output lines."""
