@@ -14,7 +14,10 @@ from prefect_odm.settings import DEFAULT_SPLIT, DEFAULT_SPLIT_OVERLAP_M
 if TYPE_CHECKING:
     from prefect_odm.models import MergeOptions, ProcessingOptions
 
-DESCRIPTION = "Command line: ``prefect-odm plan|reconstruct|merge|engine serve``."
+DESCRIPTION = (
+    "Split, process and merge drone surveys on NodeODM nodes or the built-in engine, as Prefect "
+    "flows."
+)
 
 
 def _split_value(text: str) -> int | str:
@@ -224,6 +227,15 @@ def build_parser() -> argparse.ArgumentParser:
     from prefect_odm.cli_ops import add_parsers as _add_ops_parsers
 
     _add_ops_parsers(sub)  # setup, automations create
+
+    for command in (rec, plan, mrg, slots):  # -v after the command too; absent: the top's
+        command.add_argument(
+            "--verbose",
+            "-v",
+            action="store_true",
+            default=argparse.SUPPRESS,
+            help="show Prefect's run logs on the console",
+        )
 
     eng = sub.add_parser("engine", help="the built-in NodeODM-compatible engine")
     eng.add_argument("engine_args", nargs=argparse.REMAINDER, help="e.g. serve --port 3000")

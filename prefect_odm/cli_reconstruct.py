@@ -11,6 +11,7 @@ import argparse
 import hashlib
 import json
 import os
+import tempfile
 from typing import TYPE_CHECKING, Any
 
 from prefect_odm import __version__, storage
@@ -25,10 +26,16 @@ if TYPE_CHECKING:
     from prefect_odm.models import Manifest, ProcessingOptions
 
 
+REJECTED_SHOWN = 5
+"""Rejected images named in the summary (the report lists every one)."""
+
+
 def _check_output_writable(output: str) -> None:
     """Fail early, before any scanning, when a local output location cannot be written.
 
-    Creates nothing: the nearest existing folder on the path must be a writable folder.
+    Leaves nothing behind: the nearest existing folder on the path must be a folder in which a
+    folder can be made (one is made and removed: permission bits do not say so for root, or on
+    ``/proc``).
     """
     if not storage.is_local(output):
         return
@@ -39,6 +46,12 @@ def _check_output_writable(output: str) -> None:
         raise InputError(f"{output}: cannot write the output here ({probe} is not a folder)")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise InputError(f"{output}: cannot write the output here ({probe} is not writable)")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".prefect-odm-probe-", dir=probe))
+    except OSError as exc:
+        raise InputError(
+            f"{output}: cannot write the output here ({probe}: {exc.strerror or exc})"
+        ) from None
 
 
 def _run_request(args: argparse.Namespace, options: ProcessingOptions) -> dict[str, Any]:
@@ -113,7 +126,12 @@ def _print_summary(output: str, manifest: Manifest, note: str = "") -> None:
             f"gaps: {len(manifest.failed_submodels)} submodel(s) failed, listed in the manifest"
         )
     if manifest.rejected_images:
-        out.print(f"rejected images: {len(manifest.rejected_images)} (reasons in the report)")
+        rejected = manifest.rejected_images
+        out.print(f"rejected images: {len(rejected)} (all of them in the report)", markup=False)
+        for image in rejected[:REJECTED_SHOWN]:
+            out.print(f"  {image.name}: {image.detail or image.reason}", markup=False)
+        if len(rejected) > REJECTED_SHOWN:
+            out.print(f"  ... and {len(rejected) - REJECTED_SHOWN} more", markup=False)
     layout = OutputLayout(output, manifest.survey_fingerprint)
     out.print(f"report: {layout.report_md}")
     out.print(f"manifest: {layout.manifest}")
@@ -168,10 +186,16 @@ def reconstruct_command(args: argparse.Namespace) -> int:
     Raises:
         InputError: the images do not exist, an option is bad, or the output is not writable.
     """
-    if storage.is_local(args.images) and not storage.local_path(args.images).exists():
-        raise InputError(f"{args.images}: does not exist")
+    from prefect_odm.scan import check_local_images
+
+    check_local_images(args.images)
     args.nodes = _tokens_out_of_urls(args.nodes or [])
     options = processing_options(args)
+    if not args.nodes:
+        from prefect_odm.cluster import check_embedded_options
+
+        # the flow checks again; here a bad option costs no Prefect start-up
+        check_embedded_options(options.to_nodeodm())
     _check_output_writable(args.output)
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     # The embedded server would try to send telemetry; this machine may have no route out.

@@ -160,6 +160,28 @@ def _no_images(images: str) -> NoImagesError:
     return NoImagesError(f"{images}: no image files ({', '.join(IMAGE_SUFFIXES)}) found")
 
 
+def check_local_images(images: str) -> None:
+    """Fail fast on a local images location that the scan would refuse: it does not exist, is
+    not a folder, or holds no image file by name (the listing only; no file is read). Other
+    locations (``s3://``...) are left to the scan.
+
+    Raises:
+        InputError: the location does not exist or is not a folder.
+        NoImagesError: no file in it has an image suffix (:data:`IMAGE_SUFFIXES`).
+    """
+    if "://" in images and not images.startswith("file://"):
+        return
+    root = Path(images[len("file://") :] if images.startswith("file://") else images)
+    if not root.exists():
+        raise InputError(f"{images}: does not exist")
+    if not root.is_dir():
+        raise InputError(f"{images}: is not a folder")
+    for path in root.rglob("*"):
+        if _is_image_name(path.relative_to(root).as_posix()) and path.is_file():
+            return
+    raise _no_images(images)
+
+
 def _scan_local(images: str, max_workers: int, cache: IdentityCache | None) -> list[_FileResult]:
     root = Path(images[len("file://") :] if images.startswith("file://") else images)
     if not root.exists():

@@ -211,3 +211,92 @@ def test_slow_prefect_start_is_one_line(brighton_images, tmp_path):
     assert lines[-1].startswith("prefect-odm: error: Prefect's temporary API server did not")
     assert "Traceback" not in proc.stderr and "RuntimeError" not in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def _prefect_started(tmp_path: Path) -> bool:
+    """Whether the command started Prefect's temporary API (it creates its database)."""
+    return any((tmp_path / "ph").rglob("*.db"))
+
+
+def test_an_empty_images_folder_is_refused_before_prefect_starts(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("no photos here")
+    out = tmp_path / "out"
+    line = _one_error_line(_run(["reconstruct", str(empty), "--output", str(out)], tmp_path))
+    assert (
+        line
+        == f"prefect-odm: error: {empty}: no image files (.jpg, .jpeg, .tif, .tiff, .png) found"
+    )
+    assert not out.exists() and not _prefect_started(tmp_path)
+
+
+def test_a_bad_option_value_on_the_built_in_engine_is_refused_before_prefect_starts(
+    brighton_images, tmp_path
+):
+    out = tmp_path / "out"
+    proc = _run(
+        ["reconstruct", str(brighton_images), "--output", str(out), "--option", "pc-quality=x"],
+        tmp_path,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert "not accepted by the built-in engine" in lines[0] and len(lines) == 2, proc.stderr
+    assert "pc-quality='x': not one of" in lines[1], proc.stderr
+    assert not out.exists() and not _prefect_started(tmp_path)
+
+
+def test_an_output_where_no_folder_can_be_made_is_refused(brighton_images, tmp_path):
+    """``/proc`` is a folder that permission bits call writable for root, yet nothing can be
+    made in it: the probe makes (and removes) a folder instead of trusting the bits."""
+    out = "/proc/prefect-odm-nowhere/out"
+    line = _one_error_line(_run(["reconstruct", str(brighton_images), "--output", out], tmp_path))
+    assert line.startswith(f"prefect-odm: error: {out}: cannot write the output here (/proc"), line
+    assert not _prefect_started(tmp_path)
+
+
+def test_merge_of_a_missing_input_is_refused_before_prefect_starts(tmp_path):
+    missing = tmp_path / "no-such-project"
+    proc = _run(["merge", str(missing), "--output", str(tmp_path / "m")], tmp_path)
+    line = _one_error_line(proc)
+    assert line == f"prefect-odm: error: {missing}: no such file or folder"
+    assert not _prefect_started(tmp_path) and not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["-v", "reconstruct", "x", "-o", "y"], ["reconstruct", "x", "-o", "y", "-v"]],
+)
+def test_verbose_goes_before_or_after_the_command(argv):
+    from prefect_odm.cli_args import build_parser
+
+    assert build_parser().parse_args(argv).verbose is True
+    assert build_parser().parse_args(["plan", "x"]).verbose is False
+
+
+def test_the_summary_names_the_rejected_images(capsys, tmp_path):
+    from prefect_odm.cli_reconstruct import REJECTED_SHOWN, _print_summary
+    from prefect_odm.models import Manifest, RejectedImage
+
+    rejected = [
+        RejectedImage(
+            name=f"IMG_{i}.JPG",
+            url=f"/x/IMG_{i}.JPG",
+            reason="truncated",
+            detail="truncated JPEG has no end-of-image marker (50000 bytes)",
+        )
+        for i in range(REJECTED_SHOWN + 2)
+    ]
+    manifest = Manifest.model_construct(
+        submodels=[],
+        products={},
+        failed_submodels={},
+        rejected_images=rejected,
+        survey_fingerprint="f" * 16,
+    )
+    _print_summary(str(tmp_path), manifest)
+    out = capsys.readouterr().out
+    assert f"rejected images: {REJECTED_SHOWN + 2} (all of them in the report)" in out
+    assert "  IMG_0.JPG: truncated JPEG has no end-of-image marker (50000 bytes)" in out
+    assert f"IMG_{REJECTED_SHOWN - 1}.JPG" in out and f"IMG_{REJECTED_SHOWN}.JPG" not in out
+    assert "... and 2 more" in out
