@@ -171,23 +171,29 @@ def check_local_images(images: str) -> None:
     """
     if "://" in images and not images.startswith("file://"):
         return
-    root = Path(images[len("file://") :] if images.startswith("file://") else images)
-    if not root.exists():
-        raise InputError(f"{images}: does not exist")
-    if not root.is_dir():
-        raise InputError(f"{images}: is not a folder")
+    root = _local_folder(images)
     for path in root.rglob("*"):
         if _is_image_name(path.relative_to(root).as_posix()) and path.is_file():
             return
     raise _no_images(images)
 
 
-def _scan_local(images: str, max_workers: int, cache: IdentityCache | None) -> list[_FileResult]:
+def _local_folder(images: str) -> Path:
+    """The folder of a local images location (a path or ``file://`` URL).
+
+    Raises:
+        InputError: it does not exist or is not a folder.
+    """
     root = Path(images[len("file://") :] if images.startswith("file://") else images)
     if not root.exists():
         raise InputError(f"{images}: does not exist")
     if not root.is_dir():
         raise InputError(f"{images}: is not a folder")
+    return root
+
+
+def _scan_local(images: str, max_workers: int, cache: IdentityCache | None) -> list[_FileResult]:
+    root = _local_folder(images)
     files = sorted(p for p in root.rglob("*") if p.is_file())
     paths = [p for p in files if _is_image_name(p.relative_to(root).as_posix())]
     if not paths:
