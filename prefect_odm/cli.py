@@ -138,12 +138,10 @@ def _merge_existing(args: argparse.Namespace) -> int:
     """``prefect-odm merge``: the ``merge_existing`` flow; prints the products."""
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    from prefect_odm import storage
     from prefect_odm.flows.merge_existing import merge_existing
+    from prefect_odm.merge.existing import check_inputs_exist
 
-    for location in args.inputs:  # before Prefect starts: a missing input costs no start-up
-        if storage.is_local(location) and not storage.local_path(location).exists():
-            raise InputError(f"{location}: no such file or folder")
+    check_inputs_exist(args.inputs)  # before Prefect starts: a missing input costs no start-up
     if args.plan is not None:
         _check_plan_file(args.plan)
     quiet_prefect_console(args.verbose)

@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -288,9 +288,7 @@ def _match_neighbours(run: _Colmap, max_neighbours: int) -> int:
 
 def _refines_principal_point(images: Sequence[ImageMeta]) -> bool:
     """Whether every camera has the full model (:data:`FULL_CAMERA_MIN_IMAGES`)."""
-    per_camera: dict[str, int] = defaultdict(int)
-    for meta in images:
-        per_camera[meta.camera_key] += 1
+    per_camera = Counter(meta.camera_key for meta in images)
     return bool(per_camera) and min(per_camera.values()) >= FULL_CAMERA_MIN_IMAGES
 
 

@@ -112,6 +112,18 @@ def extract_products(zip_url: str, dest: Path) -> dict[str, str]:
     return found
 
 
+def check_inputs_exist(locations: Sequence[str]) -> None:
+    """Every input location exists (local paths and fsspec URLs).
+
+    Raises:
+        InputError: one does not (the message names it).
+    """
+    for url in locations:
+        fs, path = filesystem(url)
+        if not fs.exists(path):
+            raise InputError(f"{url}: no such file or folder")
+
+
 def find_existing_outputs(locations: Sequence[str], workdir: Path) -> list[ExistingOutput]:
     """OpenDroneMap outputs found at the given folders, zip files or their children.
 
@@ -126,11 +138,10 @@ def find_existing_outputs(locations: Sequence[str], workdir: Path) -> list[Exist
     Raises:
         InputError: a location that does not exist, or no product found anywhere.
     """
+    check_inputs_exist(locations)
     found: list[tuple[str, str, dict[str, str]]] = []
     for url in locations:
         fs, path = filesystem(url)
-        if not fs.exists(path):
-            raise InputError(f"{url}: no such file or folder")
         if url.lower().endswith(".zip"):
             name = _name_of(url)
             found.append((name, url, extract_products(url, workdir / f"zip-{len(found)}-{name}")))
