@@ -379,7 +379,13 @@ def _run_inline(
     cluster.check_options(plan.options.to_nodeodm())
 
     def follow(event: dict[str, Any]) -> None:
-        if event.get("kind") != "submodel" or event.get("id") not in pending:
+        if event.get("id") not in pending:
+            return
+        if event.get("kind") == "submodel_run":
+            if live.board.update(str(event["id"]), runs=int(event["runs"])):
+                live.publish()
+            return
+        if event.get("kind") != "submodel":
             return
         row = live.board.rows.get(str(event["id"]))
         before = row.state if row else None

@@ -28,11 +28,13 @@ __all__ = ["build_parser", "main"]
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one ``prefect-odm`` command; returns the exit status (0, 1, 2 or 130)."""
-    args = build_parser().parse_args(argv)
-    if args.command == "engine":
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["engine"]:
+        # The engine parses its own words, ``--help`` included (it lists ``serve``).
         from prefect_odm.engine.__main__ import main as engine_main
 
-        return int(engine_main(args.engine_args) or 0)
+        return int(engine_main(words[1:]) or 0)
+    args = build_parser().parse_args(words)
     install_signal_handlers()
     try:
         if args.command == "plan":

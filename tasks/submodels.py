@@ -13,7 +13,9 @@ import httpx
 from prefect import Task, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State, TaskRun
+from prefect.runtime import task_run as this_task_run
 
+from prefect_odm import progress
 from prefect_odm.cluster import Cluster, connect_nodes, embedded_engine, split_token
 from prefect_odm.errors import SubmodelFailedError
 from prefect_odm.models import SubmodelResult
@@ -62,6 +64,8 @@ def run_submodel(
     # Imported here: the flow module imports this one.
     from prefect_odm.flows.process_submodel import process_submodel
 
+    # Each try of this task is one flow run of the submodel: the live table's ``runs``.
+    progress.emit("submodel_run", id=submodel_id, runs=max(1, this_task_run.run_count))
     try:
         # Called as a subflow, the flow returns its result's data (also from a Cached state).
         done = process_submodel(plan_url, submodel_id, output, nodes=nodes, force=force)

@@ -300,3 +300,15 @@ def test_the_summary_names_the_rejected_images(capsys, tmp_path):
     assert "  IMG_0.JPG: truncated JPEG has no end-of-image marker (50000 bytes)" in out
     assert f"IMG_{REJECTED_SHOWN - 1}.JPG" in out and f"IMG_{REJECTED_SHOWN}.JPG" not in out
     assert "... and 2 more" in out
+
+
+def test_engine_help_lists_its_commands(capsys):
+    """``prefect-odm engine --help`` is the engine's own help (it names ``serve``), not the
+    top-level parser's pass-through help."""
+    from prefect_odm.cli import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["engine", "--help"])
+    assert stopped.value.code == 0
+    out = capsys.readouterr().out
+    assert "serve" in out and "run the NodeODM-compatible HTTP server" in out

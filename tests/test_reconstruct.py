@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import laspy
@@ -116,6 +117,7 @@ def test_changed_option_processes_again_and_renamed_inputs_change_nothing(
 
     out = tmp_path / "out"
     fast = ProcessingOptions(pipeline="direct")
+    since = datetime.now(UTC)
     a = reconstruct(
         images=str(brighton_images), output=str(out), split=10, split_overlap_m=20, options=fast
     )
@@ -127,7 +129,16 @@ def test_changed_option_processes_again_and_renamed_inputs_change_nothing(
     progress = [x for x in artifacts if x.type == "progress"]
     assert any((x.key or "").startswith("submodels-done-") and x.data == 100.0 for x in progress)
     assert any(str(x.description).startswith("submodel-000:") for x in progress)
-    assert any(x.type == "table" and (x.key or "").startswith("submodels-") for x in artifacts)
+    tables = [
+        x
+        for x in artifacts
+        if x.type == "table" and (x.key or "").startswith("submodels-") and x.created >= since
+    ]
+    assert len(tables) == 1  # this run's live submodel table
+    # Inline, each submodel had one flow run (one try of its run_submodel task).
+    rows = json.loads(str(tables[0].data))
+    assert sorted(r["submodel"] for r in rows) == sorted(r.submodel_id for r in a.submodels)
+    assert [r["runs"] for r in rows] == [1] * len(rows)
     # Renamed copies (links), listed in another order: same survey, same plan, everything reused.
     renamed = tmp_path / "renamed"
     renamed.mkdir()
