@@ -133,3 +133,22 @@ def s3_endpoint():
     finally:
         mp.undo()
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def brighton_split(prefect_api, brighton_images, tmp_path_factory):
+    """brighton reconstructed with --split 10 --split-overlap-m 20 (two submodels), once for
+    the session: the alignment tests read its cameras and products and never write to it."""
+    from prefect_odm.flows import reconstruct
+
+    from prefect_odm.models import SplitPlan
+
+    out = tmp_path_factory.mktemp("brighton-align")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PREFECT_ODM_HOME", str(tmp_path_factory.mktemp("odm-home")))
+        manifest = reconstruct(
+            images=str(brighton_images), output=str(out), split=10, split_overlap_m=20
+        )
+    survey_dir = Path(manifest.products["orthophoto"]).parents[1]
+    plan = SplitPlan.model_validate_json((survey_dir / "plan" / "plan.json").read_text())
+    return manifest, survey_dir, plan

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from align_blocks import Block, make_block, perturbation
+from align_perturb import submodel_folders
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.spatial.transform import Rotation
@@ -30,11 +30,6 @@ from prefect_odm.align import (
     umeyama,
 )
 
-BASELINE = Path("/work/baseline/brighton/17b77f4b57cb00d7")
-SUBMODELS = {
-    "submodel-000": BASELINE / "submodels/submodel-000-361f1ae55e2a/report/shots.geojson",
-    "submodel-001": BASELINE / "submodels/submodel-001-3a721eab7ad9/report/shots.geojson",
-}
 TOL_M, TOL_DEG = 0.1, 0.05
 
 
@@ -64,9 +59,16 @@ def footprint(points: np.ndarray, depth_m: float = 100.0) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def brighton() -> tuple[list[CameraTable], dict[str, tuple[float, float, float]]]:
-    tables = [read_shots_geojson(sid, path.read_text()) for sid, path in SUBMODELS.items()]
-    plan = json.loads((BASELINE / "plan/plan.json").read_text())
+def brighton(brighton_split) -> tuple[list[CameraTable], dict[str, tuple[float, float, float]]]:
+    """The real cameras of brighton's two submodels (the engine's ``report/shots.geojson`` of
+    a ``--split 10 --split-overlap-m 20`` run) and their GPS positions in the plan's CRS."""
+    _, survey_dir, _ = brighton_split
+    folders = submodel_folders(survey_dir)
+    tables = [
+        read_shots_geojson(sid, (folders[sid] / "report" / "shots.geojson").read_text())
+        for sid in sorted(folders)
+    ]
+    plan = json.loads((survey_dir / "plan" / "plan.json").read_text())
     gps = {c["name"]: (c["x_m"], c["y_m"], c["z_m"]) for c in plan["cameras"]}
     return tables, gps
 

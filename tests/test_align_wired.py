@@ -5,7 +5,6 @@ moved by the issue's known transform and aligned and merged again."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -30,21 +29,6 @@ from align_perturb import (  # noqa: E402
 )
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def brighton_split(prefect_api, brighton_images, tmp_path_factory):
-    """brighton reconstructed with --split 10 --split-overlap-m 20 (two submodels)."""
-    os.environ["PREFECT_ODM_HOME"] = str(tmp_path_factory.mktemp("odm-home"))
-    from prefect_odm.flows import reconstruct
-
-    out = tmp_path_factory.mktemp("brighton-align")
-    manifest = reconstruct(
-        images=str(brighton_images), output=str(out), split=10, split_overlap_m=20
-    )
-    survey_dir = Path(manifest.products["orthophoto"]).parents[1]
-    plan = SplitPlan.model_validate_json((survey_dir / "plan" / "plan.json").read_text())
-    return manifest, survey_dir, plan
 
 
 def _gps(plan: SplitPlan) -> dict[str, tuple[float, float, float]]:

@@ -123,9 +123,10 @@ def test_changed_option_processes_again_and_renamed_inputs_change_nothing(
     )
     assert {r.status for r in a.submodels} == {"completed"}
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.sorting import ArtifactSort
 
-    with get_client(sync_client=True) as client:
-        artifacts = client.read_artifacts(limit=200)
+    with get_client(sync_client=True) as client:  # the newest: the server serves the session
+        artifacts = client.read_artifacts(sort=ArtifactSort.CREATED_DESC, limit=200)
     progress = [x for x in artifacts if x.type == "progress"]
     assert any((x.key or "").startswith("submodels-done-") and x.data == 100.0 for x in progress)
     assert any(str(x.description).startswith("submodel-000:") for x in progress)
