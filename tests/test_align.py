@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 from align_blocks import Block, make_block, perturbation
-from align_perturb import submodel_folders
+from align_perturb import products_of, submodel_folders
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.spatial.transform import Rotation
@@ -62,14 +63,10 @@ def footprint(points: np.ndarray, depth_m: float = 100.0) -> np.ndarray:
 def brighton(brighton_split) -> tuple[list[CameraTable], dict[str, tuple[float, float, float]]]:
     """The real cameras of brighton's two submodels (the engine's ``report/shots.geojson`` of
     a ``--split 10 --split-overlap-m 20`` run) and their GPS positions in the plan's CRS."""
-    _, survey_dir, _ = brighton_split
-    folders = submodel_folders(survey_dir)
-    tables = [
-        read_shots_geojson(sid, (folders[sid] / "report" / "shots.geojson").read_text())
-        for sid in sorted(folders)
-    ]
-    plan = json.loads((survey_dir / "plan" / "plan.json").read_text())
-    gps = {c["name"]: (c["x_m"], c["y_m"], c["z_m"]) for c in plan["cameras"]}
+    _, survey_dir, plan = brighton_split
+    _, shots = products_of(submodel_folders(survey_dir))
+    tables = [read_shots_geojson(sid, Path(shots[sid]).read_text()) for sid in sorted(shots)]
+    gps = {c.name: (c.x_m, c.y_m, c.z_m) for c in plan.cameras}
     return tables, gps
 
 
