@@ -3,6 +3,7 @@ which can block for ever when an upload fails for good (see :mod:`prefect_odm.no
 
 from __future__ import annotations
 
+import contextvars
 import mimetypes
 import random
 import threading
@@ -46,11 +47,16 @@ class Uploads:
     def run(self, files: Sequence[str], parallel_uploads: int, batch_files: int = 8) -> None:
         """Upload every file in batches (:func:`upload_batches`), ``parallel_uploads`` batches
         at once, each stream on one kept-alive connection; the first failure stops the rest and
-        is raised."""
+        is raised.
+
+        Each batch runs in a copy of the caller's context (:mod:`contextvars`), so the progress
+        callback sees the caller's Prefect settings and run: without it, a progress artifact
+        updated from an upload thread found no API URL and started a temporary Prefect server.
+        """
         try:
             with ThreadPoolExecutor(max_workers=max(1, parallel_uploads)) as pool:
                 futures = [
-                    pool.submit(self.batch, b)
+                    pool.submit(contextvars.copy_context().run, self.batch, b)
                     for b in upload_batches(files, parallel_uploads, batch_files)
                 ]
                 finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
@@ -131,8 +137,9 @@ class Uploads:
         if res.status_code == 200 and isinstance(body, dict) and body.get("success"):
             with self.lock:
                 self.done += len(parts)
-                if self.progress is not None:
-                    self.progress(self.done, self.total)
+                done = self.done
+            if self.progress is not None:  # outside the lock: the other uploads go on
+                self.progress(done, self.total)
             return None
         if isinstance(body, dict) and body.get("noRetry"):
             raise NodeError(

@@ -96,7 +96,11 @@ def _stage_points(home: Home, engine_data: Path) -> dict[str, Callable[[Path], b
         "scan": lambda log: "Beginning flow run" in _text(log),
         "plan": lambda log: "scan_survey" in _text(log) and "Finished in state" in _text(log),
         "upload": lambda log: any(tasks.glob("*/images/*")) or any(tasks.glob("*/*.JPG")),
-        "processing": lambda log: any(tasks.glob("*/stage.txt")),
+        # a task of this run (its UUID in the run's log) is processing: a task an earlier run
+        # left processing on an external node counts only once this run has attached to it
+        "processing": lambda log: any(
+            p.parent.name in _text(log) for p in tasks.glob("*/stage.txt")
+        ),
         "download": lambda log: any(home.tmp.glob("prefect-odm-submodel-*/*")),
         "merge": lambda log: any(home.tmp.glob("prefect-odm-merge-*")),
         "manifest": lambda log: any(home.output.glob("*/report/report.md")),

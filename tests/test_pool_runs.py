@@ -275,7 +275,20 @@ def test_half_the_uploads_fail_with_http_500_and_the_run_succeeds(
     plan = json.loads(
         Path(manifest.products["orthophoto"]).parents[1].joinpath("plan", "plan.json").read_text()
     )
-    assert files == sum(len(sm["image_names"]) for sm in plan["submodels"])  # each stored once
+    stored: dict[str, list[str]] = {}
+    for line in (node.data_dir / "uploads.log").read_text().splitlines():
+        entry = json.loads(line)
+        stored.setdefault(entry["uuid"], []).extend(Path(f).name for f in entry["files"])
+    # each task the run used holds its submodel's images, each stored once: a retried request
+    # was never accepted twice
+    images = {sm["id"]: sorted(sm["image_names"]) for sm in plan["submodels"]}
+    for result in manifest.submodels:
+        assert sorted(stored[str(result.task_uuid)]) == images[result.submodel_id]
+    # a submodel whose upload failed for good (six 500s in a row) moved to a new task; only then
+    # were images uploaded again, to that new task
+    if all(r.attempts == 1 for r in manifest.submodels):
+        assert files == sum(len(names) for names in images.values())
+    assert all(len(names) == len(set(names)) for names in stored.values())
 
 
 def test_engine_dying_mid_upload_gives_a_clear_error_not_a_hang(
