@@ -22,6 +22,10 @@ from prefect_odm.errors import PlanningError
 #: Relative size tolerance the planner aims for (+-20 % of ``split``).
 SIZE_TOLERANCE = 0.2
 
+#: Exponent applied to the load ratio each rebalancing round (:func:`rebalanced_sizes`): below 1
+#: so a core does not overshoot when its neighbours move too.
+REBALANCE_DAMPING = 0.7
+
 
 def default_min_submodel_images(split: int) -> int:
     """The default minimum submodel size: ``max(5, split // 4)``."""
@@ -141,3 +145,46 @@ def partition_positions(xy: NDArray[np.float64], sizes: Sequence[int]) -> NDArra
         stack.append((right, mid, stop))
         stack.append((left, first, mid))
     return labels
+
+
+def rebalanced_sizes(
+    weights: Sequence[float], loads: Sequence[int], n: int, min_size: int
+) -> tuple[list[int], list[float]]:
+    """Core sizes that move processing load from the busiest submodels to the lightest.
+
+    One round of the planner's load balancing (:func:`prefect_odm.planning.plan_from_positions`):
+    each core's weight is multiplied by ``(mean load / its load) ** REBALANCE_DAMPING``, every
+    weight is raised to at least ``min_size``, and the weights are scaled and rounded (largest
+    remainder) to whole sizes summing to ``n``. An inner submodel takes overlap images from
+    every side and an edge one from a few, so with equal cores inner submodels process up to 1.8
+    times the images of edge ones (issue 14); shrinking inner cores and growing edge cores evens
+    what each node processes.
+
+    Args:
+        weights: the current core sizes, possibly fractional (one per submodel, > 0).
+        loads: images each submodel processes with those cores (core + overlap, >= 1).
+        n: total cameras (the sizes' sum).
+        min_size: smallest core allowed (at most ``n / len(weights)``).
+
+    Returns:
+        ``(sizes, weights)``: whole sizes summing to ``n``, each >= ``min_size``, in the order
+        of ``weights``, and the fractional weights they were rounded from (the next round's
+        input).
+    """
+    load = np.asarray(loads, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64) * (load.mean() / load) ** REBALANCE_DAMPING
+    for _ in range(len(w)):  # raise the smallest to min_size; the others share what is left
+        small = w < min_size
+        if not small.any():
+            break
+        w[small] = min_size
+        rest = n - min_size * int(small.sum())
+        w[~small] *= rest / w[~small].sum()
+    w *= n / w.sum()
+    sizes = np.floor(w).astype(np.int64)
+    order = np.argsort(-(w - sizes), kind="stable")
+    sizes[order[: n - int(sizes.sum())]] += 1
+    while sizes.min() < min_size and sizes.max() > min_size:  # rounding left one short
+        sizes[int(np.argmin(sizes))] += 1
+        sizes[int(np.argmax(sizes))] -= 1
+    return [int(v) for v in sizes], [float(v) for v in w]

@@ -22,6 +22,10 @@ The algorithm, in the plan's projected CRS (one UTM zone for the whole survey, m
    shared edge joins cameras of different submodels), polygonized per submodel.
 5. **Overlap in metres** (:func:`prefect_odm.core_areas.overlap_members`): every camera within ``split_overlap_m`` of a
    submodel's core area is added to that submodel; the added count is reported.
+6. **Load balance** (:func:`_balanced_split`): when the largest submodel processes (core plus
+   overlap) more than :data:`REBALANCE_TRIGGER` times the mean, the core sizes are resized
+   (:func:`~prefect_odm.partition.rebalanced_sizes`) and steps 3-5 run again, up to
+   :data:`REBALANCE_ROUNDS` times; inner cores shrink and edge cores grow.
 
 This module runs the steps on raw positions (:func:`plan_from_positions`) and on a scanned survey
 (:func:`plan_submodels`, which adds memory estimates, fingerprints and GeoJSON geometry). Holes in
@@ -60,6 +64,7 @@ from prefect_odm.partition import (
     canonical_order,
     default_min_submodel_images,
     partition_positions,
+    rebalanced_sizes,
     target_sizes,
 )
 from prefect_odm.plan_checks import (
@@ -76,6 +81,14 @@ logger = logging.getLogger(__name__)
 BUILTIN_ENGINE_PREFIXES = ("builtin", "prefect-odm-engine", "prefect-odm ")
 #: Decimal places of coordinates written to the plan (millimetres).
 COORD_DECIMALS = 3
+#: Core sizes are rebalanced when the largest submodel processes more than this times the mean.
+REBALANCE_TRIGGER = 1.1
+#: Most rebalancing rounds (each a bisection, core areas and overlap: 0.03-0.06 s at 1,800
+#: images, about 4 s at 100,000).
+REBALANCE_ROUNDS = 8
+#: Rebalancing stops once the largest submodel processes at most this times the mean (or after
+#: two rounds without a smaller largest submodel).
+REBALANCE_GOOD = 1.05
 
 
 @dataclass(frozen=True)
@@ -115,6 +128,7 @@ def plan_from_positions(
     tie_rank: ArrayLike | None = None,
     clip_buffer_m: float = 100.0,
     geometry: bool = True,
+    balance_load: bool = True,
 ) -> PositionPlan:
     """Plan submodels on raw projected positions (the engine of :func:`plan_submodels`).
 
@@ -127,6 +141,10 @@ def plan_from_positions(
             each image's content identity); without it ties fall back to input order.
         clip_buffer_m: buffer of the camera hull that core areas are clipped to, metres.
         geometry: compute core areas and the metre overlap; without it, members are core only.
+        balance_load: rebalance the core sizes so that the submodels process about the same
+            number of images, core plus overlap (:func:`_balanced_split`); without it (or
+            without ``geometry``) the cores have the sizes of
+            :func:`~prefect_odm.partition.target_sizes`.
 
     Returns:
         The :class:`PositionPlan`; identical for any permutation of the input (given tie ranks).
@@ -147,25 +165,24 @@ def plan_from_positions(
     origin = np.array([math.floor(float(np.min(x))), math.floor(float(np.min(y)))])
     xy = np.column_stack([x[order] - origin[0], y[order] - origin[1]])
     sizes = target_sizes(n, split, min_submodel_images)
-    labels_sorted = partition_positions(xy, sizes)
-    # Identical positions must share a part (ownership cannot tell them apart).
-    same = np.flatnonzero(np.all(xy[1:] == xy[:-1], axis=1)) + 1
-    for i in same:
-        labels_sorted[i] = labels_sorted[i - 1]
-    # Parts emptied by that (many images at one spot) are dropped, keeping the order.
-    used, inverse = np.unique(labels_sorted, return_inverse=True)
-    labels_sorted = inverse.astype(np.int32)
-    k = len(used)
     areas: list[BaseGeometry] | None = None
     clip: BaseGeometry | None = None
     if geometry:
         hull = multipoint(xy).convex_hull
         clip = shapely.buffer(hull, max(clip_buffer_m, 1.0), quad_segs=8)
-        local_areas = core_areas(xy, labels_sorted, k, clip)
-        members_sorted = overlap_members(xy, labels_sorted, local_areas, split_overlap_m)
+        min_size = (
+            default_min_submodel_images(split)
+            if min_submodel_images is None
+            else min_submodel_images
+        )
+        labels_sorted, local_areas, members_sorted = _balanced_split(
+            xy, sizes, clip, split_overlap_m, min(min_size, min(sizes)), balance_load
+        )
         areas = [shapely.transform(a, lambda c: c + origin) for a in local_areas]
         clip = shapely.transform(clip, lambda c: c + origin)
     else:
+        labels_sorted = _part_labels(xy, sizes)
+        k = int(labels_sorted.max()) + 1
         members_sorted = [np.flatnonzero(labels_sorted == p) for p in range(k)]
     labels = np.empty(n, dtype=np.int32)
     labels[order] = labels_sorted
@@ -252,6 +269,71 @@ def _half_footprint(images: Sequence[ImageRecord]) -> float:
     return half_footprint_m(
         float(np.median(heights)) if heights else None, float(np.median(f35)) if f35 else None
     )
+
+
+def _part_labels(xy: NDArray[np.float64], sizes: Sequence[int]) -> NDArray[np.int32]:
+    """Core part of each (canonically ordered) position: the bisection with ``sizes``, with
+    identical positions in one part and emptied parts dropped (labels stay in order)."""
+    labels = partition_positions(xy, sizes)
+    # Identical positions must share a part (ownership cannot tell them apart).
+    same = np.flatnonzero(np.all(xy[1:] == xy[:-1], axis=1)) + 1
+    for i in same:
+        labels[i] = labels[i - 1]
+    # Parts emptied by that (many images at one spot) are dropped, keeping the order.
+    _, inverse = np.unique(labels, return_inverse=True)
+    return inverse.astype(np.int32)
+
+
+_Split = tuple[NDArray[np.int32], list[BaseGeometry], list[NDArray[np.intp]]]
+
+
+def _balanced_split(
+    xy: NDArray[np.float64],
+    sizes: Sequence[int],
+    clip: BaseGeometry,
+    split_overlap_m: float,
+    min_size: int,
+    balance_load: bool = True,
+) -> _Split:
+    """Labels, core areas and members (core + overlap) of the split, its load balanced.
+
+    With equal cores, a submodel inside the survey takes overlap images from every side and one
+    on the edge from a few (1.8x the images at ``--split 100``). When the largest submodel
+    processes more than :data:`REBALANCE_TRIGGER` times the mean, the core sizes are
+    rebalanced (:func:`prefect_odm.partition.rebalanced_sizes`) up to :data:`REBALANCE_ROUNDS`
+    times, and the split whose largest submodel is smallest is kept (ties: the first). On the
+    real layouts of 1,817 and 1,452 positions the largest submodel goes from 1.34-1.35x the mean
+    to 1.02-1.11x at ``--split 100`` and from 1.44x to 1.06-1.07x at ``--split 50``, images
+    images processed per image within 3 % (``python benchmarks/bench_plan_balance.py``).
+    """
+    n = len(xy)
+
+    def split_with(part_sizes: Sequence[int]) -> tuple[_Split, NDArray[np.int64]]:
+        labels = _part_labels(xy, part_sizes)
+        k = int(labels.max()) + 1
+        areas = core_areas(xy, labels, k, clip)
+        members = overlap_members(xy, labels, areas, split_overlap_m)
+        return (labels, areas, members), np.array([len(m) for m in members], dtype=np.int64)
+
+    best, loads = split_with(sizes)
+    if not balance_load or len(sizes) < 2 or loads.max() <= REBALANCE_TRIGGER * loads.mean():
+        return best
+    best_key = (int(loads.max()), int(loads.max() - loads.min()))
+    weights = [float(v) for v in sizes]
+    stale = 0
+    for _ in range(REBALANCE_ROUNDS):
+        if len(loads) != len(weights):  # identical positions emptied a part: keep what we have
+            break
+        trial_sizes, weights = rebalanced_sizes(weights, [int(v) for v in loads], n, min_size)
+        trial, loads = split_with(trial_sizes)
+        key = (int(loads.max()), int(loads.max() - loads.min()))
+        if key < best_key:
+            best, best_key, stale = trial, key, 0
+        else:
+            stale += 1
+        if loads.max() <= REBALANCE_GOOD * loads.mean() or stale == 2:
+            break
+    return best
 
 
 def _submodels(

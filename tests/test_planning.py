@@ -21,7 +21,7 @@ from prefect_odm.geo import project_lonlat, survey_utm_epsg, utm_epsg
 from prefect_odm.layouts import layout_survey, read_file_list, read_layout
 from prefect_odm.models import ImageRecord, ProcessingOptions, SplitPlan, Survey
 from prefect_odm.ownership import Ownership
-from prefect_odm.partition import target_sizes
+from prefect_odm.partition import default_min_submodel_images, rebalanced_sizes, target_sizes
 from prefect_odm.planning import plan_from_positions, plan_submodels
 from prefect_odm.planviz import plan_geojson, plan_markdown, plan_png, plan_rows
 from prefect_odm.scan import scan_survey
@@ -30,10 +30,25 @@ from prefect_odm.scan import scan_survey
 
 
 def _balanced(core_counts: list[int], split: int) -> bool:
+    """Equal cores: every size within +-20 % of ``split`` but one."""
     if len(core_counts) == 1:
         return True
     outside = [c for c in core_counts if not 0.8 * split <= c <= 1.2 * split]
     return len(outside) <= 1
+
+
+def check_load_balance(x: np.ndarray, y: np.ndarray, split: int, overlap_m: float) -> None:
+    """The plan's largest submodel (core + overlap) processes no more images than with equal
+    cores, its cores are no smaller than the smallest equal core or the minimum size, and
+    the count of submodels is that of the equal cores."""
+    plan = plan_from_positions(x, y, split=split, split_overlap_m=overlap_m)
+    equal = plan_from_positions(x, y, split=split, split_overlap_m=overlap_m, balance_load=False)
+    assert _balanced(equal.core_counts().tolist(), split)
+    assert plan.k == equal.k
+    loads = [len(m) for m in plan.members]
+    assert max(loads) <= max(len(m) for m in equal.members)
+    smallest = min(default_min_submodel_images(split), int(equal.core_counts().min()))
+    assert int(plan.core_counts().min()) >= smallest
 
 
 def check_plan(plan: SplitPlan, survey: Survey) -> None:
@@ -49,7 +64,10 @@ def check_plan(plan: SplitPlan, survey: Survey) -> None:
         assert sm.image_names == sorted(sm.image_names)
         assert sm.area_m2 > 0
         assert sm.estimated_memory_gib > 0
-    assert _balanced([len(c) for c in cores], plan.split)
+    cameras = {c.name: c for c in plan.cameras}
+    xs = np.array([cameras[im.name].x_m for im in survey.images])
+    ys = np.array([cameras[im.name].y_m for im in survey.images])
+    check_load_balance(xs, ys, plan.split, plan.split_overlap_m)
     assert [sm.id for sm in plan.submodels] == [
         f"submodel-{i:03d}" for i in range(len(plan.submodels))
     ]
@@ -297,6 +315,38 @@ def test_layouts(layouts_dir: Path, name: str, count: int) -> None:
     assert plan_json(again) == plan_json(plan)
 
 
+@pytest.mark.parametrize("name", ["agung-2", "freetown-1"])
+@pytest.mark.parametrize("split", [50, 100])
+def test_inner_and_edge_submodels_process_about_the_same_images(
+    layouts_dir: Path, name: str, split: int
+) -> None:
+    """Equal cores leave inner submodels 1.3-1.45x the mean load (core + overlap) at the
+    default 50 m overlap; rebalanced cores bring the largest within 1.15x, without processing
+    more images in all."""
+    x, y = read_layout(layouts_dir / name).projected()
+    plan = plan_from_positions(x, y, split=split)
+    equal = plan_from_positions(x, y, split=split, balance_load=False)
+    loads = np.array([len(m) for m in plan.members])
+    equal_loads = np.array([len(m) for m in equal.members])
+    assert equal_loads.max() > 1.3 * equal_loads.mean()  # the imbalance this fixes
+    assert loads.max() <= 1.15 * loads.mean()
+    assert loads.sum() <= equal_loads.sum()
+    assert plan.k == equal.k and plan.core_counts().sum() == len(x)
+    # the same plan from the same positions, in any order
+    perm = np.random.default_rng(0).permutation(len(x))
+    again = plan_from_positions(x[perm], y[perm], split=split)
+    assert np.array_equal(again.labels[np.argsort(perm)], plan.labels)
+
+
+def test_rebalanced_sizes_move_load_and_keep_the_minimum() -> None:
+    sizes, weights = rebalanced_sizes([50, 50, 50], [75, 160, 80], 150, 30)
+    assert sum(sizes) == 150 and len(weights) == 3
+    assert sizes[1] < 50 < min(sizes[0], sizes[2])  # the loaded one shrinks, the others grow
+    sizes, _ = rebalanced_sizes([40, 40, 40, 40], [400, 40, 40, 40], 160, 35)
+    assert sum(sizes) == 160 and min(sizes) >= 35
+    assert rebalanced_sizes([10, 10], [20, 20], 20, 5)[0] == [10, 10]
+
+
 def test_freetown_gaps_and_tails(layouts_dir: Path) -> None:
     layout = read_layout(layouts_dir / "freetown-1")
     x, y = layout.projected()
@@ -433,7 +483,7 @@ def test_property_plan_invariants(case) -> None:
     plan = plan_from_positions(xy[:, 0], xy[:, 1], split=split, split_overlap_m=overlap)
     counts = plan.core_counts().tolist()
     assert sum(counts) == n
-    assert _balanced(counts, split)
+    check_load_balance(xy[:, 0], xy[:, 1], split, overlap)
     # Every position in at least one submodel, and in its own core submodel.
     for i, members in enumerate(plan.members):
         assert set(np.flatnonzero(plan.labels == i)) <= set(members.tolist())
