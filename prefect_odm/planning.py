@@ -301,10 +301,11 @@ def _balanced_split(
     on the edge from a few (1.8x the images at ``--split 100``). When the largest submodel
     processes more than :data:`REBALANCE_TRIGGER` times the mean, the core sizes are
     rebalanced (:func:`prefect_odm.partition.rebalanced_sizes`) up to :data:`REBALANCE_ROUNDS`
-    times, and the split whose largest submodel is smallest is kept (ties: the first). On the
-    real layouts of 1,817 and 1,452 positions the largest submodel goes from 1.34-1.35x the mean
-    to 1.02-1.11x at ``--split 100`` and from 1.44x to 1.06-1.07x at ``--split 50``, images
-    images processed per image within 3 % (``python benchmarks/bench_plan_balance.py``).
+    times (stopping at :data:`REBALANCE_GOOD` or after two rounds without progress), and the
+    split whose largest submodel is smallest is kept (ties: the first). On the real layouts of
+    1,817 and 1,452 positions the largest submodel goes from 1.34-1.35x the mean to 1.03-1.11x
+    at ``--split 100`` and from 1.44x to 1.06-1.07x at ``--split 50``, images processed per
+    image within 4 % (``python benchmarks/bench_plan_balance.py``).
     """
     n = len(xy)
 
