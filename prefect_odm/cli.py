@@ -74,21 +74,32 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     """``prefect-odm plan``: scan and plan, write the plan files, print the plan table."""
+    from prefect_odm.scan import check_local_images
+
+    check_local_images(args.images)  # before the planning imports (SciPy, Matplotlib): < 1 s
     from rich.console import Console
     from rich.table import Table
 
-    from prefect_odm.cluster import EMBEDDED_ENGINE_IDENTITY, embedded_memory_gib
+    from prefect_odm.cluster import (
+        EMBEDDED_ENGINE_IDENTITY,
+        check_embedded_options,
+        embedded_memory_gib,
+    )
     from prefect_odm.planning import plan_submodels
     from prefect_odm.planviz import plan_geojson, plan_png, plan_rows
     from prefect_odm.scan import scan_survey
     from prefect_odm.storage import write_json_atomic
 
+    options = processing_options(args)
+    # The plan is made for the built-in engine (its memory model): its options are checked as
+    # ``reconstruct`` checks them, so a plan never records an option a run would refuse.
+    check_embedded_options(options.to_nodeodm())
     survey = scan_survey(args.images)
     plan = plan_submodels(
         survey,
         split=args.split,
         split_overlap_m=args.split_overlap_m,
-        options=processing_options(args),
+        options=options,
         engine_identity=EMBEDDED_ENGINE_IDENTITY,
         node_memory_gib=[embedded_memory_gib()],
     )
@@ -105,7 +116,8 @@ def _plan(args: argparse.Namespace) -> int:
     plan_png(plan, Path(plan_file(str(out), "png")))
     console = Console(soft_wrap=True)
     rows = plan_rows(plan)
-    table = Table(title=f"{len(plan.submodels)} submodels, EPSG:{plan.crs_epsg}")
+    count = len(plan.submodels)
+    table = Table(title=f"{count} submodel{'s' if count != 1 else ''}, EPSG:{plan.crs_epsg}")
     for col in rows[0]:
         table.add_column(str(col))
     for row in rows:
@@ -113,7 +125,7 @@ def _plan(args: argparse.Namespace) -> int:
     console.print(table)
     for r in survey.rejected:
         console.print(f"rejected {r.name}: {r.reason} {r.detail}")
-    written = ", ".join(PLAN_FILES[k] for k in ("geojson", "png"))
+    written = ", ".join(PLAN_FILES[k] for k in ("survey", "geojson", "png"))
     for warning in plan.warnings:
         console.print(f"warning: {warning}")
     console.print(f"plan written to {plan_file(str(out), 'plan')}, {written}")
@@ -140,12 +152,13 @@ def _merge_existing(args: argparse.Namespace) -> int:
     """``prefect-odm merge``: the ``merge_existing`` flow; prints the products."""
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    from prefect_odm.flows.merge_existing import merge_existing
-    from prefect_odm.merge.existing import check_inputs_exist
+    from prefect_odm.storage import check_inputs_exist
 
-    check_inputs_exist(args.inputs)  # before Prefect starts: a missing input costs no start-up
+    check_inputs_exist(args.inputs)  # before Prefect is imported and started
     if args.plan is not None:
         _check_plan_file(args.plan)
+    from prefect_odm.flows.merge_existing import merge_existing
+
     quiet_prefect_console(args.verbose)
     if not os.environ.get("PREFECT_API_URL"):
         start_embedded_api()

@@ -197,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--output",
         "-o",
         default="plan",
-        help=f"folder for {', '.join(PLAN_FILES[k] for k in ('plan', 'geojson', 'png'))}"
+        help=f"folder for {', '.join(PLAN_FILES[k] for k in ('plan', 'survey', 'geojson', 'png'))}"
         " (default ./plan)",
     )
     _add_split_args(plan)

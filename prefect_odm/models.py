@@ -241,7 +241,9 @@ class Submodel(BaseModel):
 
     ``image_names`` is everything the node processes (core plus overlap images), sorted;
     ``core_image_names`` are the images the submodel owns. ``core_area`` and ``footprint`` are
-    GeoJSON Polygon/MultiPolygon dicts in the plan CRS (metres).
+    GeoJSON Polygon/MultiPolygon dicts in the plan CRS (metres). ``area_m2`` is the part of the
+    core area inside the survey's image footprint (every camera's hull buffered by half an
+    image footprint), m²: the core area itself reaches out to a buffer well beyond the images.
     """
 
     id: str

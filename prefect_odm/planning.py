@@ -358,15 +358,22 @@ def _submodels(
     node_options = options.to_nodeodm()
     submodels: list[Submodel] = []
     largest_node = max(node_memory_gib) if node_memory_gib else None
+    # The survey's image footprint: what ``area_m2`` counts of a core area (the core areas reach
+    # out to the clip buffer, far beyond the images, so that ownership covers every pixel).
+    survey_footprint = shapely.buffer(
+        multipoint(np.column_stack([x, y])).convex_hull, half_fp, quad_segs=8
+    )
     for part, members in enumerate(pplan.members):
         member_images = [images[i] for i in members]
         core_images = [images[i] for i in np.flatnonzero(pplan.labels == part)]
         mp = float(np.mean([im.width * im.height / 1e6 for im in member_images]))
         memory = estimate_peak_memory_gib(len(member_images), mp, node_options, model=memory_model)
         if largest_node is not None and memory > largest_node:
+            overlap = len(member_images) - len(core_images)
             raise PlanningError(
-                f"{ids[part]} needs an estimated {memory:.1f} GiB for {len(member_images)} images, "
-                f"more than the largest node ({largest_node:g} GiB); lower split or split_overlap_m"
+                f"{ids[part]} needs an estimated {memory:.1f} GiB for {len(member_images)} images "
+                f"({overlap} of them overlap), more than the largest node ({largest_node:g} GiB); "
+                "lower the split (--split) or the split overlap (--split-overlap-m)"
             )
         coords = np.column_stack([x[members], y[members]])
         footprint = shapely.buffer(multipoint(coords).convex_hull, half_fp, quad_segs=8)
@@ -379,7 +386,7 @@ def _submodels(
                 overlap_image_count=len(member_images) - len(core_images),
                 core_area=_round_geometry(area),
                 footprint=_round_geometry(footprint),
-                area_m2=round(float(area.area), 2),
+                area_m2=round(float(shapely.intersection(area, survey_footprint).area), 2),
                 estimated_memory_gib=memory,
                 fingerprint=submodel_fingerprint(
                     [im.identity for im in member_images], node_options, engine_identity
@@ -541,14 +548,15 @@ def merge_duplicate_parts(
 
     Returns:
         The plan, and the warnings: each image processed more than
-        :data:`~prefect_odm.plan_checks.MAX_DUPLICATION_FACTOR` times (measured before the
-        merge), and how many parts were merged.
+        :data:`~prefect_odm.plan_checks.MAX_DUPLICATION_FACTOR` times (measured on the parts
+        kept, so it agrees with the plan's table), and how many parts were merged.
     """
     parts = [_Part(str(p), tuple(str(i) for i in m)) for p, m in enumerate(pplan.members)]
     duplication = find_duplicate_submodels(parts)
-    warning = overlap_warning(duplication, split_overlap_m)
-    warnings = [] if warning is None else [warning]
     kept_of = {int(d): int(k) for d, k in kept_submodel_of(duplication).items()}
+    kept = find_duplicate_submodels([part for p, part in enumerate(parts) if p not in kept_of])
+    warning = overlap_warning(kept, split_overlap_m)
+    warnings = [] if warning is None else [warning]
     if kept_of:
         warnings.append(
             f"{len(kept_of)} submodel(s) held the same images as another one and were merged "

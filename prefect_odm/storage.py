@@ -10,13 +10,14 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import fsspec
 from fsspec.core import url_to_fs
 
-from prefect_odm.errors import StorageError
+from prefect_odm.errors import InputError, StorageError
 
 
 def is_local(url: str) -> bool:
@@ -122,3 +123,15 @@ def get_file(url: str, local: Path) -> Path:
     except OSError as exc:
         raise StorageError(f"{url}: cannot read ({exc})") from exc
     return local
+
+
+def check_inputs_exist(locations: Sequence[str]) -> None:
+    """Every input location exists (local paths and fsspec URLs).
+
+    Raises:
+        InputError: one does not (the message names it).
+    """
+    for url in locations:
+        fs, path = filesystem(url)
+        if not fs.exists(path):
+            raise InputError(f"{url}: no such file or folder")

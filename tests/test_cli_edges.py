@@ -312,3 +312,46 @@ def test_engine_help_lists_its_commands(capsys):
     assert stopped.value.code == 0
     out = capsys.readouterr().out
     assert "serve" in out and "run the NodeODM-compatible HTTP server" in out
+
+
+@pytest.mark.parametrize(
+    ("option", "expected"),
+    [
+        ("foo=bar", "option foo='bar': unknown option"),
+        ("dem-gapfill-steps=-5", "option dem-gapfill-steps=-5: not a positive integer"),
+    ],
+)
+def test_plan_refuses_the_options_reconstruct_refuses(option, expected, brighton_images, tmp_path):
+    """``plan`` plans for the built-in engine and checks options as ``reconstruct`` does: a plan
+    never records an option the run would refuse, and an earlier plan is left as it was."""
+    out = tmp_path / "plan"
+    out.mkdir()
+    (out / "plan.json").write_text("earlier")
+    proc = _run(["plan", str(brighton_images), "--output", str(out), "--option", option], tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines[0].startswith("prefect-odm: error: 1 option(s) not accepted by the built-in")
+    assert expected in lines[1] and len(lines) == 2, proc.stderr
+    assert [p.name for p in out.iterdir()] == ["plan.json"]
+    assert (out / "plan.json").read_text() == "earlier"
+
+
+def test_plan_table_and_warnings_describe_the_plan_kept(brighton_images, tmp_path):
+    """With an overlap wider than the survey both submodels hold all 18 images and are merged
+    into one: the warnings and the table describe that one submodel (1.0x, no duplication
+    warning), and the area is within the images' footprint, not the ownership buffer."""
+    out = tmp_path / "plan"
+    proc = _run(
+        ["plan", str(brighton_images), "--output", str(out), "--split", "10",
+         "--split-overlap-m", "50"],
+        tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "1 submodel, EPSG:32615" in proc.stdout
+    assert "processed" not in proc.stdout, proc.stdout  # 1.0x: no duplication warning
+    assert "(2 planned, 1 kept)" in proc.stdout
+    plan = json.loads((out / "plan.json").read_text())
+    [sm] = plan["submodels"]
+    # brighton's 18 cameras span about 84 x 84 m; each image covers about 60 x 34 m
+    assert 8_000 < sm["area_m2"] < 25_000, sm["area_m2"]
+    assert "survey.json" in proc.stdout.splitlines()[-1]

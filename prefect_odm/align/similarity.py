@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.spatial.transform import Rotation
 
 FloatArray = NDArray[np.float64]
 
@@ -70,6 +69,8 @@ class Similarity:
         cls, rotvec_rad: ArrayLike, log_scale: float, translation: ArrayLike, centre: ArrayLike
     ) -> Similarity:
         """From a rotation vector (axis times angle, radians), ``log(scale)`` and a shift (m)."""
+        from scipy.spatial.transform import Rotation  # SciPy on first use (align/__init__)
+
         matrix = Rotation.from_rotvec(np.asarray(rotvec_rad, dtype=np.float64)).as_matrix()
         return cls(math.exp(log_scale), _mat3(matrix), _vec3(translation), _vec3(centre))
 
@@ -85,9 +86,12 @@ class Similarity:
 
     @property
     def rotation_deg(self) -> float:
-        """The rotation angle in degrees (0 to 180)."""
+        """The rotation angle in degrees (0 to 180): ``atan2(sin, cos)`` of the angle from the
+        matrix's skew part and trace, exact near 0 and near 180 degrees."""
+        r = self.rotation_matrix
+        skew = np.array([r[2, 1] - r[1, 2], r[0, 2] - r[2, 0], r[1, 0] - r[0, 1]])
         return float(
-            np.degrees(np.linalg.norm(Rotation.from_matrix(self.rotation_matrix).as_rotvec()))
+            np.degrees(math.atan2(0.5 * float(np.linalg.norm(skew)), 0.5 * (np.trace(r) - 1.0)))
         )
 
     @property

@@ -33,7 +33,7 @@ from prefect_odm.layout import ODM_PRODUCT_PATHS, PRODUCT_FILES, join
 from prefect_odm.models import MergeOptions, SplitPlan
 from prefect_odm.ownership import Ownership
 from prefect_odm.registry import REPORT_FILES, REPORT_FOLDER
-from prefect_odm.storage import filesystem, is_local
+from prefect_odm.storage import check_inputs_exist, filesystem, is_local
 
 log = logging.getLogger(__name__)
 
@@ -110,18 +110,6 @@ def extract_products(zip_url: str, dest: Path) -> dict[str, str]:
     except zipfile.BadZipFile as exc:
         raise InputError(f"{zip_url} is not a zip archive: {exc}") from exc
     return found
-
-
-def check_inputs_exist(locations: Sequence[str]) -> None:
-    """Every input location exists (local paths and fsspec URLs).
-
-    Raises:
-        InputError: one does not (the message names it).
-    """
-    for url in locations:
-        fs, path = filesystem(url)
-        if not fs.exists(path):
-            raise InputError(f"{url}: no such file or folder")
 
 
 def find_existing_outputs(locations: Sequence[str], workdir: Path) -> list[ExistingOutput]:
