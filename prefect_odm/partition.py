@@ -173,6 +173,7 @@ def rebalanced_sizes(
     """
     load = np.asarray(loads, dtype=np.float64)
     w = np.asarray(weights, dtype=np.float64) * (load.mean() / load) ** REBALANCE_DAMPING
+    w *= n / w.sum()  # before the minimum is applied, so the weights compare with it as sizes
     for _ in range(len(w)):  # raise the smallest to min_size; the others share what is left
         small = w < min_size
         if not small.any():

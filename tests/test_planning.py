@@ -199,9 +199,10 @@ def test_brighton_split_6_with_default_overlap_has_no_identical_submodels(
     assert {c.submodel_id for c in plan.cameras} == {only.id}
     assert len({sm.fingerprint for sm in plan.submodels}) == len(plan.submodels)
     check_core_areas_match_ownership(plan)
-    assert any("processed 3.0 times" in w for w in plan.warnings)
-    assert any("merged" in w for w in plan.warnings)
-    assert "processed 3.0 times" in caplog.text
+    # the warnings describe the plan kept: one submodel, each image processed once
+    assert not any("processed" in w for w in plan.warnings), plan.warnings
+    assert any("(3 planned, 1 kept)" in w for w in plan.warnings), plan.warnings
+    assert "merged into it (3 planned, 1 kept)" in caplog.text
     # The warnings are not part of the stored plan: plan.json round-trips to the same plan.
     assert "warnings" not in plan.model_dump(mode="json")
 
@@ -221,6 +222,18 @@ def test_seneca(seneca_survey: Survey, split: int, overlap_m: float) -> None:
     check_core_areas_match_ownership(plan)
     again = plan_submodels(shuffled(seneca_survey, 7), split=split, split_overlap_m=overlap_m)
     assert plan_json(again) == plan_json(plan)
+    # the duplication warning gives the figures of this plan's table
+    processed = sum(len(sm.image_names) for sm in plan.submodels)
+    factor = processed / len(seneca_survey.images)
+    warned = [w for w in plan.warnings if "times on average" in w]
+    if factor > 1.5:
+        assert warned == [
+            f"the split overlap of {overlap_m:g} m makes each image processed {factor:.1f} times "
+            f"on average ({processed} images processed for {len(seneca_survey.images)}); use a "
+            "smaller --split-overlap-m or fewer submodels"
+        ]
+    else:
+        assert not warned
 
 
 def test_renamed_input_gives_the_same_partition(seneca_survey: Survey) -> None:
