@@ -98,8 +98,9 @@ def _stage_points(home: Home, engine_data: Path) -> dict[str, Callable[[Path], b
         "upload": lambda log: any(tasks.glob("*/images/*")) or any(tasks.glob("*/*.JPG")),
         # a task of this run (its UUID in the run's log) is processing: a task an earlier run
         # left processing on an external node counts only once this run has attached to it
-        "processing": lambda log: any(
-            p.parent.name in _text(log) for p in tasks.glob("*/stage.txt")
+        "processing": lambda log: bool(
+            (names := [p.parent.name for p in tasks.glob("*/stage.txt")])
+            and any(name in _text(log) for name in names)
         ),
         "download": lambda log: any(home.tmp.glob("prefect-odm-submodel-*/*")),
         "merge": lambda log: any(home.tmp.glob("prefect-odm-merge-*")),
