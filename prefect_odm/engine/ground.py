@@ -12,10 +12,12 @@ height) and the cell size in metres; they are pure (no I/O).
   stay nodata.
 * :func:`smrf_ground`: the Simple Morphological Filter (Pingel, Clarke and McBride, "An improved
   simple morphological filter for the terrain classification of airborne LIDAR data", ISPRS J.
-  2013) on the DSM raster, with ODM's ``smrf-*`` options: progressive openings with windows up
-  to ``window_m`` flag objects whose height above the opened surface grows faster than
-  ``slope``; a provisional ground surface is interpolated under them; a cell is ground when it
-  lies within ``threshold_m + scalar * local slope`` of that surface.
+  2013) as PDAL's ``filters.smrf`` runs it for ODM's DTM, with ODM's ``smrf-*`` options: the
+  minimum surface on cells of ``SMRF_CELL_M`` (PDAL's ``cell``), opened with radii growing one
+  cell at a time up to ``window_m`` (a radius); a cell whose height drops between successive
+  openings by more than ``slope x radius`` is an object; a provisional ground surface is
+  interpolated under the objects; a DSM cell is ground when it lies within
+  ``threshold_m + scalar x local slope`` of that surface (above or below).
 * :func:`dtm_from_ground`: the DTM: DSM heights of ground cells, interpolated elsewhere, never
   above the DSM, nodata where the DSM is.
 """
@@ -29,7 +31,12 @@ SMRF_SLOPE = 0.15
 """ODM's ``smrf-slope`` default: rise over run that terrain does not exceed."""
 
 SMRF_WINDOW_M = 18.0
-"""ODM's ``smrf-window`` default: the largest object (building) to remove, metres."""
+"""ODM's ``smrf-window`` default: the radius of the largest opening, metres (objects up to about
+twice this across are removed)."""
+
+SMRF_CELL_M = 1.0
+"""Cell of the filter's minimum surface, metres: PDAL's ``filters.smrf`` default ``cell``, which
+ODM's DTM uses (``opendm/dem/pdal.py``)."""
 
 SMRF_THRESHOLD_M = 0.5
 """ODM's ``smrf-threshold`` default: height above the provisional ground still ground, metres."""
@@ -112,10 +119,14 @@ def fill_small_gaps(
     return np.where(measured | reach, filled, np.nan).astype(np.float32)
 
 
-def _open(surface: NDArray[np.float64], size: int) -> NDArray[np.float64]:
-    from scipy.ndimage import maximum_filter, minimum_filter
-
-    return np.asarray(maximum_filter(minimum_filter(surface, size=size), size=size))
+def _minimum_surface(dsm: Raster, factor: int) -> NDArray[np.float64]:
+    """The lowest valid height in each ``factor`` x ``factor`` block of ``dsm`` (NaN if none)."""
+    rows = -(-dsm.shape[0] // factor) * factor
+    cols = -(-dsm.shape[1] // factor) * factor
+    padded = np.full((rows, cols), np.inf)
+    padded[: dsm.shape[0], : dsm.shape[1]] = np.where(np.isfinite(dsm), dsm, np.inf)
+    blocks = padded.reshape(rows // factor, factor, cols // factor, factor).min(axis=(1, 3))
+    return np.where(np.isfinite(blocks), blocks, np.nan)
 
 
 def smrf_ground(
@@ -126,14 +137,22 @@ def smrf_ground(
     window_m: float = SMRF_WINDOW_M,
     threshold_m: float = SMRF_THRESHOLD_M,
     scalar: float = SMRF_SCALAR,
+    cell_m: float = SMRF_CELL_M,
 ) -> NDArray[np.bool_]:
     """Ground cells of a DSM by the Simple Morphological Filter (see the module docstring).
+
+    The steps follow Pingel et al. (2013) and PDAL's ``SMRFilter``: the threshold of each
+    opening is ``slope x radius`` (the drop a ground slope can cause at that radius), not the
+    radius' increment, so sloped or undulating ground is not taken for objects. The filter runs
+    on blocks of about ``cell_m`` (never finer than ``res_m``); each DSM cell is then compared
+    with the provisional ground interpolated bilinearly at its centre.
 
     Args:
         dsm: heights, NaN = nodata, shape ``(rows, cols)``; at least one valid cell.
         res_m: cell size, metres.
-        slope, window_m, threshold_m, scalar: ODM's ``smrf-slope``, ``smrf-window``,
-            ``smrf-threshold``, ``smrf-scalar``.
+        slope, window_m, threshold_m, scalar: ODM's ``smrf-slope``, ``smrf-window`` (a radius,
+            metres), ``smrf-threshold`` (metres), ``smrf-scalar``.
+        cell_m: cell of the minimum surface, metres (PDAL's ``cell``).
 
     Returns:
         bool, same shape: True on ground cells (never on nodata).
@@ -141,21 +160,35 @@ def smrf_ground(
     Raises:
         ValueError: the DSM has no valid cell.
     """
+    from scipy.ndimage import map_coordinates, maximum_filter, minimum_filter
+
     valid = np.isfinite(dsm)
-    surface = push_pull(dsm, valid).astype(np.float64)
-    max_radius = max(1, int(round(window_m / res_m / 2.0)))
-    radii = np.unique(np.round(np.geomspace(1, max_radius, num=min(max_radius, 12))).astype(int))
-    objects = np.zeros(dsm.shape, dtype=bool)
-    previous, previous_radius = surface, 0
-    for radius in radii:
-        opened = _open(previous, 2 * int(radius) + 1)
-        limit = slope * (int(radius) - previous_radius) * res_m
-        objects |= (previous - opened) > max(limit, 0.05)
-        previous, previous_radius = opened, int(radius)
-    provisional = push_pull(surface.astype(np.float32), valid & ~objects).astype(np.float64)
-    gy, gx = np.gradient(provisional, res_m)
+    if not valid.any():
+        raise ValueError("smrf_ground: the DSM has no valid cell")
+    factor = max(1, int(round(cell_m / res_m)))
+    coarse_m = factor * res_m
+    lowest = _minimum_surface(dsm, factor)
+    known = np.isfinite(lowest)
+    surface = push_pull(lowest.astype(np.float32), known).astype(np.float64)
+    objects = np.zeros(surface.shape, dtype=bool)
+    previous, erosion = surface, surface
+    for radius in range(1, max(1, int(np.ceil(window_m / coarse_m))) + 1):
+        erosion = minimum_filter(erosion, size=3, mode="nearest")  # a square of radius `radius`
+        opened = maximum_filter(erosion, size=2 * radius + 1, mode="nearest")
+        objects |= (previous - opened) > slope * radius * coarse_m
+        previous = opened
+    ground_known = known & ~objects
+    provisional = push_pull(
+        surface.astype(np.float32), ground_known if ground_known.any() else known
+    ).astype(np.float64)
+    gy, gx = np.gradient(provisional, coarse_m)
     allowed = threshold_m + scalar * np.hypot(gx, gy)
-    return np.asarray(valid & (surface - provisional <= allowed), dtype=bool)
+    rows, cols = np.mgrid[0 : dsm.shape[0], 0 : dsm.shape[1]].astype(np.float64)
+    at = [(rows + 0.5) / factor - 0.5, (cols + 0.5) / factor - 0.5]
+    ground_z = map_coordinates(provisional, at, order=1, mode="nearest")
+    tolerance = map_coordinates(allowed, at, order=1, mode="nearest")
+    with np.errstate(invalid="ignore"):
+        return np.asarray(valid & (np.abs(dsm - ground_z) <= tolerance), dtype=bool)
 
 
 def dtm_from_ground(dsm: Raster, ground: NDArray[np.bool_]) -> Raster:

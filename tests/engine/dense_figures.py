@@ -11,7 +11,9 @@ Shared by ``tests/engine/test_dense.py`` (thresholds) and ``benchmarks/bench_eng
 * Density: dense points per m² of the orthophoto footprint, and the share with a colour.
 * Object heights: DSM minus DTM (each from its own ground filter, so georeferencing offsets
   cancel) in the cells where ODM's DSM stands more than 1 m above its ground: the median of
-  ours over the median of ODM's.
+  ours over the median of ODM's; also for the largest such object alone (the pavilion).
+* DTM |dz|: our DTM, less the DSM's signed median offset, against the same ground filter run on
+  ODM's cloud, over the cells both have: the median.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ class DenseFigures:
     coloured_share: float
     object_height_ratio: float
     object_cells: int
+    largest_object_ratio: float
+    largest_object_cells: int
+    dtm_median_abs_m: float
 
     def lines(self) -> list[str]:
         """The figures as printable lines."""
@@ -58,7 +63,10 @@ class DenseFigures:
             f"dense cloud: {self.points_per_m2:.0f} points/m2 over the orthophoto footprint,"
             f" {100 * self.coloured_share:.0f}% coloured",
             f"object heights (DSM - DTM where ODM's > {OBJECT_MIN_HEIGHT_M:g} m, "
-            f"{self.object_cells} cells): {100 * self.object_height_ratio:.0f}% of ODM's",
+            f"{self.object_cells} cells): {100 * self.object_height_ratio:.0f}% of ODM's; the"
+            f" largest object ({self.largest_object_cells} cells):"
+            f" {100 * self.largest_object_ratio:.0f}%",
+            f"DTM |dz| vs ODM's ground (DSM offset removed): median {self.dtm_median_abs_m:.2f} m",
         ]
 
 
@@ -100,19 +108,30 @@ def _tilt(diff: np.ndarray, valid: np.ndarray, res_m: float) -> tuple[float, flo
     return float(np.degrees(np.arctan(np.hypot(*coef[:2])))), float(np.median(np.abs(d - a @ coef)))
 
 
+def _reference_dtm(reference: np.ndarray, res_m: float) -> np.ndarray:
+    """ODM's ground: the same ground filter as ours, run on ODM's cloud per cell."""
+    ref = reference.astype(np.float32)
+    return ground.dtm_from_ground(ref, ground.smrf_ground(ref, res_m))
+
+
 def _object_heights(
-    ours: np.ndarray, reference: np.ndarray, dtm: np.ndarray, res_m: float
-) -> tuple[float, int]:
-    ref_valid = np.isfinite(reference)
-    ref_dtm = ground.dtm_from_ground(
-        reference.astype(np.float32), ground.smrf_ground(reference.astype(np.float32), res_m)
-    )
+    ours: np.ndarray, reference: np.ndarray, ref_dtm: np.ndarray, dtm: np.ndarray
+) -> tuple[float, int, float, int]:
+    """``(ratio, cells, ratio of the largest object, its cells)`` (module docstring)."""
+    from scipy import ndimage
+
     odm_height = reference - ref_dtm
-    objects = ref_valid & (odm_height > OBJECT_MIN_HEIGHT_M) & np.isfinite(ours) & np.isfinite(dtm)
+    tall = np.isfinite(reference) & (odm_height > OBJECT_MIN_HEIGHT_M)
+    objects = tall & np.isfinite(ours) & np.isfinite(dtm)
     if not objects.any():
-        return 0.0, 0
+        return 0.0, 0, 0.0, 0
     ratio = float(np.median(ours[objects] - dtm[objects]) / np.median(odm_height[objects]))
-    return ratio, int(objects.sum())
+    labels, count = ndimage.label(tall)
+    sizes = np.bincount(labels[objects], minlength=count + 1)
+    sizes[0] = 0
+    largest = objects & (labels == int(np.argmax(sizes)))
+    largest_ratio = float(np.median(ours[largest] - dtm[largest]) / np.median(odm_height[largest]))
+    return ratio, int(objects.sum()), largest_ratio, int(largest.sum())
 
 
 def dense_figures(task: Path) -> DenseFigures:
@@ -135,7 +154,10 @@ def dense_figures(task: Path) -> DenseFigures:
     measured = our_counts > 0
     inside = footprint[np.clip(np.floor((transform.f - xyz[:, 1]) / res_m).astype(int), 0, dsm.shape[0] - 1),
                        np.clip(np.floor((xyz[:, 0] - transform.c) / res_m).astype(int), 0, dsm.shape[1] - 1)]  # fmt: skip
-    ratio, cells = _object_heights(dsm, reference, dtm, res_m)
+    ref_dtm = _reference_dtm(reference, res_m)
+    ratio, cells, largest_ratio, largest_cells = _object_heights(dsm, reference, ref_dtm, dtm)
+    on_ground = np.isfinite(dtm) & np.isfinite(ref_dtm)
+    dtm_dz = dtm[on_ground] - float(np.median(diff[both])) - ref_dtm[on_ground]
     return DenseFigures(
         dsm_median_abs_m=float(np.median(np.abs(diff[both]))),
         dsm_p90_abs_m=float(np.percentile(np.abs(diff[both]), 90)),
@@ -150,6 +172,9 @@ def dense_figures(task: Path) -> DenseFigures:
         coloured_share=float((rgb.sum(axis=1) > 0).mean()) if len(rgb) else 0.0,
         object_height_ratio=ratio,
         object_cells=cells,
+        largest_object_ratio=largest_ratio,
+        largest_object_cells=largest_cells,
+        dtm_median_abs_m=float(np.median(np.abs(dtm_dz))),
     )
 
 

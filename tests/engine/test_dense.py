@@ -170,3 +170,24 @@ def test_depthmap_size_is_the_one_odm_and_openmvs_pick(
 def test_depthmap_size_refuses_an_unknown_quality() -> None:
     with pytest.raises(KeyError):
         depthmap_scale(1600, 900, "extreme")
+
+
+def test_smrf_keeps_undulating_ground_at_fine_cells() -> None:
+    """Ground that undulates (1.6 m crest to trough every 40 m, slopes under ``smrf-slope``) with
+    5 cm of matching noise is ground on a 0.2 m DSM, and a 5 m pavilion on it is not: the
+    opening's threshold grows with its radius (PDAL's ``filters.smrf``), so neither the noise at
+    small radii nor curved ground at wide ones is taken for objects.
+    """
+    res_m = 0.2
+    rows, cols = np.mgrid[0:400, 0:400].astype(np.float64) * res_m
+    terrain = 100.0 + 0.8 * np.sin(2 * np.pi * cols / 40.0) * np.cos(2 * np.pi * rows / 40.0)
+    noise = np.random.default_rng(12).normal(0.0, 0.05, terrain.shape)
+    dsm = (terrain + noise).astype(np.float32)
+    pavilion = (rows - 40.0) ** 2 + (cols - 30.0) ** 2 <= 2.5**2  # in a trough
+    dsm[pavilion] += 2.3
+    is_ground = ground.smrf_ground(dsm, res_m)
+    assert is_ground[~pavilion].mean() >= 0.97
+    assert not is_ground[pavilion].any()
+    dtm = ground.dtm_from_ground(dsm, is_ground)
+    assert np.median(np.abs(dtm - terrain)) <= 0.06
+    assert np.abs(dtm - terrain)[pavilion].max() <= 0.3
