@@ -386,3 +386,23 @@ def test_align_and_gps_quality_are_pure_core() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_the_package_exports_every_lazy_name_once_and_each_resolves() -> None:
+    """``prefect_odm.align`` lists its names three times (type-checking imports, the module of
+    each for PEP 562, ``__all__``): the lists agree and each name comes from its module."""
+    import ast
+    import importlib
+
+    import prefect_odm.align as align
+
+    source = Path(align.__file__).read_text()
+    typed = {
+        alias.name
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("prefect_odm.align.")
+        for alias in node.names
+    }
+    assert sorted(align._MODULE_OF) == sorted(align.__all__) == sorted(typed)
+    for name, module in align._MODULE_OF.items():
+        assert getattr(align, name) is getattr(importlib.import_module(module), name)
