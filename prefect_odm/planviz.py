@@ -96,7 +96,8 @@ def _polygons(geometry: dict[str, Any]) -> list[list[list[list[float]]]]:
     return []
 
 
-#: Submodel colours of :func:`plan_png` (Tableau 10), reused in turn.
+#: Submodel colours of :func:`plan_png` (Tableau 10); neighbours never share one
+#: (:func:`submodel_colours`).
 _PALETTE = (
     "#4e79a7",
     "#f28e2b",
@@ -111,6 +112,32 @@ _PALETTE = (
 )
 #: Most submodels whose ids :func:`plan_png` writes on the map.
 _MAX_LABELLED_SUBMODELS = 60
+
+
+def submodel_colours(plan: SplitPlan) -> dict[str, str]:
+    """A colour of :data:`_PALETTE` per submodel id, different for submodels whose core areas
+    touch (greedy colouring in plan order, most-connected first: deterministic).
+
+    With ten colours a plane map always has enough: a submodel has more than nine touching
+    neighbours only in degenerate splits, and then the least-used colour among them repeats.
+    """
+    import shapely
+    from shapely.geometry import shape
+
+    cores = [shape(sm.core_area) for sm in plan.submodels]
+    tree = shapely.STRtree(cores)
+    neighbours: list[set[int]] = [set() for _ in cores]
+    for i, core in enumerate(cores):
+        for j in tree.query(core.buffer(1e-6), predicate="intersects"):
+            if int(j) != i:
+                neighbours[i].add(int(j))
+    order = sorted(range(len(cores)), key=lambda i: (-len(neighbours[i]), i))
+    chosen: dict[int, int] = {}
+    for i in order:
+        used = [chosen[j] for j in neighbours[i] if j in chosen]
+        free = [k for k in range(len(_PALETTE)) if k not in used]
+        chosen[i] = free[0] if free else min(range(len(_PALETTE)), key=used.count)
+    return {sm.id: _PALETTE[chosen[i]] for i, sm in enumerate(plan.submodels)}
 
 
 def _draw_areas(ax: Axes, plan: SplitPlan, colour: dict[str, str]) -> None:
@@ -167,8 +194,8 @@ def _draw_cameras(ax: Axes, plan: SplitPlan, colour: dict[str, str]) -> None:
 
 
 def plan_png(plan: SplitPlan, path: Path) -> None:
-    """Draw the plan as a PNG map: core areas filled per submodel, footprints dashed, cameras as
-    dots, submodel ids at the core centroids. Axes in metres of ``EPSG:<crs_epsg>``.
+    """Draw the plan as a PNG map: core areas filled per submodel (neighbours in different
+    colours), footprints dashed, cameras as dots, submodel ids at the core centroids, a legend. Axes in metres of ``EPSG:<crs_epsg>``.
 
     Uses matplotlib's Agg backend through the object API (no global pyplot state).
     """
@@ -178,9 +205,23 @@ def plan_png(plan: SplitPlan, path: Path) -> None:
     fig = Figure(figsize=(8, 8), dpi=110)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    colour = {sm.id: _PALETTE[i % len(_PALETTE)] for i, sm in enumerate(plan.submodels)}
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    colour = submodel_colours(plan)
     _draw_areas(ax, plan, colour)
     _draw_cameras(ax, plan, colour)
+    fig.legend(
+        handles=[
+            Patch(facecolor="grey", alpha=0.25, edgecolor="grey", label="core area (owned)"),
+            Line2D([], [], color="grey", lw=0.8, ls="--", label="processed: core + overlap"),
+            Line2D([], [], color="grey", marker="o", ls="", markersize=3, label="camera"),
+        ],
+        loc="lower center",
+        ncol=3,
+        fontsize=8,
+        frameon=False,
+    )
     ax.set_aspect("equal")
     ax.autoscale_view()
     ax.set_xlabel(f"x (m, EPSG:{plan.crs_epsg})")
@@ -189,7 +230,7 @@ def plan_png(plan: SplitPlan, path: Path) -> None:
         f"{len(plan.submodels)} submodels, split {plan.split}, overlap {plan.split_overlap_m:g} m"
     )
     ax.ticklabel_format(useOffset=False, style="plain")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0.0, 0.04, 1.0, 1.0))  # room for the legend below
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png")

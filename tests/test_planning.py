@@ -329,6 +329,28 @@ def test_layouts(layouts_dir: Path, name: str, count: int) -> None:
 
 
 @pytest.mark.parametrize("name", ["agung-2", "freetown-1"])
+def test_plan_png_colours_neighbours_apart(layouts_dir: Path, name: str, tmp_path: Path) -> None:
+    """On the real layouts at ``--split 50`` (30-40 submodels, more than the ten colours), no two
+    submodels whose cores touch share a colour, and the map is drawn."""
+    from shapely.geometry import shape
+
+    from prefect_odm.planviz import submodel_colours
+
+    plan = plan_submodels(layout_survey(read_layout(layouts_dir / name)), split=50)
+    assert len(plan.submodels) > 10
+    colours = submodel_colours(plan)
+    cores = {sm.id: shape(sm.core_area) for sm in plan.submodels}
+    touching = [
+        (a, b) for a in cores for b in cores if a < b and cores[a].buffer(1e-6).intersects(cores[b])
+    ]
+    assert len(touching) >= len(plan.submodels)  # a mesh of neighbours, not a row
+    assert all(colours[a] != colours[b] for a, b in touching)
+    assert len(set(colours.values())) <= 10
+    plan_png(plan, tmp_path / "plan.png")
+    assert (tmp_path / "plan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("name", ["agung-2", "freetown-1"])
 @pytest.mark.parametrize("split", [50, 100])
 def test_inner_and_edge_submodels_process_about_the_same_images(
     layouts_dir: Path, name: str, split: int
