@@ -174,14 +174,16 @@ def test_depthmap_size_refuses_an_unknown_quality() -> None:
 
 def test_smrf_keeps_undulating_ground_at_fine_cells() -> None:
     """Ground that undulates (1.6 m crest to trough every 40 m, slopes under ``smrf-slope``) with
-    5 cm of matching noise is ground on a 0.2 m DSM, and a 5 m pavilion on it is not: the
-    opening's threshold grows with its radius (PDAL's ``filters.smrf``), so neither the noise at
-    small radii nor curved ground at wide ones is taken for objects.
+    the heavy-tailed noise of dense matching (Student's t, 3 degrees of freedom, 5 cm scale) is
+    ground on a 0.2 m DSM, and a 5 m pavilion on it is not. Each opening's threshold is
+    ``slope x radius`` on a 1 m minimum surface (PDAL's ``filters.smrf``); thresholding the
+    radius' increment on the 0.2 m cells instead kept 85 % of this ground and left the DTM's
+    p99 error at 0.49 m.
     """
     res_m = 0.2
     rows, cols = np.mgrid[0:400, 0:400].astype(np.float64) * res_m
     terrain = 100.0 + 0.8 * np.sin(2 * np.pi * cols / 40.0) * np.cos(2 * np.pi * rows / 40.0)
-    noise = np.random.default_rng(12).normal(0.0, 0.05, terrain.shape)
+    noise = 0.05 * np.random.default_rng(12).standard_t(3, terrain.shape)
     dsm = (terrain + noise).astype(np.float32)
     pavilion = (rows - 40.0) ** 2 + (cols - 30.0) ** 2 <= 2.5**2  # in a trough
     dsm[pavilion] += 2.3
@@ -189,5 +191,5 @@ def test_smrf_keeps_undulating_ground_at_fine_cells() -> None:
     assert is_ground[~pavilion].mean() >= 0.97
     assert not is_ground[pavilion].any()
     dtm = ground.dtm_from_ground(dsm, is_ground)
-    assert np.median(np.abs(dtm - terrain)) <= 0.06
+    assert np.percentile(np.abs(dtm - terrain), 99) <= 0.35
     assert np.abs(dtm - terrain)[pavilion].max() <= 0.3
