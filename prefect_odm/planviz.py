@@ -118,8 +118,8 @@ def submodel_colours(plan: SplitPlan) -> dict[str, str]:
     """A colour of :data:`_PALETTE` per submodel id, different for submodels whose core areas
     touch (greedy colouring in plan order, most-connected first: deterministic).
 
-    With ten colours a plane map always has enough: a submodel has more than nine touching
-    neighbours only in degenerate splits, and then the least-used colour among them repeats.
+    Greedy colouring runs out of the ten colours only where a submodel touches ten or more
+    others; there the colour least used among its neighbours repeats.
     """
     import shapely
     from shapely.geometry import shape
@@ -195,19 +195,19 @@ def _draw_cameras(ax: Axes, plan: SplitPlan, colour: dict[str, str]) -> None:
 
 def plan_png(plan: SplitPlan, path: Path) -> None:
     """Draw the plan as a PNG map: core areas filled per submodel (neighbours in different
-    colours), footprints dashed, cameras as dots, submodel ids at the core centroids, a legend. Axes in metres of ``EPSG:<crs_epsg>``.
+    colours), footprints dashed, cameras as dots, submodel ids at the core centroids, a legend.
+    Axes in metres of ``EPSG:<crs_epsg>``.
 
     Uses matplotlib's Agg backend through the object API (no global pyplot state).
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     fig = Figure(figsize=(8, 8), dpi=110)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
     colour = submodel_colours(plan)
     _draw_areas(ax, plan, colour)
     _draw_cameras(ax, plan, colour)

@@ -129,6 +129,25 @@ def _minimum_surface(dsm: Raster, factor: int) -> NDArray[np.float64]:
     return np.where(np.isfinite(blocks), blocks, np.nan)
 
 
+def _bilinear_upsample(
+    coarse: NDArray[np.float64], factor: int, shape: tuple[int, int]
+) -> NDArray[np.float64]:
+    """``coarse`` (cells of ``factor`` fine cells) bilinearly at the centres of a ``shape`` grid,
+    edges clamped; separable, so no coordinate grid of the fine size is built."""
+
+    def axis(
+        n_fine: int, n_coarse: int
+    ) -> tuple[NDArray[np.intp], NDArray[np.intp], NDArray[np.float64]]:
+        u = np.clip((np.arange(n_fine) + 0.5) / factor - 0.5, 0.0, n_coarse - 1)
+        low = np.floor(u).astype(np.intp)
+        return low, np.minimum(low + 1, n_coarse - 1), u - low
+
+    r0, r1, wr = axis(shape[0], coarse.shape[0])
+    c0, c1, wc = axis(shape[1], coarse.shape[1])
+    across = coarse[:, c0] * (1.0 - wc) + coarse[:, c1] * wc
+    return np.asarray(across[r0] * (1.0 - wr)[:, None] + across[r1] * wr[:, None])
+
+
 def smrf_ground(
     dsm: Raster,
     res_m: float,
@@ -160,7 +179,7 @@ def smrf_ground(
     Raises:
         ValueError: the DSM has no valid cell.
     """
-    from scipy.ndimage import map_coordinates, maximum_filter, minimum_filter
+    from scipy.ndimage import maximum_filter, minimum_filter
 
     valid = np.isfinite(dsm)
     if not valid.any():
@@ -183,10 +202,8 @@ def smrf_ground(
     ).astype(np.float64)
     gy, gx = np.gradient(provisional, coarse_m)
     allowed = threshold_m + scalar * np.hypot(gx, gy)
-    rows, cols = np.mgrid[0 : dsm.shape[0], 0 : dsm.shape[1]].astype(np.float64)
-    at = [(rows + 0.5) / factor - 0.5, (cols + 0.5) / factor - 0.5]
-    ground_z = map_coordinates(provisional, at, order=1, mode="nearest")
-    tolerance = map_coordinates(allowed, at, order=1, mode="nearest")
+    ground_z = _bilinear_upsample(provisional, factor, dsm.shape)
+    tolerance = _bilinear_upsample(allowed, factor, dsm.shape)
     with np.errstate(invalid="ignore"):
         return np.asarray(valid & (np.abs(dsm - ground_z) <= tolerance), dtype=bool)
 
