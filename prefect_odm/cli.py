@@ -124,7 +124,7 @@ def _plan(args: argparse.Namespace) -> int:
         table.add_row(*(f"{v:.1f}" if isinstance(v, float) else str(v) for v in row.values()))
     console.print(table)
     for r in survey.rejected:
-        console.print(f"rejected {r.name}: {r.reason} {r.detail}")
+        console.print(f"rejected {r.name}: {r.detail or r.reason} ({r.reason})")
     written = ", ".join(PLAN_FILES[k] for k in ("survey", "geojson", "png"))
     for warning in plan.warnings:
         console.print(f"warning: {warning}")

@@ -46,6 +46,34 @@ def _overlap_value(text: str) -> float:
     return value
 
 
+def _resolution_value(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--orthophoto-resolution must be a number of cm/pixel, not {text!r}"
+        ) from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(
+            "--orthophoto-resolution must be a finite number of cm/pixel above 0"
+        )
+    return value
+
+
+def _node_url(text: str) -> str:
+    from urllib.parse import urlparse
+
+    try:
+        parsed = urlparse(text)
+        parsed.port  # noqa: B018 - raises ValueError on a port that is not a number
+    except ValueError:
+        parsed = None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname:
+        shown = text.split("?", 1)[0].rsplit("@", 1)[-1]  # never echo a token or password
+        raise argparse.ArgumentTypeError(f"{shown!r} is not a node URL (expected http://host:port)")
+    return text
+
+
 def _add_split_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--split",
@@ -64,7 +92,7 @@ def _add_split_args(p: argparse.ArgumentParser) -> None:
 def _add_option_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--orthophoto-resolution",
-        type=float,
+        type=_resolution_value,
         default=5.0,
         help="orthophoto resolution, cm/pixel (default 5)",
     )
@@ -181,7 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("images", help="folder or fsspec URL of geotagged images")
     rec.add_argument("--output", "-o", required=True, help="output folder or fsspec URL")
     rec.add_argument(
-        "--nodes", nargs="+", metavar="URL", help="NodeODM node URLs (default: the built-in engine)"
+        "--nodes",
+        nargs="+",
+        metavar="URL",
+        type=_node_url,
+        help="NodeODM node URLs (default: the built-in engine)",
     )
     _add_split_args(rec)
     _add_option_args(rec)

@@ -30,8 +30,13 @@ def public_url(url: str) -> str:
     """``url`` without query or credentials (as :func:`prefect_odm.nodeodm.public_url`, which
     this pure module does not import)."""
     parts = urlparse(url)
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if not parts.scheme or not parts.hostname:  # not a URL: the text, less any query or login
+        return url.split("?", 1)[0].rsplit("@", 1)[-1]
+    netloc = f"{parts.hostname}:{port}" if port else parts.hostname
     return f"{parts.scheme}://{netloc}{parts.path}".rstrip("/")
 
 

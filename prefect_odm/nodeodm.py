@@ -88,8 +88,13 @@ OOM_MARKERS = ("not enough memory", "out of memory", "exit code 137", "returned 
 def public_url(url: str) -> str:
     """``url`` without query or credentials: safe to log or put into an error message."""
     parts = urlparse(url)
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if not parts.scheme or not parts.hostname:  # not a URL: the text, less any query or login
+        return url.split("?", 1)[0].rsplit("@", 1)[-1]
+    netloc = f"{parts.hostname}:{port}" if port else parts.hostname
     return f"{parts.scheme}://{netloc}{parts.path}".rstrip("/")
 
 

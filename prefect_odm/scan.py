@@ -221,8 +221,8 @@ def _scan_remote(
         found = fs.find(root_path, detail=True)
     except FileNotFoundError as exc:
         raise InputError(f"{images}: does not exist") from exc
-    except OSError as exc:
-        raise StorageError(f"{images}: cannot list ({exc})") from exc
+    except Exception as exc:  # noqa: BLE001 - botocore/aiohttp errors are not OSError
+        raise StorageError(f"{images}: cannot list ({type(exc).__name__}: {exc})") from exc
     entries = sorted(
         (p, info)
         for p, info in found.items()
@@ -331,6 +331,14 @@ def _apply_rejection_rules(images: str, results: list[_FileResult]) -> None:
     """
     readable = [r for r in results if r.reason is None]
     if not readable:
+        if len(results) <= 3:  # few: name each file and its problem
+            named = "; ".join(f"{r.name}: {r.detail or r.reason}" for r in results)
+            many = (
+                "its one file is not"
+                if len(results) == 1
+                else f"none of the {len(results)} files is"
+            )
+            raise NoImagesError(f"{images}: {many} a readable image ({named})")
         kinds = Counter(r.reason for r in results)
         raise NoImagesError(
             f"{images}: none of the {len(results)} files is a readable image "

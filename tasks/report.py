@@ -193,7 +193,9 @@ def report_markdown(
         lines += seam_lines(reports.orthophoto)
     if manifest.rejected_images:
         lines += ["", "## Rejected images", ""]
-        lines += [f"- `{r.name}`: {r.reason} {r.detail}".rstrip() for r in manifest.rejected_images]
+        lines += [
+            f"- `{r.name}`: {r.detail or r.reason} ({r.reason})" for r in manifest.rejected_images
+        ]
     lines += alignment_lines(reports.alignment)
     lines += ["", "## Timings (seconds)", ""]
     lines += [f"- {k}: {v:.1f}" for k, v in manifest.timings_seconds.items()]

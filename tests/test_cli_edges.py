@@ -40,7 +40,6 @@ def _one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
     [
         (["--option", "=1"], "the option has no name"),
         (["--option", "orthophoto-resolution=3"], "set it with --orthophoto-resolution"),
-        (["--orthophoto-resolution", "inf"], "--orthophoto-resolution: must be a finite"),
     ],
 )
 def test_reconstruct_refuses_bad_options_before_any_work(
@@ -50,6 +49,26 @@ def test_reconstruct_refuses_bad_options_before_any_work(
     proc = _run(["reconstruct", str(brighton_images), "--output", str(out), *flags], tmp_path)
     line = _one_error_line(proc)
     assert line.startswith("prefect-odm: error:") and expected in line, line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("node", "shown"),
+    [
+        ("127.0.0.1:3000", "'127.0.0.1:3000'"),
+        ("ftp://127.0.0.1:21", "'ftp://127.0.0.1:21'"),
+        ("http://127.0.0.1:port", "'http://127.0.0.1:port'"),
+        ("admin:s3cret@node?token=t0ken", "'node'"),
+    ],
+)
+def test_a_node_that_is_not_a_url_is_refused_by_the_parser(node, shown, brighton_images, tmp_path):
+    out = tmp_path / "out"
+    proc = _run(
+        ["reconstruct", str(brighton_images), "--output", str(out), "--nodes", node], tmp_path
+    )
+    line = _one_error_line(proc)
+    assert f"argument --nodes: {shown} is not a node URL (expected http://host:port)" in line
+    assert "s3cret" not in proc.stderr and "t0ken" not in proc.stderr
     assert not out.exists()
 
 
@@ -98,7 +117,9 @@ def test_tokens_move_out_of_node_urls_into_the_environment(monkeypatch):
         (["--option", "fast-orthophoto"], "expected NAME=VALUE"),
         (["--option", "min-num-features=NaN"], "min-num-features: nan is not a finite number"),
         (["--option", "bad name=1"], "'bad name' is not an ODM option name"),
-        (["--orthophoto-resolution", "-2"], "--orthophoto-resolution: Input should be greater"),
+        (["--orthophoto-resolution", "-2"], "--orthophoto-resolution must be a finite number"),
+        (["--orthophoto-resolution", "inf"], "--orthophoto-resolution must be a finite number"),
+        (["--orthophoto-resolution", "fine"], "must be a number of cm/pixel, not 'fine'"),
         (["--split", "0"], "--split must be at least 1"),
         (["--split-overlap-m", "nan"], "--split-overlap-m must be a finite"),
         (["--pipeline", "magic"], "invalid choice: 'magic'"),
@@ -179,7 +200,8 @@ def test_stray_files_in_a_survey_are_listed_as_skipped(brighton_images, tmp_path
     (survey / ".DS_Store").write_bytes(b"\0")  # hidden files are not part of a survey
     proc = _run(["plan", str(survey), "--output", str(tmp_path / "plan")], tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert "rejected README.txt: not_an_image" in proc.stdout
+    assert "rejected README.txt: not an image file name" in proc.stdout
+    assert "skipped (not_an_image)" in proc.stdout
     assert ".DS_Store" not in proc.stdout
     survey_json = json.loads((tmp_path / "plan" / "survey.json").read_text())
     assert [r["name"] for r in survey_json["rejected"]] == ["README.txt"]
@@ -312,6 +334,24 @@ def test_engine_help_lists_its_commands(capsys):
     assert stopped.value.code == 0
     out = capsys.readouterr().out
     assert "serve" in out and "run the NodeODM-compatible HTTP server" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--port", "99999"], "argument --port: a TCP port is 0 to 65535, not 99999"),
+        (["--port", "web"], "argument --port: not a port number: 'web'"),
+        (["--max-parallel-tasks", "0"], "argument --max-parallel-tasks: must be at least 1, not 0"),
+    ],
+)
+def test_engine_serve_refuses_bad_numbers_in_one_line(argv, expected, capsys):
+    from prefect_odm.cli import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["engine", "serve", *argv])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].endswith(expected) and "Traceback" not in err
 
 
 @pytest.mark.parametrize(

@@ -48,6 +48,23 @@ def test_merge_existing_equals_the_flows_own_merge(
     ):
         assert a.transform == b.transform and a.crs == b.crs
         assert np.array_equal(a.read(), b.read())
+    # The run's own submodel folders with the plan of another run (here: one image of
+    # submodel-000 moved out of it) are refused, naming the folder and the image.
+    import json
+
+    from prefect_odm.errors import InputError
+
+    other = json.loads(Path(plan_json).read_text())
+    first = next(sm for sm in other["submodels"] if sm["id"] == "submodel-000")
+    gone = first["image_names"].pop(0)
+    other_plan = tmp_path / "other-plan.json"
+    other_plan.write_text(json.dumps(other))
+    submodels = Path(plan_json).parents[1] / "submodels"
+    with pytest.raises(InputError, match=rf"submodel-000-.*{gone}.* are not in submodel-000"):
+        merge_existing(
+            inputs=[str(submodels)], output=str(tmp_path / "wrong"), plan=str(other_plan)
+        )
+    assert not (tmp_path / "wrong").exists()
     # Without a plan: ownership from the orthophotos' footprints; still a valid, complete COG.
     env = dict(os.environ)
     proc = subprocess.run(

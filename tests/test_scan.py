@@ -143,7 +143,11 @@ def test_no_gps_anywhere(tmp_path: Path, brighton_images: Path) -> None:
 def test_only_broken_files(tmp_path: Path) -> None:
     (tmp_path / "a.jpg").write_bytes(b"")
     (tmp_path / "b.jpg").write_text("text")
-    with pytest.raises(NoImagesError, match="none of the 2 files is a readable image"):
+    with pytest.raises(NoImagesError, match="none of the 2 files is a readable image") as info:
+        scan_survey(str(tmp_path))
+    assert "a.jpg: " in str(info.value) and "b.jpg: " in str(info.value)
+    (tmp_path / "a.jpg").unlink()
+    with pytest.raises(NoImagesError, match=r"its one file is not a readable image \(b\.jpg: "):
         scan_survey(str(tmp_path))
 
 
@@ -223,6 +227,23 @@ def test_scan_from_s3_on_loopback(s3_endpoint: str, brighton_images: Path, data_
     # Ranged reads only: far less than the 11.5 MB of the images.
     assert stats.identity_bytes == 0
     assert stats.metadata_bytes < 19 * (131072 + 1024)
+
+
+def test_an_s3_endpoint_that_does_not_answer_is_one_storage_error() -> None:
+    import socket
+
+    from prefect_odm.errors import StorageError
+
+    with socket.socket() as sock:  # a loopback port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    options = {"endpoint_url": f"http://127.0.0.1:{port}", "key": "x", "secret": "y"}
+    options["config_kwargs"] = {"retries": {"max_attempts": 1}, "connect_timeout": 2}
+    with pytest.raises(StorageError) as caught:
+        scan_survey("s3://bucket/images", storage_options=options)
+    message = str(caught.value)
+    assert message.startswith("s3://bucket/images: cannot list (")
+    assert "EndpointConnectionError" in message and "\n" not in message
 
 
 def test_projection_of_scan(brighton_images: Path) -> None:

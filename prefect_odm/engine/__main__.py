@@ -19,6 +19,26 @@ from prefect_odm.engine.store import DEFAULT_CLEANUP_HOURS
 from prefect_odm.errors import InputError
 
 
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port is 0 to 65535, not {port}")
+    return port
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``python -m prefect_odm.engine``."""
     parser = argparse.ArgumentParser(
@@ -28,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the NodeODM-compatible HTTP server")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=3000, help="TCP port (default 3000)")
+    serve.add_argument("--port", type=_port, default=3000, help="TCP port (default 3000)")
     serve.add_argument(
         "--data-dir",
         type=Path,
@@ -37,7 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
         "i.e. ~/.cache/prefect-odm/engine-serve)",
     )
     serve.add_argument("--token", default=None, help="require ?token=TOKEN on every request")
-    serve.add_argument("--max-parallel-tasks", type=int, default=1, help="tasks run at once")
+    serve.add_argument(
+        "--max-parallel-tasks", type=_at_least_one, default=1, help="tasks run at once"
+    )
     serve.add_argument(
         "--method", choices=("sfm", "direct"), default=None, help="default 'pipeline' option"
     )

@@ -209,25 +209,38 @@ def _shot_names(location: str) -> set[str]:
     return names - {""}
 
 
+def _base_names(image_names: Sequence[str]) -> set[str]:
+    """A plan's image names (paths under the survey) as a node receives them: file names."""
+    return {name.rsplit("/", 1)[-1] for name in image_names}
+
+
 def match_plan(found: Sequence[ExistingOutput], plan: SplitPlan) -> dict[str, str]:
     """Found output id -> plan submodel id: same id (or ``{id}-...``, a prefect-odm submodel
     folder), else the submodel sharing most image names (``shots.geojson``).
 
     Raises:
-        InputError: an output sharing no image with any submodel, or two outputs matching the
-            same submodel.
+        InputError: an output sharing no image with any submodel; an output named after a
+            submodel whose cameras include images that submodel does not have (the plan is of
+            another run); or two outputs matching the same submodel.
     """
-    ids = {sm.id for sm in plan.submodels}
+    by_id = {sm.id: sm for sm in plan.submodels}
     out: dict[str, str] = {}
     for output in sorted(found, key=lambda o: o.submodel_id):
         oid = output.submodel_id
-        named = [sid for sid in ids if oid == sid or oid.startswith(f"{sid}-")]
+        names = _shot_names(output.location)
+        named = [sid for sid in by_id if oid == sid or oid.startswith(f"{sid}-")]
         if len(named) == 1:  # e.g. a prefect-odm folder "submodel-003-<fingerprint>"
+            extra = sorted(names - _base_names(by_id[named[0]].image_names))
+            if extra:
+                raise InputError(
+                    f"{output.location}: {len(extra)} of its {len(names)} cameras "
+                    f"({', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''}) are not in "
+                    f"{named[0]} of the plan: the plan is not of the run that made it"
+                )
             out[oid] = named[0]
             continue
-        names = _shot_names(output.location)
-        best = max(plan.submodels, key=lambda sm: (len(names & set(sm.image_names)), sm.id))
-        if not names & set(best.image_names):
+        best = max(plan.submodels, key=lambda sm: (len(names & _base_names(sm.image_names)), sm.id))
+        if not names & _base_names(best.image_names):
             raise InputError(f"{output.location}: no image of it is in any submodel of the plan")
         out[oid] = best.id
     if len(set(out.values())) != len(out):

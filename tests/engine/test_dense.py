@@ -128,6 +128,26 @@ def test_fusion_keeps_heights_two_pairs_agree_on() -> None:
     assert np.isnan(alone.heights).all() and len(alone.xyz) == 0
 
 
+def test_fusion_drops_heights_most_pairs_seeing_the_cell_contradict() -> None:
+    # Left half: seven pairs scatter as the matcher does on a near-textureless field, two agree
+    # (2 of 7 < a third). Right half: three of four agree.
+    grid = Grid(left=0.0, top=10.0, resolution_m=1.0, width=10, height=10)
+    xs, ys = np.meshgrid(np.arange(0.25, 10, 0.5), np.arange(0.25, 10, 0.5))
+    xy = np.column_stack([xs.ravel(), ys.ravel()])
+    left = xy[:, 0] < 5.0
+    scattered = [5.0, 7.0, 9.9, 10.0, 12.0, 14.0, 16.0]
+    supported = [20.0, 20.1, 20.05, 23.0]
+    pairs = [_pair(z, xy[left], k) for k, z in enumerate(scattered)]
+    pairs += [_pair(z, xy[~left], 10 + k) for k, z in enumerate(supported)]
+    fused = fuse_pairs(pairs, grid, tolerance_m=0.3, min_pairs=2)
+    assert np.isnan(fused.heights[:, :5]).all()
+    assert np.allclose(fused.heights[:, 5:], 20.05, atol=0.06)
+    assert np.all(np.abs(fused.xyz[:, 2] - 20.05) <= 0.06)
+    # without the share the two agreeing pairs would make a measured cell of the scatter
+    loose = fuse_pairs(pairs, grid, tolerance_m=0.3, min_pairs=2, min_agreeing_share=0.0)
+    assert np.allclose(loose.heights[:, :5], 9.95, atol=0.06)
+
+
 def test_fusion_drops_isolated_cells() -> None:
     grid = Grid(left=0.0, top=10.0, resolution_m=1.0, width=10, height=10)
     lone = np.array([[5.5, 4.5]])

@@ -407,9 +407,11 @@ def test_sfm_brighton_dense_products_against_odm(sfm_task: Path) -> None:
     figures = dense_figures(task)
     print("\n".join(figures.lines()))
     assert figures.dsm_median_abs_m <= 1.0 and figures.dsm_p90_abs_m <= 1.8
-    assert figures.plane_removed_median_abs_m <= 0.3
+    # fusion's stability test (a third of the pairs seeing a cell must agree) trades measured
+    # cells for shape: of ODM's footprint 87 -> 84 % measured, plane removed 0.15 -> 0.11 m
+    assert figures.plane_removed_median_abs_m <= 0.2
     assert figures.tilt_deg <= 0.5
-    assert figures.measured_share_of_reference >= 0.85
+    assert figures.measured_share_of_reference >= 0.8
     # issue 12's target: ODM's depth-map size at the default medium gives ~264 points/m2
     assert figures.points_per_m2 >= 150 and figures.coloured_share >= 0.99
     assert figures.object_height_ratio >= 0.25 and figures.object_cells > 300
