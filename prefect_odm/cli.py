@@ -21,7 +21,7 @@ from prefect_odm.cli_args import build_parser, merge_options, processing_options
 from prefect_odm.cli_console import quiet_prefect_console
 from prefect_odm.cli_process import install_signal_handlers, prefect_start_error, start_embedded_api
 from prefect_odm.errors import InputError, NodeError, PlanningError, PrefectODMError
-from prefect_odm.layout import PLAN_FILES, plan_file
+from prefect_odm.layout import PLAN_FILES, OutputLayout, plan_file
 
 __all__ = ["build_parser", "main"]
 
@@ -167,6 +167,9 @@ def _merge_existing(args: argparse.Namespace) -> int:
     )
     for name, url in sorted(manifest.products.items()):
         print(f"{name}: {url}")
+    layout = OutputLayout(args.output, manifest.survey_fingerprint)
+    print(f"report: {layout.report_md}")
+    print(f"manifest: {layout.manifest}")
     return 0
 
 

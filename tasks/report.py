@@ -284,5 +284,37 @@ def publish_existing_merge(
         alignment=reports.alignment,
     )
     storage.write_json_atomic(layout.merge_report, reports.json_dict())
+    if reports.alignment is not None:
+        png = alignment_png(reports.alignment)
+        storage.write_bytes_atomic(layout.report_file(ALIGNMENT_PNG), png)
+    markdown = existing_merge_markdown(manifest, reports)
+    storage.write_bytes_atomic(layout.report_md, markdown.encode())
     storage.write_json_atomic(layout.manifest, manifest.model_dump(mode="json"))
     return manifest
+
+
+def existing_merge_markdown(manifest: Manifest, reports: MergeReports) -> str:
+    """The report of a merge of outputs made elsewhere: inputs, products, coverage, seams and
+    the alignment (its corrections, residuals, gates and picture, ``alignment.png``)."""
+    plan = f", plan `{manifest.plan_fingerprint[:16]}`" if manifest.plan_fingerprint else ""
+    lines = [
+        "# Merge of existing outputs",
+        "",
+        f"Inputs: `{manifest.source}`{plan}, EPSG:{manifest.crs_epsg}, prefect-odm "
+        f"{manifest.version}.",
+        "",
+        "## Products",
+        "",
+    ]
+    lines += [f"- {name}: `{url}`" for name, url in sorted(manifest.products.items())]
+    lines += ["", "## Inputs merged", ""]
+    lines += [f"- {r.submodel_id}" for r in manifest.submodels]
+    if manifest.coverage:
+        lines += ["", "## Coverage", ""]
+        lines += [f"- {k}: {v:.4g}" for k, v in sorted(manifest.coverage.items())]
+    if reports.orthophoto is not None:
+        lines += seam_lines(reports.orthophoto)
+    lines += alignment_lines(reports.alignment)
+    if reports.alignment is not None:
+        lines += ["", f"![alignment]({ALIGNMENT_PNG})"]
+    return "\n".join(lines) + "\n"

@@ -65,6 +65,17 @@ def test_merge_existing_equals_the_flows_own_merge(
             inputs=[str(submodels)], output=str(tmp_path / "wrong"), plan=str(other_plan)
         )
     assert not (tmp_path / "wrong").exists()
+    # Two folders of one submodel (a run keeps one per set of options): refused, naming both.
+    import shutil
+
+    kept = next(submodels.glob("submodel-000-*"))
+    twin = tmp_path / "twins" / "submodel-000-ffffffffffff"
+    shutil.copytree(kept, twin)
+    with pytest.raises(InputError, match=rf"2 inputs match submodel-000 .*{kept.name}"):
+        merge_existing(
+            inputs=[str(submodels), str(twin)], output=str(tmp_path / "twice"), plan=plan_json
+        )
+    assert not (tmp_path / "twice").exists()
     # Without a plan: ownership from the orthophotos' footprints; still a valid, complete COG.
     env = dict(os.environ)
     proc = subprocess.run(
@@ -83,6 +94,13 @@ def test_merge_existing_equals_the_flows_own_merge(
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr
+    report = next((tmp_path / "noplan").glob("*/report/report.md"))
+    assert f"report: {report}" in proc.stdout and "manifest: " in proc.stdout
+    text = report.read_text()
+    assert (
+        text.startswith("# Merge of existing outputs") and "## Alignment between submodels" in text
+    )
+    assert (report.parent / "alignment.png").read_bytes().startswith(b"\x89PNG")
     ortho = next((tmp_path / "noplan").glob("*/merged/odm_orthophoto.tif"))
     assert cog_validate(str(ortho))[0]
     with rasterio.open(ortho) as ds:

@@ -243,8 +243,15 @@ def match_plan(found: Sequence[ExistingOutput], plan: SplitPlan) -> dict[str, st
         if not names & _base_names(best.image_names):
             raise InputError(f"{output.location}: no image of it is in any submodel of the plan")
         out[oid] = best.id
-    if len(set(out.values())) != len(out):
-        raise InputError("two inputs match the same submodel of the plan")
+    by_submodel: dict[str, list[str]] = {}
+    for oid, sid in sorted(out.items()):
+        by_submodel.setdefault(sid, []).append(oid)
+    for sid, oids in by_submodel.items():
+        if len(oids) > 1:
+            raise InputError(
+                f"{len(oids)} inputs match {sid} of the plan ({', '.join(oids)}): give one of "
+                "them (a run's submodels/ folder keeps one per set of options)"
+            )
     return out
 
 
