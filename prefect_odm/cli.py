@@ -77,6 +77,9 @@ def _plan(args: argparse.Namespace) -> int:
     from prefect_odm.scan import check_local_images
 
     check_local_images(args.images)  # before the planning imports (SciPy, Matplotlib): < 1 s
+    from prefect_odm.cli_reconstruct import check_output_writable
+
+    check_output_writable(args.output)  # a file in the way, or a place no folder can be made
     from rich.console import Console
     from rich.table import Table
 

@@ -30,7 +30,7 @@ REJECTED_SHOWN = 5
 """Rejected images named in the summary (the report lists every one)."""
 
 
-def _check_output_writable(output: str) -> None:
+def check_output_writable(output: str) -> None:
     """Fail early, before any scanning, when a local output location cannot be written.
 
     Leaves nothing behind: the nearest existing folder on the path must be a folder in which a
@@ -50,7 +50,8 @@ def _check_output_writable(output: str) -> None:
         os.rmdir(tempfile.mkdtemp(prefix=".prefect-odm-probe-", dir=probe))
     except OSError as exc:
         raise InputError(
-            f"{output}: cannot write the output here ({probe}: {exc.strerror or exc})"
+            f"{output}: cannot write the output here (no folder can be made in {probe}: "
+            f"{exc.strerror or exc})"
         ) from None
 
 
@@ -196,7 +197,7 @@ def reconstruct_command(args: argparse.Namespace) -> int:
 
         # the flow checks again; here a bad option costs no Prefect start-up
         check_embedded_options(options.to_nodeodm())
-    _check_output_writable(args.output)
+    check_output_writable(args.output)
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     # The embedded server would try to send telemetry; this machine may have no route out.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
