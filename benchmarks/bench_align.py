@@ -66,9 +66,12 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 400])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--survey", help="a real run's survey folder, or 'reconstruct'")
+    parser.add_argument(
+        "--no-bowl", action="store_true", help="with --survey: planes only, no bowl per submodel"
+    )
     args = parser.parse_args()
     if args.survey:
-        bench_survey(args.survey)
+        bench_survey(args.survey, bowl=not args.no_bowl)
         return
     rng = np.random.default_rng(0)
     print(

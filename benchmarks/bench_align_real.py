@@ -12,7 +12,7 @@ import numpy as np
 from align_perturb import known_error, moved_copy, products_of, recovery, submodel_folders
 from prefect_odm.tasks.align import build_alignment
 
-from prefect_odm.align import AlignmentReport, read_shots_geojson
+from prefect_odm.align import AlignmentOptions, AlignmentReport, read_shots_geojson
 from prefect_odm.merge import merge_dems, merge_orthophotos, merge_point_clouds
 from prefect_odm.merge.overlaps import dem_overlaps, dsm_disagreement_p90_m, ortho_shifts
 from prefect_odm.models import MergeOptions, SplitPlan
@@ -62,7 +62,9 @@ def _merge_seconds(
     return time.perf_counter() - started
 
 
-def _known_transform(survey: Path, before: AlignmentReport, gps: dict, plan: SplitPlan) -> None:  # type: ignore[type-arg]
+def _known_transform(
+    survey: Path, before: AlignmentReport, gps: dict, plan: SplitPlan, bowl: bool
+) -> None:  # type: ignore[type-arg]
     folders = submodel_folders(survey)
     _, shots = products_of(folders)
     sid = sorted(folders)[1]
@@ -73,7 +75,7 @@ def _known_transform(survey: Path, before: AlignmentReport, gps: dict, plan: Spl
         products, moved_shots = products_of(moved)
         # a 1 deg tilt over a few hundred metres is a correction beyond the 5 m gate: accept it
         # here and print how many gates failed
-        accept = MergeOptions(accept_alignment=True)
+        accept = MergeOptions(accept_alignment=True, alignment=AlignmentOptions(refine_bowl=bowl))
         after = build_alignment(products, moved_shots, accept, gps, plan.crs_epsg)
         assert after is not None
         pos, rot = recovery(before, after, sid, error, shots[sid])
@@ -83,15 +85,17 @@ def _known_transform(survey: Path, before: AlignmentReport, gps: dict, plan: Spl
         _figures("moved, after", products, after)
 
 
-def bench_survey(where: str) -> None:
-    """Print the figures of the module docstring of ``bench_align.py`` for a real run."""
+def bench_survey(where: str, bowl: bool = True) -> None:
+    """Print the figures of the module docstring of ``bench_align.py`` for a real run
+    (``bowl``: with ``AlignmentOptions.refine_bowl``)."""
     with tempfile.TemporaryDirectory() as tmp:
         survey = _reconstruct(Path(tmp)) if where == "reconstruct" else Path(where)
         plan = SplitPlan.model_validate_json((survey / "plan" / "plan.json").read_text())
         gps = {c.name: (c.x_m, c.y_m, c.z_m) for c in plan.cameras if c.z_m is not None}
         products, shots = products_of(submodel_folders(survey))
         started = time.perf_counter()
-        report = build_alignment(products, shots, MergeOptions(), gps, plan.crs_epsg)
+        options = MergeOptions(alignment=AlignmentOptions(refine_bowl=bowl))
+        report = build_alignment(products, shots, options, gps, plan.crs_epsg)
         align_s = time.perf_counter() - started
         assert report is not None
         merge_s = _merge_seconds(products, report, plan)
@@ -103,5 +107,5 @@ def bench_survey(where: str) -> None:
         _figures("after cameras", products, AlignmentReport(
             result=report.result, ground_heights_m=report.ground_heights_m))  # fmt: skip
         _figures("after refined", products, report)
-        _known_transform(survey, report, gps, plan)
+        _known_transform(survey, report, gps, plan, bowl)
     sys.stdout.flush()

@@ -315,6 +315,4 @@ def existing_merge_markdown(manifest: Manifest, reports: MergeReports) -> str:
     if reports.orthophoto is not None:
         lines += seam_lines(reports.orthophoto)
     lines += alignment_lines(reports.alignment)
-    if reports.alignment is not None:
-        lines += ["", f"![alignment]({ALIGNMENT_PNG})"]
     return "\n".join(lines) + "\n"

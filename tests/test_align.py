@@ -377,6 +377,69 @@ def test_height_tilt_from_dsm_differences_keeps_the_slope() -> None:
     assert check_alignment(result, AlignmentOptions(max_overlap_rms_m=5.0)) == []
 
 
+def test_height_alignment_takes_out_each_submodels_bowl() -> None:
+    """A 2 x 3 grid on a slope, each DSM off by its own plane and bowl (doming). With bowls
+    the alignment recovers them (the block's mean bowl is its gauge); without, it cannot."""
+    rng = np.random.default_rng(7)
+    ids = [f"submodel-{i:03d}" for i in range(6)]
+    centres = np.array([[200.0 * (i % 3), 200.0 * (i // 3)] for i in range(6)])
+    near = [
+        (i, j)
+        for i in range(6)
+        for j in range(i + 1, 6)
+        if np.linalg.norm(centres[i] - centres[j]) < 201
+    ]
+    weights = 400.0 * np.bincount(np.ravel(near), minlength=6)
+    planes = np.stack(
+        [rng.normal(0, 1.0, 6), rng.normal(0, 0.003, 6), rng.normal(0, 0.003, 6)], axis=1
+    )
+    bowls = rng.normal(0, 5e-5, 6)  # 0.5 m at 100 m from the centre
+    # the truth in the solver's gauge: mean bowl 0 (moved into the planes), then mean plane 0
+    mean_bowl = np.average(bowls, weights=weights)
+    bowls -= mean_bowl
+    planes += mean_bowl * np.stack(
+        [(centres**2).sum(axis=1), -2 * centres[:, 0], -2 * centres[:, 1]], axis=1
+    )
+    planes -= np.average(planes, axis=0, weights=weights)
+
+    def err_at(i: int, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        r2 = (x - centres[i, 0]) ** 2 + (y - centres[i, 1]) ** 2
+        return planes[i, 0] + planes[i, 1] * x + planes[i, 2] * y + bowls[i] * r2
+
+    overlaps = []
+    for i, j in near:
+        mid = (centres[i] + centres[j]) / 2
+        x, y = mid[0] + rng.uniform(-40, 40, 400), mid[1] + rng.uniform(-40, 40, 400)
+        dz = err_at(j, x, y) - err_at(i, x, y) + rng.normal(0, 0.02, 400)
+        dz[:10] += 25.0  # a tree in one DSM only
+        overlaps.append(DemOverlap(ids[i], ids[j], x, y, dz))
+    plain = align_heights(ids, centres, overlaps, AlignmentOptions(refine_bowl=False))
+    result = align_heights(ids, centres, overlaps)  # bowls by default
+    assert max(o.rms_after_m for o in result.overlaps) < 0.05
+    assert max(o.rms_after_m for o in plain.overlaps) > 0.15  # a plane cannot take a bowl out
+    for i, sid in enumerate(ids):
+        t = result.transform(sid)
+        assert t.height_bowl is not None and abs(t.height_bowl[0] + bowls[i]) < 3e-6
+        xs = centres[i, 0] + np.array([-100.0, 0.0, 100.0])
+        ys = centres[i, 1] + np.array([-100.0, 50.0, 100.0])
+        ground = 1000.0 + 0.1 * xs
+        pts = np.stack([xs, ys, ground + err_at(i, xs, ys)], axis=1)
+        fixed = t.apply_points(pts)
+        assert np.allclose(fixed[:, 2], ground, atol=0.05)
+        rc = t.raster_correction(1000.0)
+        assert np.allclose(rc.corrected_heights(pts[:, 0], pts[:, 1], pts[:, 2]), fixed[:, 2])
+        # after a similarity's raster correction (a turn and a shift), as the merge composes them
+        first = Similarity.from_parameters(
+            np.radians([0.0, 0.0, 0.5]), 0.0, np.array([2.0, -1.0, 0.0]), [*centres[i], 1000.0]
+        ).raster_correction(1000.0)
+        both = first.then(rc)
+        moved = first.corrected_heights(pts[:, 0], pts[:, 1], pts[:, 2])
+        (a, b, c), (d, e, f) = first.affine
+        mx, my = a * pts[:, 0] + b * pts[:, 1] + c, d * pts[:, 0] + e * pts[:, 1] + f
+        assert np.allclose(both.corrected_heights(pts[:, 0], pts[:, 1], pts[:, 2]),
+                           rc.corrected_heights(mx, my, moved), atol=1e-6)  # fmt: skip
+
+
 def test_align_and_gps_quality_are_pure_core() -> None:
     code = (
         "import sys\n"

@@ -100,6 +100,7 @@ def test_merge_existing_equals_the_flows_own_merge(
     assert (
         text.startswith("# Merge of existing outputs") and "## Alignment between submodels" in text
     )
+    assert "bowl at 100 m (m)" in text and text.count("![alignment](alignment.png)") == 1
     assert (report.parent / "alignment.png").read_bytes().startswith(b"\x89PNG")
     ortho = next((tmp_path / "noplan").glob("*/merged/odm_orthophoto.tif"))
     assert cog_validate(str(ortho))[0]

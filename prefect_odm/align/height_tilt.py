@@ -5,7 +5,12 @@ For inputs without cameras (orthophotos and DEMs made elsewhere). Each overlap g
 ``(dx, dy)``, the second's horizontal offset against the first from orthophoto matching. Each
 submodel gets a plane ``p_i(x, y) = h_i + gx_i (x - cx_i) + gy_i (y - cy_i)`` added to its heights
 and a shift ``(dx_i, dy_i)``, solved jointly and robustly so that ``p_first - p_second = dz`` and
-``shift_second - shift_first = -(dx, dy)``. The problem is linear; the robust loss and the
+``shift_second - shift_first = -(dx, dy)``. With ``AlignmentOptions.refine_bowl`` the plane gets
+a bowl, ``+ b_i ((x - cx_i)^2 + (y - cy_i)^2)``: the doming a nadir block's radial distortion
+leaves (James and Robson, "Mitigating systematic error in topographic models derived from UAV
+and ground-based image networks", ESPL 2014). A bowl common to every submodel changes each
+overlap only by a plane, so it is the gauge's too: the block's mean bowl is held at zero (and
+the tilts that stand for it are moved with it). The problem is linear; the robust loss and the
 gauge (the sample-weighted mean plane and mean shift are zero per connected block: the block
 keeps its average height and slope, so a survey on a slope keeps its relief) are as in
 :mod:`prefect_odm.align.solve`.
@@ -58,12 +63,17 @@ class DemOverlap:
 
 
 def _design(
-    overlaps: Sequence[DemOverlap], index: dict[str, int], centres: FloatArray, length_m: float
+    overlaps: Sequence[DemOverlap],
+    index: dict[str, int],
+    centres: FloatArray,
+    length_m: float,
+    terms: int = 3,
 ) -> csr_matrix:
-    """Rows ``p_first - p_second`` over ``(h, gx * length_m, gy * length_m)`` per submodel.
+    """Rows ``p_first - p_second`` over ``(h, gx * length_m, gy * length_m)`` per submodel, and
+    ``b * length_m^2`` when ``terms`` is 4.
 
-    The slopes are solved times ``length_m`` (metres of height change over it), so every column
-    has the size of a height and the trust region is well conditioned.
+    The slopes (and the bowl) are solved times powers of ``length_m`` (metres of height change
+    over it), so every column has the size of a height and the trust region is well conditioned.
     """
     rows, cols, vals = [], [], []
     start = 0
@@ -73,14 +83,14 @@ def _design(
         for sign, sid in ((1.0, ov.first), (-1.0, ov.second)):
             i = index[sid]
             dx, dy = (ov.x - centres[i, 0]) / length_m, (ov.y - centres[i, 1]) / length_m
-            for k, v in enumerate((np.ones(n), dx, dy)):
+            for k, v in enumerate((np.ones(n), dx, dy, dx * dx + dy * dy)[:terms]):
                 rows.append(r)
-                cols.append(np.full(n, 3 * i + k))
+                cols.append(np.full(n, terms * i + k))
                 vals.append(sign * v)
         start += n
     return csr_matrix(
         (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
-        shape=(start, 3 * len(index)),
+        shape=(start, terms * len(index)),
     )
 
 
@@ -135,10 +145,11 @@ def align_heights(
     c = np.asarray(centres, dtype=np.float64)[:, :2]
     live = [ov for ov in overlaps if len(ov.x)]
     n = len(submodel_ids)
+    terms = 4 if opts.refine_bowl else 3
     if live:
         xy = np.concatenate([np.stack([ov.x, ov.y], axis=1) for ov in live])
         length = float(max(xy.std(axis=0).max(), 1.0))
-        a = _design(live, index, c, length)
+        a = _design(live, index, c, length, terms)
         b = np.concatenate([ov.dz for ov in live])
         keep = np.ones(len(b), dtype=bool)
         for _ in range(3):  # robust solve, reject samples off by far more than the rest, again
@@ -150,10 +161,12 @@ def align_heights(
             if np.array_equal(keep, err <= limit):
                 break
             keep = err <= limit
-        p = p.reshape(n, 3) / [1.0, length, length]
+        p = p.reshape(n, terms) / [1.0, length, length, length * length][:terms]
     else:
-        p, keep = np.zeros(3 * n), np.zeros(0, dtype=bool)
-    planes = _planes_global(p.reshape(n, 3), c)
+        p, keep = np.zeros((n, terms)), np.zeros(0, dtype=bool)
+    p = p.reshape(n, terms)
+    planes = _planes_global(p[:, :3], c)
+    bowls = p[:, 3].copy() if terms == 4 else np.zeros(n)
     shifts = _shifts(live, index, n, opts)
     counts = np.zeros(n)
     adj = np.zeros((n, n))
@@ -164,12 +177,21 @@ def align_heights(
     for comp in np.unique(labels):  # gauge: sample-weighted mean plane and shift are zero
         m = labels == comp
         w = counts[m] if counts[m].sum() > 0 else np.ones(int(m.sum()))
+        mean_bowl = float(np.average(bowls[m], weights=w))
+        # b |p - c|^2 = b |p|^2 + b (|c|^2 - 2 p.c): a bowl common to all differs from the plane
+        # b (|c|^2, -2 cx, -2 cy) of each by the same b |p|^2, which no overlap sees
+        bowls[m] -= mean_bowl
+        planes[m] += mean_bowl * np.stack(
+            [c[m, 0] ** 2 + c[m, 1] ** 2, -2.0 * c[m, 0], -2.0 * c[m, 1]], axis=1
+        )
         planes[m] -= np.average(planes[m], axis=0, weights=w)
         shifts[m] -= np.average(shifts[m], axis=0, weights=w)
     splits = np.cumsum([len(ov.x) for ov in live])[:-1]
-    overlaps_out = _overlap_records(live, index, planes, shifts, np.split(keep, splits))
+    overlaps_out = _overlap_records(live, index, planes, bowls, c, shifts, np.split(keep, splits))
     transforms = [
-        _record(sid, planes[i], shifts[i], c[i], live, int(counts[i]))
+        _record(
+            sid, planes[i], bowls[i] if terms == 4 else None, shifts[i], c[i], live, int(counts[i])
+        )  # fmt: skip
         for i, sid in enumerate(submodel_ids)
     ]
     return AlignmentResult(
@@ -203,10 +225,21 @@ def _shifts(
     return out
 
 
+def _height_change(
+    plane: FloatArray, bowl: float, centre: FloatArray, x: FloatArray, y: FloatArray
+) -> FloatArray:
+    """Height correction (metres) of a plane and a bowl at ``x, y``."""
+    out: FloatArray = plane[0] + plane[1] * x + plane[2] * y
+    out = out + bowl * ((x - centre[0]) ** 2 + (y - centre[1]) ** 2)
+    return out
+
+
 def _overlap_records(
     live: Sequence[DemOverlap],
     index: dict[str, int],
     planes: FloatArray,
+    bowls: FloatArray,
+    centres: FloatArray,
     shifts: FloatArray,
     kept: Sequence[NDArray[np.bool_]],
 ) -> list[OverlapResidual]:
@@ -214,8 +247,8 @@ def _overlap_records(
     out = []
     for ov, keep in zip(live, kept, strict=True):
         i, j = index[ov.first], index[ov.second]
-        pi = planes[i, 0] + planes[i, 1] * ov.x + planes[i, 2] * ov.y
-        pj = planes[j, 0] + planes[j, 1] * ov.x + planes[j, 2] * ov.y
+        pi = _height_change(planes[i], float(bowls[i]), centres[i], ov.x, ov.y)
+        pj = _height_change(planes[j], float(bowls[j]), centres[j], ov.x, ov.y)
         after = ov.dz + pj - pi
         before_sq, after_sq = ov.dz**2, after**2
         if ov.dxy is not None:
@@ -237,15 +270,15 @@ def _overlap_records(
 
 
 def _record(
-    sid: str, plane: FloatArray, shift: FloatArray, centre: FloatArray, live: Sequence[DemOverlap],
-    n_samples: int,
+    sid: str, plane: FloatArray, bowl: float | None, shift: FloatArray, centre: FloatArray,
+    live: Sequence[DemOverlap], n_samples: int,
 ) -> SubmodelTransform:  # fmt: skip
     p0, px, py = (float(v) for v in plane)
     xs = [ov.x for ov in live if sid in (ov.first, ov.second)]
     ys = [ov.y for ov in live if sid in (ov.first, ov.second)]
     if xs:
         x, y = np.concatenate(xs), np.concatenate(ys)
-        dz = p0 + px * x + py * y
+        dz = _height_change(plane, bowl or 0.0, centre, x, y)
         moves = np.sqrt(dz**2 + float(shift @ shift))
         max_move = float(moves.max())
     else:
@@ -260,6 +293,7 @@ def _record(
         translation_m=(float(shift[0]), float(shift[1]), p0 + px * centre[0] + py * centre[1]),
         centre_m=(float(centre[0]), float(centre[1]), 0.0),
         height_plane=(p0, px, py),
+        height_bowl=None if bowl is None else (float(bowl), float(centre[0]), float(centre[1])),
         rotation_deg=tilt,
         tilt_deg=tilt,
         scale_change=0.0,

@@ -72,6 +72,13 @@ class AlignmentOptions(BaseModel):
         "orthophotos in the overlaps (each submodel projects onto its own surface, so cameras "
         "that agree do not make products that agree).",
     )
+    refine_bowl: bool = Field(
+        True,
+        description="In that refinement (and in an alignment from products alone) also solve a "
+        "bowl per submodel, z += b * r^2 about its DSM's centre: the doming of nadir blocks from "
+        "radial distortion (James and Robson 2014). Only the bowls relative to each other are "
+        "measured: the block's mean bowl is held at zero.",
+    )
 
 
 class OutlierCamera(BaseModel):
@@ -87,7 +94,8 @@ class SubmodelTransform(BaseModel):
 
     ``kind='similarity'``: ``X' = centre + translation + scale * R @ (X - centre)``.
     ``kind='height_tilt'``: ``x' = x + dx``, ``y' = y + dy``, ``z' = z + p0 + px*x + py*y``
-    with ``(dx, dy) = translation_m[:2]`` and ``(p0, px, py) = height_plane``.
+    with ``(dx, dy) = translation_m[:2]`` and ``(p0, px, py) = height_plane``, plus
+    ``b * ((x - bx)^2 + (y - by)^2)`` with ``(b, bx, by) = height_bowl`` when there is one.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -99,6 +107,9 @@ class SubmodelTransform(BaseModel):
     translation_m: tuple[float, float, float]
     centre_m: tuple[float, float, float]
     height_plane: tuple[float, float, float] | None = None
+    height_bowl: tuple[float, float, float] | None = Field(
+        None, description="(b in m per m^2, centre x, y): a bowl; None: none."
+    )
     rotation_deg: float
     tilt_deg: float
     scale_change: float
@@ -116,7 +127,10 @@ class SubmodelTransform(BaseModel):
             return self.similarity().apply(points)
         xyz = np.array(points, dtype=np.float64).reshape(-1, 3)
         p0, px, py = self.height_plane or (0.0, 0.0, 0.0)
+        bow, bx, by = self.height_bowl or (0.0, 0.0, 0.0)
         xyz[:, 2] += p0 + px * xyz[:, 0] + py * xyz[:, 1]
+        if bow != 0.0:
+            xyz[:, 2] += bow * ((xyz[:, 0] - bx) ** 2 + (xyz[:, 1] - by) ** 2)
         xyz[:, :2] += np.asarray(self.translation_m[:2])
         return xyz
 
@@ -131,6 +145,7 @@ class SubmodelTransform(BaseModel):
             reference_height_m=reference_height_m,
             z_scale=1.0,
             z_plane=self.height_plane or (0.0, 0.0, 0.0),
+            z_bowl=self.height_bowl or (0.0, 0.0, 0.0),
         )
 
 

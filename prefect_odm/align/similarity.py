@@ -186,7 +186,7 @@ class RasterCorrection:
 
     A source cell at ``(x, y)`` with height ``z`` (plan CRS, metres) lands at
     ``x' = a*x + b*y + c + lean_x * (z - reference_height_m)`` (likewise ``y'``) with height
-    ``z' = z_scale * z + p0 + px * x + py * y``.
+    ``z' = z_scale * z + p0 + px * x + py * y + b * ((x - bx)^2 + (y - by)^2)``.
 
     Attributes:
         affine: ``((a, b, c), (d, e, f))`` mapping source ``(x, y)`` to corrected ``(x', y')``.
@@ -194,6 +194,8 @@ class RasterCorrection:
         reference_height_m: the height at which ``affine`` is exact.
         z_scale: factor on the source height (the similarity's scale times ``R[2, 2]``).
         z_plane: ``(p0, px, py)``: metres, and metres per metre of ``x`` and ``y``.
+        z_bowl: ``(b, bx, by)``: metres per square metre about the centre ``(bx, by)`` (source
+            coordinates); zero unless the alignment solved bowls (``AlignmentOptions.refine_bowl``).
     """
 
     affine: tuple[tuple[float, float, float], tuple[float, float, float]]
@@ -201,6 +203,7 @@ class RasterCorrection:
     reference_height_m: float
     z_scale: float
     z_plane: tuple[float, float, float]
+    z_bowl: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     def corrected_geotransform(self, transform: GeoTransform) -> GeoTransform:
         """A raster's geotransform after the horizontal correction (rasterio ``Affine`` order).
@@ -234,8 +237,15 @@ class RasterCorrection:
         """This correction followed by ``other`` (whose ``x, y`` are this one's corrected ones).
 
         Exact when ``other`` has no lean and ``z_scale`` 1 (a height plane plus an affine, as
-        :func:`~prefect_odm.align.align_heights` solves); the lean is this one's.
+        :func:`~prefect_odm.align.align_heights` solves); the lean is this one's. A bowl of
+        ``other`` is taken back through this affine (centre mapped back, coefficient times the
+        affine's area scale): exact for a similarity's horizontal part, which this one is.
+
+        Raises:
+            ValueError: both corrections have a bowl.
         """
+        if self.z_bowl[0] != 0.0 and other.z_bowl[0] != 0.0:
+            raise ValueError("two bowls do not compose into one")
         h1 = np.array([*self.affine, (0.0, 0.0, 1.0)])
         h2 = np.array([*other.affine, (0.0, 0.0, 1.0)])
         q0, qx, qy = other.z_plane
@@ -256,7 +266,16 @@ class RasterCorrection:
                 k * px + qx * a + qy * d,
                 k * py + qx * b + qy * e,
             ),
+            z_bowl=self._bowl_then(other),
         )
+
+    def _bowl_then(self, other: RasterCorrection) -> tuple[float, float, float]:
+        if other.z_bowl[0] == 0.0:
+            return self.z_bowl
+        bow, bx, by = other.z_bowl
+        (a, b, c), (d, e, f) = self.inverse_affine()
+        area = abs(float(np.linalg.det(np.array([self.affine[0][:2], self.affine[1][:2]]))))
+        return (bow * area, a * bx + b * by + c, d * bx + e * by + f)
 
     def inverse_affine(self) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
         """``((a, b, c), (d, e, f))`` mapping corrected ``(x', y')`` back to source ``(x, y)``.
@@ -304,8 +323,11 @@ class RasterCorrection:
     def corrected_heights(self, x: ArrayLike, y: ArrayLike, z: ArrayLike) -> FloatArray:
         """Corrected heights (metres) of source cells at source ``x, y`` with heights ``z``."""
         p0, px, py = self.z_plane
+        bow, bx, by = self.z_bowl
         xa, ya, za = (np.asarray(v, dtype=np.float64) for v in (x, y, z))
         out: FloatArray = self.z_scale * za + p0 + px * xa + py * ya
+        if bow != 0.0:
+            out = out + bow * ((xa - bx) ** 2 + (ya - by) ** 2)
         return out
 
 

@@ -25,14 +25,16 @@ def _result_lines(title: str, result: AlignmentResult) -> list[str]:
         f"### {title} ({result.method}, gauge {result.gauge}, {result.solve_seconds:.2f} s)",
         "",
         "| submodel | move max (m) | shift x, y, z (m) | rotation (deg) | tilt (deg) | scale - 1 |"
-        " samples |",
-        "|---|---|---|---|---|---|---|",
+        " bowl at 100 m (m) | samples |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for t in result.transforms:
         dx, dy, dz = t.translation_m
+        bowl = f"{t.height_bowl[0] * 1e4:+.3f}" if t.height_bowl is not None else "-"
         lines.append(
             f"| {t.submodel_id} | {t.max_correction_m:.3f} | {dx:+.3f}, {dy:+.3f}, {dz:+.3f} | "
-            f"{t.rotation_deg:.3f} | {t.tilt_deg:.3f} | {t.scale_change:+.5f} | {t.n_samples} |"
+            f"{t.rotation_deg:.3f} | {t.tilt_deg:.3f} | {t.scale_change:+.5f} | {bowl} | "
+            f"{t.n_samples} |"
         )
     lines += [
         "",
