@@ -80,7 +80,8 @@ def main() -> None:
             f"truth {f.truth_range_m:.2f} m ({f.range_error_pct:.2f} %); |dz| median "
             f"{f.median_abs_dz_m:.3f} p99 {f.p99_abs_dz_m:.3f} m; seam step max "
             f"{f.seam_step_max_m:.3f} p99 {f.seam_step_p99_m:.3f} m ({f.seam_pairs} pairs; "
-            f"inside p99 {f.inner_step_p99_m:.3f} m)",
+            f"inside p99 {f.inner_step_p99_m:.3f} m); largest level step between neighbours "
+            f"(median across their seam) {f.seam_offset_max_m:.3f} m",
             flush=True,
         )
     base = results.get("direct-plane")

@@ -278,6 +278,10 @@ class SlopeFigures:
         seam_step_max_m, seam_step_p99_m: ``|dz(a) - dz(b)|`` between 4-neighbouring cells owned
             by different submodels (nearest core camera of the plan).
         inner_step_p99_m: the same between neighbours of one submodel (the DSM's own roughness).
+        seam_offset_max_m: the largest level difference between two neighbouring submodels
+            across their seam: per pair of submodels, the median of ``dz(b) - dz(a)`` over the
+            neighbour cells across their seam (at least 20), largest ``|median|``. This is the
+            step of the surface; the per-cell figures above also hold the DSM's roughness.
         seam_pairs: how many neighbour pairs cross a seam.
     """
 
@@ -290,6 +294,7 @@ class SlopeFigures:
     seam_step_p99_m: float
     inner_step_p99_m: float
     seam_pairs: int
+    seam_offset_max_m: float = 0.0
 
 
 def slope_figures(dsm_path: Path, plan_json: Path, survey: SlopeSurvey) -> SlopeFigures:
@@ -316,16 +321,24 @@ def slope_figures(dsm_path: Path, plan_json: Path, survey: SlopeSurvey) -> Slope
         np.column_stack([x.ravel(), y.ravel()])
     )
     owner = label_of[np.asarray(nearest)].reshape(dsm.shape)
-    seam, inner = [], []
+    seam, inner, signed, pair_keys = [], [], [], []
     for a, b, oa, ob in (
         (dz[:, :-1], dz[:, 1:], owner[:, :-1], owner[:, 1:]),
         (dz[:-1], dz[1:], owner[:-1], owner[1:]),
     ):
         both = np.isfinite(a) & np.isfinite(b)
         step = np.abs(a - b)
-        seam.append(step[both & (oa != ob)])
+        across = both & (oa != ob)
+        seam.append(step[across])
         inner.append(step[both & (oa == ob)])
+        # the higher-numbered submodel's side minus the other's, per pair of submodels
+        signed.append(np.where(oa < ob, b - a, a - b)[across])
+        pair_keys.append(np.minimum(oa, ob)[across] * len(ids) + np.maximum(oa, ob)[across])
     seam_steps, inner_steps = np.concatenate(seam), np.concatenate(inner)
+    keys, diffs = np.concatenate(pair_keys), np.concatenate(signed)
+    offsets = [
+        abs(float(np.median(diffs[keys == k]))) for k in np.unique(keys) if (keys == k).sum() >= 20
+    ]
     span, truth_span = float(np.ptp(z[valid])), float(np.ptp(truth[valid]))
     return SlopeFigures(
         range_m=span,
@@ -337,4 +350,5 @@ def slope_figures(dsm_path: Path, plan_json: Path, survey: SlopeSurvey) -> Slope
         seam_step_p99_m=float(np.percentile(seam_steps, 99)) if len(seam_steps) else 0.0,
         inner_step_p99_m=float(np.percentile(inner_steps, 99)),
         seam_pairs=len(seam_steps),
+        seam_offset_max_m=max(offsets, default=0.0),
     )

@@ -96,7 +96,7 @@ def test_direct_dsm_of_a_150_m_slope_keeps_its_relief_across_10_submodels(
             f"({f.range_error_pct:.2f} %), |dz| median {f.median_abs_dz_m:.3f} p99 "
             f"{f.p99_abs_dz_m:.3f} m, seam step max {f.seam_step_max_m:.3f} p99 "
             f"{f.seam_step_p99_m:.3f} m over {f.seam_pairs} pairs (inside p99 "
-            f"{f.inner_step_p99_m:.3f} m)"
+            f"{f.inner_step_p99_m:.3f} m), level step {f.seam_offset_max_m:.3f} m"
         )
         assert f.truth_range_m > 140.0
         assert f.range_error_pct <= 5.0
@@ -105,6 +105,7 @@ def test_direct_dsm_of_a_150_m_slope_keeps_its_relief_across_10_submodels(
         # two neighbours' ground heights, each good to GPS_SIGMA_M, differ by sqrt(2) of it
         assert f.seam_step_max_m <= np.sqrt(2.0) * GPS_SIGMA_M
         assert f.seam_step_p99_m <= 0.1
+        assert f.seam_offset_max_m <= 0.1
 
 
 def _fitted_slope(path: Path) -> float:
