@@ -27,8 +27,8 @@ LABEL_MAX_CHARS = 32
 
 
 def public_url(url: str) -> str:
-    """``url`` without query or credentials (as :func:`prefect_odm.nodeodm.public_url`, which
-    this pure module does not import)."""
+    """``url`` without query or credentials: safe to log or put into an error message (also
+    :func:`prefect_odm.nodeodm.public_url`)."""
     parts = urlparse(url)
     try:
         port = parts.port

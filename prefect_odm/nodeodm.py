@@ -65,6 +65,7 @@ from prefect_odm.errors import (
     TransientNodeError,
 )
 from prefect_odm.node_messages import is_unknown_task_error
+from prefect_odm.node_refs import public_url
 from prefect_odm.node_uploads import Uploads
 
 __all__ = [
@@ -83,19 +84,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 OOM_MARKERS = ("not enough memory", "out of memory", "exit code 137", "returned 137", "killed")
-
-
-def public_url(url: str) -> str:
-    """``url`` without query or credentials: safe to log or put into an error message."""
-    parts = urlparse(url)
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    if not parts.scheme or not parts.hostname:  # not a URL: the text, less any query or login
-        return url.split("?", 1)[0].rsplit("@", 1)[-1]
-    netloc = f"{parts.hostname}:{port}" if port else parts.hostname
-    return f"{parts.scheme}://{netloc}{parts.path}".rstrip("/")
 
 
 class _SafeNode(Node):  # type: ignore[misc]
