@@ -1,7 +1,9 @@
 """Would OpenSfM's focal-length prior put the built-in engine's ground where ODM's is?
 
-On brighton the engine's dense DSM sits +0.8 to +0.9 m above ODM's cloud (``bench_engine.py
---only brighton --cases dense``). On a constant-height nadir flight focal length and depth trade
+Before OpenSfM's priors on the principal point and the distortion terms joined the engine's
+structure from motion, its dense DSM sat +0.8 to +0.9 m above ODM's cloud on brighton
+(``bench_engine.py --only brighton --cases dense``); this benchmark showed that the focal prior
+was not the reason. On a constant-height nadir flight focal length and depth trade
 one for the other, and the engine holds the focal length fixed at ODM's prior (35 mm equivalent /
 36 mm x the long side, 889 px) because COLMAP has no intrinsic priors. OpenSfM, which ODM runs,
 refines it against a prior of ``exif_focal_sd`` = 1 %, with reprojection errors weighted by
@@ -15,7 +17,7 @@ each, the refined focal length, how far the ground moves (median height of the s
 relative to the median camera height) and, from ODM's ``reference/model.laz``, the focal length
 that would put the sparse points at ODM's heights.
 
-Needs ``pip install pyceres`` (the wheel that matches pycolmap's Ceres) on top of ``.[engine]``.
+Needs ``.[engine]`` (pycolmap and pyceres).
 
     python benchmarks/bench_focal_prior.py
 """

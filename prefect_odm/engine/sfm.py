@@ -18,15 +18,15 @@ CVPR 2016):
    (brighton: the refined focal length drifts from 849 to 1107 px and the ground sinks 10 m;
    with the GPS priors below, 889 px sinks it 9.1 m; OpenSfM holds it with a 1 % prior, which
    COLMAP does not offer, and which in OpenSfM's weighting moves it only +0.05 %:
-   ``benchmarks/bench_focal_prior.py``). Radial distortion and the principal point are refined. Against ODM's
-   brighton cloud (dense DSM, ``benchmarks/bench_engine.py --only brighton``): one radial term,
-   848 px (the 35 mm equivalent on the image diagonal), principal point fixed: tilt 0.98 deg,
-   median |dz| 0.85 m, orthophoto offset 0.0-0.1 m; two terms, 889 px, principal point fixed:
-   0.04 deg, 0.29 m, but the orthophoto 0.68 m off (heights line up, texture does not); two
-   terms, 889 px, principal point refined (the engine from 15 images on): 0.24-0.27 deg,
-   0.91 m, 0.00-0.05 m. The last lines up both DSM and orthophoto horizontally with ODM's and
-   leaves a vertical offset of +0.9 m, the focal-length/depth ambiguity above. SIFT's peak threshold is lowered so near-textureless
-   frames still register (seneca_1200's fields).
+   ``benchmarks/bench_focal_prior.py``). Radial distortion and the principal point are refined,
+   and once the mapper is done, refined again with OpenSfM's priors on them
+   (:func:`_adjust_with_intrinsic_priors`): without those priors they are what sets the ground
+   height on a constant-height nadir flight (brighton: +0.9 m above ODM's cloud with two free
+   radial terms; with the priors the dense DSM lies 0.24 m median, 0.47 m p90 from it, tilt 0.41
+   deg, orthophoto offset 0.00 m; ``benchmarks/bench_engine.py --only brighton``). With one
+   radial term, 848 px (the 35 mm equivalent on the image diagonal) and the principal point
+   fixed, before the priors: tilt 0.98 deg, median |dz| 0.85 m. SIFT's peak threshold is
+   lowered so near-textureless frames still register (seneca_1200's fields).
 4. Georeferencing inside the bundle adjustment: every image's GPS position (UTM metres less a
    survey origin, standard deviation ``gps-accuracy``) is a position prior in COLMAP's database;
    the mapper aligns each model to the priors (a similarity) and its global bundle adjustments add
@@ -94,6 +94,15 @@ GPS_ACCURACY_M = 3.0
 MIN_TRACK_LENGTH = 3
 """3D points seen in fewer images are dropped from the products."""
 
+INTRINSIC_PRIOR_SD = 0.01
+"""Standard deviation of the priors on the principal point (a share of the long image side) and
+on each distortion term (towards 0), as OpenSfM sets them for ODM (``principal_point_sd``,
+``radial_distortion_k1_sd``, ``radial_distortion_k2_sd``; OpenSfM's ``config.py``)."""
+
+REPROJECTION_SD = 0.004
+"""OpenSfM's ``reprojection_error_sd``, a share of the long image side: the weight of the
+intrinsic priors against COLMAP's reprojection residuals, which are in pixels."""
+
 
 @dataclass(frozen=True)
 class _Colmap:
@@ -160,6 +169,7 @@ def reconstruct_sfm(
         origin = _write_gps_priors(run, epsg, gps_accuracy_m)
         pairs = _match_neighbours(run, max_neighbours)
         model = _map_incrementally(run, pairs)
+        _adjust_with_intrinsic_priors(run, model)
         residual, scale = _align_to_gps(run, model, epsg, origin)
         cameras, points, colours = _scene_parts(model, origin)
         return Scene(
@@ -335,6 +345,73 @@ def _map_incrementally(run: _Colmap, pairs: int) -> Any:
             f"(at least {needed} needed)"
         )
     return model
+
+
+def _adjust_with_intrinsic_priors(run: _Colmap, model: Any) -> None:
+    """A last GPS-prior bundle adjustment of ``model`` (in place) with OpenSfM's camera priors.
+
+    COLMAP's bundle adjustment has no priors on a camera's intrinsics; OpenSfM's, which ODM runs,
+    holds the principal point near the image centre and every distortion term near zero, each
+    with :data:`INTRINSIC_PRIOR_SD`, against reprojection errors of :data:`REPROJECTION_SD`
+    (OpenSfM's ``bundle.py``, ``set_internal_parameters_prior_sd``). On a constant-height nadir
+    flight the distortion terms and the principal point are barely observable and move the
+    ground: on brighton the mapper's free ``k1`` = 0.014 and ``k2`` = 0.015 put the sparse points
+    +0.95 m above ODM's cloud (COLMAP's ``OPENCV``, with tangential terms, -3.06 m); with the
+    priors both camera models converge to ``k1`` = 0.001, ``k2`` = 0.011 and the points lie
+    0.14-0.17 m below it. The focal length stays fixed (see the module docstring). The priors
+    are Ceres ``NormalPrior`` residuals ``(p - p0) * REPROJECTION_SD * long side / sd`` in pixels
+    (``pyceres.factors``, C++), added to COLMAP's pose-prior bundle adjuster, whose GPS priors
+    are those of the mapper.
+    """
+    import pyceres
+    import pycolmap
+
+    started = time.perf_counter()
+    options = pycolmap.BundleAdjustmentOptions()
+    options.refine_focal_length = False
+    options.refine_principal_point = _refines_principal_point(run.images)
+    options.refine_extra_params = True
+    options.print_summary = False
+    options.ceres.solver_options.num_threads = run.threads
+    prior_options = pycolmap.PosePriorBundleAdjustmentOptions()
+    prior_options.ceres.prior_position_loss_function_type = pycolmap.LossFunctionType.CAUCHY
+    config = pycolmap.BundleAdjustmentConfig()
+    for image_id in model.reg_image_ids():
+        config.add_image(image_id)
+    db = pycolmap.Database.open(run.database)
+    try:
+        pose_priors = db.read_all_pose_priors()
+    finally:
+        db.close()
+    adjuster = pycolmap.create_pose_prior_ceres_bundle_adjuster(
+        options, prior_options, config, pose_priors, model
+    )
+    costs = []  # kept alive until the problem is solved
+    before = {}
+    for camera_id, camera in model.cameras.items():
+        target = np.zeros(len(camera.params))
+        target[:3] = camera.params[:3]  # f, cx, cy as COLMAP starts them; distortion 0
+        target[1:3] = (camera.width / 2.0, camera.height / 2.0)
+        long_side = float(max(camera.width, camera.height))
+        sd = np.full(len(camera.params), INTRINSIC_PRIOR_SD)
+        sd[:3] = INTRINSIC_PRIOR_SD * long_side  # the focal length is held constant anyway
+        # OpenSfM's cost (r_px / (REPROJECTION_SD L))^2 + ((p - p0) / sd)^2, times
+        # (REPROJECTION_SD L)^2: COLMAP's pixels plus ((p - p0) / sigma)^2
+        sigma = sd / (REPROJECTION_SD * long_side)
+        costs.append(pyceres.factors.NormalPrior(target, np.diag(np.square(sigma))))
+        adjuster.problem.add_residual_block(costs[-1], None, [camera.params])
+        before[camera_id] = np.array(camera.params, dtype=np.float64)
+    adjuster.solve()
+    changes = ", ".join(
+        f"k1 {before[i][3]:+.4f} -> {float(c.params[3]):+.4f}, principal point moved "
+        f"{float(np.hypot(*(np.asarray(c.params[1:3]) - before[i][1:3]))):.1f} px"
+        for i, c in model.cameras.items()
+    )
+    del costs
+    run.log(
+        f"Bundle adjustment with OpenSfM's camera priors: {changes} "
+        f"in {time.perf_counter() - started:.1f} s"
+    )
 
 
 def _align_to_gps(

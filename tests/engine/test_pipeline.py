@@ -393,10 +393,12 @@ def test_sfm_writes_the_refined_camera_as_odm_does(sfm_task: Path) -> None:
 def test_sfm_brighton_dense_products_against_odm(sfm_task: Path) -> None:
     """The default sfm run is dense (ODM's openmvs stage): figures against ODM's own cloud.
 
-    The absolute bound is loose because the ground sits +0.9 m above ODM's (the focal length is
-    not observable on this flight; DESIGN.md's known gap); the tilt and the shape, with that
-    plane removed, are tight. With one radial term and the principal point fixed (the camera of
-    small blocks) the tilt is 0.98 deg.
+    The bounds are issue 12's: absolute, no plane removed. Without OpenSfM's priors on the
+    principal point and the distortion terms (``sfm.INTRINSIC_PRIOR_SD``) the ground sat +0.9 m
+    above ODM's (median |dz| 0.91 m, p90 1.05 m): the focal length and the distortion are barely
+    observable on this constant-height flight, and the priors decide where the ground is. With
+    one radial term and the principal point fixed (the camera of small blocks) the tilt is 0.98
+    deg.
     """
     from .dense_figures import dense_figures
 
@@ -406,7 +408,7 @@ def test_sfm_brighton_dense_products_against_odm(sfm_task: Path) -> None:
     assert report["points"] == report["dense"]["points"] > 200_000
     figures = dense_figures(task)
     print("\n".join(figures.lines()))
-    assert figures.dsm_median_abs_m <= 1.0 and figures.dsm_p90_abs_m <= 1.8
+    assert figures.dsm_median_abs_m <= 0.3 and figures.dsm_p90_abs_m <= 0.8
     # fusion's stability test (a third of the pairs seeing a cell must agree) trades measured
     # cells for shape: of ODM's footprint 87 -> 84 % measured, plane removed 0.15 -> 0.11 m
     assert figures.plane_removed_median_abs_m <= 0.2
