@@ -5,9 +5,14 @@ Steps, all on the CPU with OpenCV:
 1. **Pair selection** from the sparse model (:func:`select_pairs`): two images are a candidate
    pair when they see enough of the same sparse points (overlap), their baseline over the height
    above ground is in ``[MIN_BASE_RATIO, MAX_BASE_RATIO]`` and their optical axes differ by less
-   than ``MAX_AXIS_ANGLE_DEG``; each image keeps its ``PAIRS_PER_IMAGE`` best partners (score:
-   overlap x baseline ratio capped at ``GOOD_BASE_RATIO``), as OpenMVS's neighbour view
-   selection does with its own scores.
+   than ``MAX_AXIS_ANGLE_DEG``; each image chooses up to ``PAIRS_PER_IMAGE`` partners greedily
+   by coverage, as OpenMVS's neighbour view selection weighs the points a view adds: the score
+   of a candidate is the share of the image's sparse points it sees that fewer than two of the
+   partners chosen so far see (fusion needs two agreeing pairs per cell), times the baseline
+   ratio capped at ``GOOD_BASE_RATIO``; a candidate adding less than ``MIN_NEW_COVERAGE`` is not
+   taken. With the best-scored partners alone (overlap x ratio) an image at the edge of a block
+   of two flight lines took its three partners across the lines, whose footprints share only
+   the middle, and its outer strip was measured by no pair.
 2. **Rectification** from the SfM poses (``cv2.stereoRectify`` with the refined radial
    distortion) of both images downscaled to the depth-map size ODM and OpenMVS pick for
    ``pc-quality`` (:func:`.pipeline_options.depthmap_scale`). A pair whose baseline runs along the image rows is transposed and
@@ -17,7 +22,9 @@ Steps, all on the CPU with OpenCV:
    Information", PAMI 2008; ``cv2.StereoSGBM``) with OpenCV's left-right consistency check
    (``disp12MaxDiff = 1``: a disparity whose match in the right image's disparity map differs by
    more than one pixel is rejected), a uniqueness ratio and speckle filtering; the disparity range
-   comes from the sparse points both images see (1st..99th percentile, padded).
+   comes from the sparse points both images see (1st..99th percentile, padded). A disparity
+   within ``EDGE_DISPARITY_PX`` of either end of the range (where the matcher stopped) or whose
+   match falls outside the second image is rejected.
 4. **Triangulation** of every valid disparity in the rectified frame of the first image
    (``Z = -P2[a, 3] / d``), back to UTM; colours from the first image.
 
@@ -56,7 +63,11 @@ MAX_AXIS_ANGLE_DEG = 20.0
 """Largest angle between the optical axes of a pair."""
 
 PAIRS_PER_IMAGE = 3
-"""Best partners kept per image."""
+"""Partners chosen per image."""
+
+MIN_NEW_COVERAGE = 0.05
+"""A further partner must see this share of the image's sparse points that fewer than two of its
+partners chosen so far see."""
 
 MIN_SHARED_POINTS = 20
 """A pair needs this many sparse points seen by both (for the disparity range)."""
@@ -67,6 +78,11 @@ MAX_DISPARITY_SHARE = 0.4
 
 SGBM_BLOCK_SIZE = 5
 """Matching window of the semi-global matcher, pixels."""
+
+EDGE_DISPARITY_PX = 1.0
+"""Disparities within this of either end of the search range are rejected (clamped, not
+matched): on the synthetic 150 m slope 4-16 % of an along-track pair's points sat at the far
+end, 25-49 m below the ground, and two neighbouring pairs agreed on them."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +121,7 @@ def select_pairs(
     Args:
         cameras: the posed cameras (UTM).
         points_xyz: sparse points, UTM metres, shape ``(n, 3)``.
-        pairs_per_image: best partners kept per image.
+        pairs_per_image: partners chosen per image (at most).
 
     Returns:
         Unordered pairs (``first < second``), sorted, each once.
@@ -121,7 +137,7 @@ def select_pairs(
     chosen: set[tuple[int, int]] = set()
     stats: dict[tuple[int, int], StereoPair] = {}
     for i in range(len(cameras)):
-        scored = []
+        candidates = []
         for j in range(len(cameras)):
             if i == j or shared[i, j] < MIN_SHARED_POINTS:
                 continue
@@ -133,9 +149,21 @@ def select_pairs(
                 continue
             if overlap < MIN_OVERLAP:
                 continue
-            scored.append((overlap * min(ratio, GOOD_BASE_RATIO), j, ratio, overlap))
-        scored.sort(key=lambda s: (-s[0], s[1]))
-        for _, j, ratio, overlap in scored[:pairs_per_image]:
+            candidates.append((j, ratio, overlap))
+        own = seen[i]
+        times_seen = np.zeros(int(own.sum()), dtype=np.int32)  # by the partners chosen so far
+        for _ in range(pairs_per_image):
+            best: tuple[float, int, float, float] | None = None
+            for j, ratio, overlap in candidates:
+                new = float(np.mean(seen[j][own] & (times_seen < 2)))
+                score = new * min(ratio, GOOD_BASE_RATIO)
+                if new >= MIN_NEW_COVERAGE and (best is None or score > best[0]):
+                    best = (score, j, ratio, overlap)
+            if best is None:
+                break
+            _, j, ratio, overlap = best
+            times_seen += seen[j][own]
+            candidates = [c for c in candidates if c[0] != j]
             key = (min(i, j), max(i, j))
             chosen.add(key)
             stats[key] = StereoPair(key[0], key[1], ratio, overlap)
@@ -238,7 +266,19 @@ def _match(
     )  # fmt: skip
     gray = [cv2.cvtColor(i, cv2.COLOR_BGR2GRAY) for i in images]
     disparity = sgbm.compute(gray[0], gray[1]).astype(np.float32) / 16.0
-    valid = (disparity >= min_disp) & (gray[0] > 0)
+    # A disparity at either end of the search range is where the matcher stopped, not a match:
+    # ground outside the sparse points' range (a slope, a tall roof) clamps to the nearest end,
+    # and pairs looking alike clamp alike, so fusion's agreement test cannot catch it.
+    inside = (disparity > min_disp + EDGE_DISPARITY_PX) & (
+        disparity < min_disp + count - 1 - EDGE_DISPARITY_PX
+    )
+    second: NDArray[np.uint8] = np.asarray(gray[1])
+    grid = np.indices(disparity.shape)
+    rows, cols = grid[0], grid[1]
+    col2 = np.rint(cols - disparity).astype(np.int64)  # the match in the second image
+    seen2 = (col2 >= 0) & (col2 < second.shape[1])
+    seen2[seen2] = second[rows[seen2], col2[seen2]] > 0
+    valid = inside & seen2 & (gray[0] > 0)
     if flip:
         disparity, valid = -disparity[:, ::-1], valid[:, ::-1]
     if rect.axis == 1:

@@ -7,11 +7,14 @@ module's structure-from-motion run).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
-from prefect_odm.engine import ground
-from prefect_odm.engine.dense import PairPoints
+from prefect_odm.engine import dense, ground
+from prefect_odm.engine.camera import CameraPose
+from prefect_odm.engine.dense import PairPoints, select_pairs
 from prefect_odm.engine.dense_fusion import fuse_pairs, sample_points
 from prefect_odm.engine.pipeline_options import depthmap_scale
 from prefect_odm.merge.grid import Grid
@@ -213,3 +216,71 @@ def test_smrf_keeps_undulating_ground_at_fine_cells() -> None:
     dtm = ground.dtm_from_ground(dsm, is_ground)
     assert np.percentile(np.abs(dtm - terrain), 99) <= 0.35
     assert np.abs(dtm - terrain)[pavilion].max() <= 0.3
+
+
+def _nadir_camera(name: str, x: float, y: float, height_m: float = 70.0) -> CameraPose:
+    """A north-up nadir pinhole camera (640 x 480 px, f 550 px) ``height_m`` above z = 0."""
+    return CameraPose(
+        name=name, width=640, height=480, focal_px=550.0, cx=320.0, cy=240.0, k1=0.0, k2=0.0,
+        rotation=((1.0, 0.0, 0.0), (0.0, -1.0, 0.0), (0.0, 0.0, -1.0)),
+        center=(x, y, height_m),
+    )  # fmt: skip
+
+
+def test_pairs_cover_the_outer_strips_of_a_two_line_block() -> None:
+    """Points seen by three images of one flight line only must mostly lie in two chosen pairs.
+
+    Two lines 20 m apart (footprints 81 m wide, 75 % side overlap): the partners across the lines
+    score higher on overlap times baseline, but they share only the middle of each footprint.
+    Taking each image's three best-scored partners (the selection before 0.2) chose only those,
+    and none of these outer points lay in two pairs; the coverage-greedy choice adds partners
+    along the line (84 %: a point at the line's ends seen by exactly three images can miss).
+    """
+    cameras = [_nadir_camera(f"{line}-{shot}", 20.0 * line, 15.0 * shot) for line in range(2) for shot in range(7)]  # fmt: skip
+    gx, gy = np.meshgrid(np.arange(-45.0, 76.0, 2.0), np.arange(-35.0, 126.0, 2.0))
+    points = np.column_stack([gx.ravel(), gy.ravel(), np.zeros(gx.size)])
+    pairs = select_pairs(cameras, points)
+    seen = np.array([dense._visible(c, points) for c in cameras])
+    in_pairs = sum((seen[p.first] & seen[p.second]).astype(int) for p in pairs)
+    by_line = [seen[:7].any(axis=0), seen[7:].any(axis=0)]
+    outer = (by_line[0] ^ by_line[1]) & (seen.sum(axis=0) >= 3)
+    inner = by_line[0] & by_line[1] & (seen.sum(axis=0) >= 4)
+    assert outer.sum() > 300 and inner.sum() > 300
+    assert np.mean(in_pairs[outer] >= 2) >= 0.8
+    assert np.mean(in_pairs[inner] >= 2) >= 0.95
+    assert len(pairs) <= 3 * len(cameras)
+
+
+def _shifted_pair(disparity_px: int) -> dense._Rectified:
+    """A rectified pair of a textured plane at ``disparity_px`` (baseline along the columns)."""
+    from scipy.ndimage import gaussian_filter
+
+    texture = gaussian_filter(np.random.default_rng(5).normal(0, 1, (240, 360)), 1.0)
+    grey = np.clip(128 + 60 * texture / texture.std(), 1, 255).astype(np.uint8)
+    left = np.repeat(grey[:, :, None], 3, axis=2)
+    right = np.zeros_like(left)
+    right[:, : 360 - disparity_px] = left[:, disparity_px:]  # x_right = x_left - disparity
+    p1 = np.hstack([np.eye(3), np.zeros((3, 1))])
+    p2 = p1.copy()
+    p2[0, 3] = -1.0  # coord1 - coord2 > 0: no mirroring
+    return dense._Rectified(left, right, np.eye(3), p1, p2, axis=0)
+
+
+def test_matching_keeps_true_disparities_and_rejects_clamped_and_unseen_ones() -> None:
+    """A disparity at the end of the search range, or one whose match falls outside the second
+    image, is not a measurement; one inside the range that the matcher found is."""
+    truth = 40
+    rect = _shifted_pair(truth)
+    disparity, valid = dense._match(rect, truth - 16.0, truth + 16.0)
+    assert valid.mean() > 0.6
+    assert np.median(np.abs(disparity[valid] - truth)) < 0.5
+    assert not valid[:, :truth].any()  # these pixels are not in the second image
+    # the true disparity below the search range: what the matcher returns at the range's ends
+    # (where it stops) is dropped
+    disparity, valid = dense._match(rect, truth + 8.0, truth + 40.0)
+    low, high = math.floor(truth + 8.0), math.floor(truth + 8.0) + 32
+    at_end = (disparity >= low) & (disparity <= low + dense.EDGE_DISPARITY_PX)
+    assert at_end.sum() > 100  # the matcher does stop there
+    kept = disparity[valid]
+    assert len(kept) and kept.min() > low + dense.EDGE_DISPARITY_PX
+    assert kept.max() < high - 1 - dense.EDGE_DISPARITY_PX
