@@ -155,9 +155,11 @@ def _merge_existing(args: argparse.Namespace) -> int:
     """``prefect-odm merge``: the ``merge_existing`` flow; prints the products."""
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from prefect_odm.cli_reconstruct import check_output_writable
     from prefect_odm.storage import check_inputs_exist
 
     check_inputs_exist(args.inputs)  # before Prefect is imported and started
+    check_output_writable(args.output)
     if args.plan is not None:
         _check_plan_file(args.plan)
     from prefect_odm.flows.merge_existing import merge_existing

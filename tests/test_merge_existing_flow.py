@@ -76,6 +76,10 @@ def test_merge_existing_equals_the_flows_own_merge(
             inputs=[str(submodels), str(twin)], output=str(tmp_path / "twice"), plan=plan_json
         )
     assert not (tmp_path / "twice").exists()
+    # ... and without a plan too: the older version would own half of the ground.
+    with pytest.raises(InputError, match=rf"2 inputs are versions of submodel-000 .*{kept.name}"):
+        merge_existing(inputs=[str(submodels), str(twin)], output=str(tmp_path / "twice"))
+    assert not (tmp_path / "twice").exists()
     # Without a plan: ownership from the orthophotos' footprints; still a valid, complete COG.
     env = dict(os.environ)
     proc = subprocess.run(
@@ -125,3 +129,21 @@ def test_merge_existing_missing_folder_is_a_clear_error(tmp_path):
     )
     assert proc.returncode == 2
     assert "nope" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_merge_to_an_output_under_a_file_is_refused_before_prefect(tmp_path):
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    blocker = tmp_path / "afile"
+    blocker.write_text("not a folder")
+    proc = subprocess.run(
+        [sys.executable, "-m", "prefect_odm.cli", "merge", str(inputs), "--output", str(blocker)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"prefect-odm: error: {blocker}: cannot write the output here ({blocker} is not a folder)"
+    ]
+    assert blocker.read_text() == "not a folder"

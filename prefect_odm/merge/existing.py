@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import posixpath
+import re
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -283,6 +284,30 @@ class ExistingMerge:
         return self.renamed.get(output_id, output_id)
 
 
+_SUBMODEL_FOLDER = re.compile(r"^(submodel-\d+)-[0-9a-f]{12}$")
+"""A prefect-odm submodel folder: ``{submodel id}-{fingerprint[:12]}`` (:class:`OutputLayout`)."""
+
+
+def _refuse_two_versions(found: Sequence[ExistingOutput]) -> None:
+    """Refuse two prefect-odm folders of one submodel (a run's ``submodels/`` folder keeps one
+    per set of options): merged together, the older version would own half of the ground.
+
+    Raises:
+        InputError: naming the submodel and both folders.
+    """
+    versions: dict[str, list[str]] = {}
+    for output in found:
+        match = _SUBMODEL_FOLDER.match(output.submodel_id)
+        if match:
+            versions.setdefault(match.group(1), []).append(output.location)
+    for sid, locations in sorted(versions.items()):
+        if len(locations) > 1:
+            raise InputError(
+                f"{len(locations)} inputs are versions of {sid} ({', '.join(sorted(locations))}): "
+                "give one of them, or the run's plan.json with --plan to pick by its images"
+            )
+
+
 def plan_existing_merge(
     found: Sequence[ExistingOutput], plan_url: str | None, options: MergeOptions | None = None
 ) -> ExistingMerge:
@@ -295,8 +320,11 @@ def plan_existing_merge(
         options: the merge options; fields that differ from the defaults enter the identity.
 
     Raises:
-        InputError: the outputs do not match the plan (see :func:`match_plan`).
+        InputError: the outputs do not match the plan (see :func:`match_plan`); without a plan,
+            two prefect-odm folders of one submodel.
     """
+    if plan_url is None:
+        _refuse_two_versions(found)
     products = {o.submodel_id: dict(o.products) for o in found}
     ownership: Ownership | None = None
     crs_epsg: int | None = None
