@@ -22,7 +22,7 @@ CVPR 2016):
    and once the mapper is done, refined again with OpenSfM's priors on them
    (:func:`_adjust_with_intrinsic_priors`): without those priors they are what sets the ground
    height on a constant-height nadir flight (brighton: +0.9 m above ODM's cloud with two free
-   radial terms; with the priors the dense DSM lies 0.24 m median, 0.47 m p90 from it, tilt 0.41
+   radial terms; with the priors the dense DSM lies 0.24 m median, 0.43 m p90 from it, tilt 0.43
    deg, orthophoto offset 0.00 m; ``benchmarks/bench_engine.py --only brighton``). With one
    radial term, 848 px (the 35 mm equivalent on the image diagonal) and the principal point
    fixed, before the priors: tilt 0.98 deg, median |dz| 0.85 m. SIFT's peak threshold is
