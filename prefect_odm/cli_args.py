@@ -258,9 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     from prefect_odm.cli_ops import add_parsers as _add_ops_parsers
 
-    _add_ops_parsers(sub)  # setup, automations create
+    ops = _add_ops_parsers(sub)  # setup, automations create
 
-    for command in (rec, plan, mrg, slots):  # -v after the command too; absent: the top's
+    for command in (rec, plan, mrg, slots, *ops):  # -v after the command too; absent: the top's
         command.add_argument(
             "--verbose",
             "-v",

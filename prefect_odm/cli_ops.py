@@ -122,8 +122,12 @@ def create_work_queues(pool: str, urgent: str | None = None) -> dict[str, int]:
     return wanted
 
 
-def add_parsers(sub: Any) -> None:
-    """Add ``setup`` and ``automations`` to the ``prefect-odm`` sub-command parsers."""
+def add_parsers(sub: Any) -> list[argparse.ArgumentParser]:
+    """Add ``setup`` and ``automations`` to the ``prefect-odm`` sub-command parsers.
+
+    Returns:
+        The parsers of ``setup`` and ``automations create`` (the caller adds ``-v`` to them).
+    """
     setup = sub.add_parser("setup", help="create the urgent work queue and the crash automation")
     setup.add_argument(
         "--pool",
@@ -145,6 +149,7 @@ def add_parsers(sub: Any) -> None:
         default=DEFAULT_HEARTBEAT_WINDOW_SECONDS,
         help="mark runs crashed after this long without heartbeat (default 540)",
     )
+    return [setup, create]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -292,7 +292,13 @@ def test_merge_of_a_missing_input_is_refused_before_prefect_starts(tmp_path):
 
 @pytest.mark.parametrize(
     "argv",
-    [["-v", "reconstruct", "x", "-o", "y"], ["reconstruct", "x", "-o", "y", "-v"]],
+    [
+        ["-v", "reconstruct", "x", "-o", "y"],
+        ["reconstruct", "x", "-o", "y", "-v"],
+        ["setup", "-v", "--pool", "odm"],
+        ["automations", "create", "-v"],
+        ["merge", "x", "-o", "y", "-v"],
+    ],
 )
 def test_verbose_goes_before_or_after_the_command(argv):
     from prefect_odm.cli_args import build_parser
