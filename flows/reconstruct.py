@@ -488,6 +488,9 @@ def _merge(
         gps={c.name: (c.x_m, c.y_m, c.z_m) for c in plan.cameras if c.z_m is not None},
         crs_epsg=plan.crs_epsg,
     )
+    # The products are about to be replaced: a manifest describing the earlier ones would lie
+    # if this merge is stopped half-way ("no manifest" is what an unfinished run looks like).
+    storage.remove_if_present(layout.manifest)
     return merge_all(
         products,
         layout.merged_product,

@@ -44,6 +44,20 @@ def exists(url: str) -> bool:
     return bool(fs.exists(path))
 
 
+def remove_if_present(url: str) -> None:
+    """Delete the file at ``url``; nothing when there is none.
+
+    Raises:
+        StorageError: it exists and cannot be deleted.
+    """
+    fs, path = filesystem(url)
+    try:
+        if fs.exists(path):
+            fs.rm_file(path)
+    except OSError as exc:
+        raise StorageError(f"{url}: cannot delete ({exc})") from exc
+
+
 def read_bytes(url: str) -> bytes:
     fs, path = filesystem(url)
     try:

@@ -111,7 +111,7 @@ def test_second_identical_run_reuses_every_submodel(brighton_run, brighton_image
 
 
 def test_changed_option_processes_again_and_renamed_inputs_change_nothing(
-    prefect_api, brighton_images, tmp_path, odm_home
+    prefect_api, brighton_images, tmp_path, odm_home, monkeypatch
 ):
     from prefect_odm.flows import reconstruct
 
@@ -160,6 +160,28 @@ def test_changed_option_processes_again_and_renamed_inputs_change_nothing(
     assert {r.status for r in c.submodels} == {"completed"}
     with rasterio.open(c.products["orthophoto"]) as ds:
         assert ds.res[0] == pytest.approx(0.10, rel=0.01)
+    # A merge stopped half-way (here: failing as it starts writing) leaves no manifest describing
+    # the products it was replacing; the earlier products stay until a merge replaces them.
+    import importlib
+
+    reconstruct_module = importlib.import_module("prefect_odm.flows.reconstruct")
+
+    manifest_file = next(out.glob("*/manifest.json"))
+
+    def stopped(*args, **kwargs):
+        assert not manifest_file.exists()  # retired before the first product is written
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(reconstruct_module, "merge_all", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        reconstruct(
+            images=str(brighton_images),
+            output=str(out),
+            split=10,
+            split_overlap_m=20,
+            options=ProcessingOptions(pipeline="direct", orthophoto_resolution_cm=20),
+        )
+    assert not manifest_file.exists() and Path(c.products["orthophoto"]).exists()
 
 
 def _cli(args: list[str], api_url: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
