@@ -77,7 +77,12 @@ MAX_DISPARITY_SHARE = 0.4
 (steep relief or a bad pose: the matcher would search most of the image)."""
 
 SGBM_BLOCK_SIZE = 5
-"""Matching window of the semi-global matcher, pixels."""
+"""Matching window of the semi-global matcher, pixels. Its smoothness penalties are OpenCV's
+recommended ``P1 = 8 * channels * block^2`` and ``P2 = 32 * channels * block^2`` for the one
+(grey) channel it is given: with three channels' worth, three times too smooth, the pairs put
+brighton's cars 0.75-0.81 m above the ground where ODM's cloud has 1.14 m, and the objects over
+1 m stood at 57 % of ODM's heights; with one channel's, 86 %, the DSM against ODM's cloud
+unchanged (median |dz| 0.24 m, p90 0.40 m)."""
 
 EDGE_DISPARITY_PX = 1.0
 """Disparities within this of either end of the search range are rejected (clamped, not
@@ -260,7 +265,7 @@ def _match(
     block = SGBM_BLOCK_SIZE
     sgbm = cv2.StereoSGBM.create(
         minDisparity=min_disp, numDisparities=count, blockSize=block,
-        P1=8 * 3 * block * block, P2=32 * 3 * block * block, disp12MaxDiff=1,
+        P1=8 * block * block, P2=32 * block * block, disp12MaxDiff=1,
         uniquenessRatio=10, speckleWindowSize=100, speckleRange=2,
         mode=cv2.STEREO_SGBM_MODE_SGBM,
     )  # fmt: skip

@@ -416,7 +416,9 @@ def test_sfm_brighton_dense_products_against_odm(sfm_task: Path) -> None:
     assert figures.measured_share_of_reference >= 0.8
     # issue 12's target: ODM's depth-map size at the default medium gives ~264 points/m2
     assert figures.points_per_m2 >= 150 and figures.coloured_share >= 0.99
-    assert figures.object_height_ratio >= 0.25 and figures.object_cells > 300
+    # issue 12: cars and the pavilion at >= 70 % of ODM's heights (57 % with the matcher's
+    # smoothness penalties three times OpenCV's for one channel; 86 % with OpenCV's)
+    assert figures.object_height_ratio >= 0.7 and figures.object_cells > 300
     # the pavilion (the largest object) is 2.2 m high in ODM's cloud: 95 % in ours (85 % and a
     # DTM 0.28 m off ODM's ground with the ground filter's increment thresholds)
     assert figures.largest_object_ratio >= 0.7 and figures.largest_object_cells > 300
