@@ -304,7 +304,7 @@ def _refuse_two_versions(found: Sequence[ExistingOutput]) -> None:
         if len(locations) > 1:
             raise InputError(
                 f"{len(locations)} inputs are versions of {sid} ({', '.join(sorted(locations))}): "
-                "give one of them, or the run's plan.json with --plan to pick by its images"
+                "give one of them (a run's submodels/ folder keeps one per set of options)"
             )
 
 
