@@ -13,6 +13,7 @@ Roots are local paths or fsspec URLs; joining is plain ``/`` so it works for bot
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, overload
 
@@ -38,6 +39,16 @@ RESULT_FILE = "result.json"
 
 LAST_RUN_FILE = ".prefect-odm-last-run.json"
 """The command line's record of its last run in an output root (the no-change repeat)."""
+
+
+_SUBMODEL_FOLDER = re.compile(r"^(submodel-\d+)-[0-9a-f]{12}$")
+
+
+def submodel_of_folder(name: str) -> str | None:
+    """The submodel id of a folder named as :meth:`OutputLayout.submodel_dir` names it
+    (``submodel-003-<fingerprint[:12]>`` -> ``submodel-003``); None for any other name."""
+    match = _SUBMODEL_FOLDER.match(name)
+    return match.group(1) if match else None
 
 
 def plan_file(folder: str, name: str) -> str:

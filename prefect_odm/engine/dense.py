@@ -155,19 +155,19 @@ def select_pairs(
             if overlap < MIN_OVERLAP:
                 continue
             candidates.append((j, ratio, overlap))
-        own = seen[i]
-        times_seen = np.zeros(int(own.sum()), dtype=np.int32)  # by the partners chosen so far
+        views = seen[:, seen[i]]  # what each image sees of image i's sparse points
+        times_seen = np.zeros(views.shape[1], dtype=np.int32)  # by the partners chosen so far
         for _ in range(pairs_per_image):
             best: tuple[float, int, float, float] | None = None
             for j, ratio, overlap in candidates:
-                new = float(np.mean(seen[j][own] & (times_seen < 2)))
+                new = float(np.mean(views[j] & (times_seen < 2)))
                 score = new * min(ratio, GOOD_BASE_RATIO)
                 if new >= MIN_NEW_COVERAGE and (best is None or score > best[0]):
                     best = (score, j, ratio, overlap)
             if best is None:
                 break
             _, j, ratio, overlap = best
-            times_seen += seen[j][own]
+            times_seen += views[j]
             candidates = [c for c in candidates if c[0] != j]
             key = (min(i, j), max(i, j))
             chosen.add(key)
@@ -278,12 +278,11 @@ def _match(
         disparity < min_disp + count - 1 - EDGE_DISPARITY_PX
     )
     second: NDArray[np.uint8] = np.asarray(gray[1])
-    grid = np.indices(disparity.shape)
-    rows, cols = grid[0], grid[1]
+    cols = np.arange(disparity.shape[1])[None, :]
     col2 = np.rint(cols - disparity).astype(np.int64)  # the match in the second image
-    seen2 = (col2 >= 0) & (col2 < second.shape[1])
-    seen2[seen2] = second[rows[seen2], col2[seen2]] > 0
-    valid = inside & seen2 & (gray[0] > 0)
+    in_frame = (col2 >= 0) & (col2 < second.shape[1])
+    matched = np.take_along_axis(second, np.clip(col2, 0, second.shape[1] - 1), axis=1)
+    valid = inside & in_frame & (matched > 0) & (gray[0] > 0)
     if flip:
         disparity, valid = -disparity[:, ::-1], valid[:, ::-1]
     if rect.axis == 1:

@@ -407,7 +407,6 @@ def _adjust_with_intrinsic_priors(run: _Colmap, model: Any) -> None:
         f"{float(np.hypot(*(np.asarray(c.params[1:3]) - before[i][1:3]))):.1f} px"
         for i, c in model.cameras.items()
     )
-    del costs
     run.log(
         f"Bundle adjustment with OpenSfM's camera priors: {changes} "
         f"in {time.perf_counter() - started:.1f} s"

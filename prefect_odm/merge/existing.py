@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import logging
 import posixpath
-import re
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from pathlib import Path
 from prefect_odm import storage
 from prefect_odm.errors import InputError
 from prefect_odm.fingerprints import fingerprint
-from prefect_odm.layout import ODM_PRODUCT_PATHS, PRODUCT_FILES, join
+from prefect_odm.layout import ODM_PRODUCT_PATHS, PRODUCT_FILES, join, submodel_of_folder
 from prefect_odm.models import MergeOptions, SplitPlan
 from prefect_odm.ownership import Ownership
 from prefect_odm.registry import REPORT_FILES, REPORT_FOLDER
@@ -284,10 +283,6 @@ class ExistingMerge:
         return self.renamed.get(output_id, output_id)
 
 
-_SUBMODEL_FOLDER = re.compile(r"^(submodel-\d+)-[0-9a-f]{12}$")
-"""A prefect-odm submodel folder: ``{submodel id}-{fingerprint[:12]}`` (:class:`OutputLayout`)."""
-
-
 def _refuse_two_versions(found: Sequence[ExistingOutput]) -> None:
     """Refuse two prefect-odm folders of one submodel (a run's ``submodels/`` folder keeps one
     per set of options): merged together, the older version would own half of the ground.
@@ -297,9 +292,9 @@ def _refuse_two_versions(found: Sequence[ExistingOutput]) -> None:
     """
     versions: dict[str, list[str]] = {}
     for output in found:
-        match = _SUBMODEL_FOLDER.match(output.submodel_id)
-        if match:
-            versions.setdefault(match.group(1), []).append(output.location)
+        sid = submodel_of_folder(output.submodel_id)
+        if sid is not None:
+            versions.setdefault(sid, []).append(output.location)
     for sid, locations in sorted(versions.items()):
         if len(locations) > 1:
             raise InputError(
