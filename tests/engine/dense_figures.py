@@ -8,6 +8,12 @@ Shared by ``tests/engine/test_dense.py`` (thresholds) and ``benchmarks/bench_eng
   (absolute: no plane removed; the plane fitted to dz is reported apart as the tilt).
 * Measured share: cells of the orthophoto footprint (alpha > 0) that hold a dense point (not a
   gap-filled height); also of the reference's footprint (cells holding reference points).
+* ODM's crop area: what ODM's ``crop`` (default 3 m) keeps of a cloud, after
+  ``opendm/cropper.py`` ``create_bounds_geojson``: every 90th point (ODM's decimation for an
+  OpenMVS cloud under 1,000 images), the occupied 1 m cells (PDAL's 1 m hexbin there), their
+  convex hull shrunk by crop + 3 m and grown by 3 m. Reported: the share of the area ODM's crop
+  keeps of ODM's cloud that ODM's cloud measures (the reference's own figure) and that ours
+  measures, and the share of the area the crop would keep of ours that ours measures.
 * Density: dense points per m² of the orthophoto footprint, and the share with a colour.
 * Object heights: DSM minus DTM (each from its own ground filter, so georeferencing offsets
   cancel) in the cells where ODM's DSM stands more than 1 m above its ground: the median of
@@ -31,6 +37,9 @@ from prefect_odm.engine import ground
 DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 REFERENCE = DATA / "brighton_beach_1600" / "reference" / "model.laz"
 OBJECT_MIN_HEIGHT_M = 1.0
+ODM_CROP_M = 3.0  # ODM's default ``crop``
+ODM_CROP_DECIMATION = 90  # ODM's odm_georeferencing, an OpenMVS cloud of under 1,000 images
+ODM_BUFFER_SMOOTH_M = 3.0  # BUFFER_SMOOTH_DISTANCE in opendm/cropper.py
 
 
 @dataclass(frozen=True)
@@ -44,6 +53,9 @@ class DenseFigures:
     plane_removed_median_abs_m: float
     measured_share_of_orthophoto: float
     measured_share_of_reference: float
+    reference_measured_share_of_its_crop: float
+    measured_share_of_reference_crop: float
+    measured_share_of_our_crop: float
     points_per_m2: float
     coloured_share: float
     object_height_ratio: float
@@ -59,7 +71,11 @@ class DenseFigures:
             f" m (signed median {self.dsm_median_signed_m:+.2f} m, tilt {self.tilt_deg:.2f} deg;"
             f" plane removed: median {self.plane_removed_median_abs_m:.2f} m)",
             f"measured heights: {100 * self.measured_share_of_orthophoto:.0f}% of the orthophoto"
-            f" footprint, {100 * self.measured_share_of_reference:.0f}% of ODM's cloud footprint",
+            f" footprint, {100 * self.measured_share_of_reference:.0f}% of ODM's cloud footprint;"
+            f" of the area ODM's crop keeps of its cloud: ODM's cloud"
+            f" {100 * self.reference_measured_share_of_its_crop:.0f}%, ours"
+            f" {100 * self.measured_share_of_reference_crop:.0f}%; of the area it would keep of"
+            f" ours: {100 * self.measured_share_of_our_crop:.0f}%",
             f"dense cloud: {self.points_per_m2:.0f} points/m2 over the orthophoto footprint,"
             f" {100 * self.coloured_share:.0f}% coloured",
             f"object heights (DSM - DTM where ODM's > {OBJECT_MIN_HEIGHT_M:g} m, "
@@ -91,6 +107,26 @@ def rasterise(
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
     return mean.reshape(shape), counts.reshape(shape)
+
+
+def odm_crop_area(
+    xyz: np.ndarray,
+    transform: rasterio.Affine,
+    shape: tuple[int, int],
+    crop_m: float = ODM_CROP_M,
+    decimation_step: int = ODM_CROP_DECIMATION,
+) -> np.ndarray:
+    """The cells of the grid ``(transform, shape)`` inside the area ODM's ``crop`` keeps of the
+    cloud ``xyz`` (module docstring), ``(rows, cols)`` bool."""
+    from rasterio.features import rasterize
+    from shapely.geometry import MultiPoint
+
+    cells = np.unique(np.floor(xyz[::decimation_step, :2]), axis=0)
+    corners = np.concatenate([cells + offset for offset in ((0, 0), (1, 0), (0, 1), (1, 1))])
+    hull = MultiPoint(corners).convex_hull
+    smoothed = hull.buffer(-(crop_m + ODM_BUFFER_SMOOTH_M)).buffer(ODM_BUFFER_SMOOTH_M)
+    area = smoothed if smoothed.area > 0 else hull  # ODM keeps the hull when the crop eats it
+    return rasterize([area], out_shape=shape, transform=transform).astype(bool)
 
 
 def _read(path: Path) -> tuple[np.ndarray, rasterio.Affine]:
@@ -154,6 +190,8 @@ def dense_figures(task: Path) -> DenseFigures:
     measured = our_counts > 0
     inside = footprint[np.clip(np.floor((transform.f - xyz[:, 1]) / res_m).astype(int), 0, dsm.shape[0] - 1),
                        np.clip(np.floor((xyz[:, 0] - transform.c) / res_m).astype(int), 0, dsm.shape[1] - 1)]  # fmt: skip
+    ref_crop = odm_crop_area(ref_xyz, transform, dsm.shape)
+    our_crop = odm_crop_area(xyz, transform, dsm.shape)
     ref_dtm = _reference_dtm(reference, res_m)
     ratio, cells, largest_ratio, largest_cells = _object_heights(dsm, reference, ref_dtm, dtm)
     on_ground = np.isfinite(dtm) & np.isfinite(ref_dtm)
@@ -168,6 +206,9 @@ def dense_figures(task: Path) -> DenseFigures:
         measured_share_of_reference=float(
             (measured & (ref_counts > 0)).sum() / (ref_counts > 0).sum()
         ),
+        reference_measured_share_of_its_crop=float((ref_counts > 0)[ref_crop].mean()),
+        measured_share_of_reference_crop=float(measured[ref_crop].mean()),
+        measured_share_of_our_crop=float(measured[our_crop].mean()),
         points_per_m2=float(inside.sum() / max(1e-9, footprint.sum() * res_m * res_m)),
         coloured_share=float((rgb.sum(axis=1) > 0).mean()) if len(rgb) else 0.0,
         object_height_ratio=ratio,

@@ -164,3 +164,29 @@ def test_a_view_the_dsm_hides_is_not_chosen() -> None:
     assert (chosen(_flat) == 0).all()
     # ... with it, the western one does
     assert (chosen(wall) == 1).all()
+
+
+def test_a_cell_every_camera_has_hidden_takes_its_least_hidden_view() -> None:
+    """A 1 m trench between two 10 m walls (x from 0 to 3 m) is hidden from both cameras, 15 m
+    east and 20 m west: its floor takes the cheaper (eastern) occluded view instead of staying a
+    hole in the orthophoto; open ground that one camera sees keeps that visible view alone."""
+    east = _camera("east.png", 15.0, 0.0, width=640, height=480)
+    west = _camera("west.png", -20.0, 0.0, width=640, height=480)
+    scene = Scene("sfm", 32615, (east, west), np.zeros((0, 3)), np.zeros((0, 3), np.uint8), 2)
+    grid = Grid(left=-4.0, top=6.0, resolution_m=0.1, width=160, height=120)
+
+    def trench(rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        x = grid.left + (np.asarray(cols) + 0.5) * grid.resolution_m
+        return np.where(((x >= 0.0) & (x < 1.0)) | ((x > 2.0) & (x <= 3.0)), 10.0, 0.0)
+
+    views = ortho_views.candidate_views(scene, grid, trench)
+    x = views.grid.left + (np.arange(views.grid.width) + 0.5) * views.grid.resolution_m
+    floor = (x > 1.2) & (x < 1.8)
+    # hidden from both: one candidate, the eastern camera (more nadir), none behind it
+    assert (views.camera[0][:, floor] == 0).all()
+    assert (views.camera[1][:, floor] == -1).all()
+    assert np.isfinite(views.cost[0][:, floor]).all()
+    # open ground west of the walls: the walls hide it from the east, the west camera sees it
+    open_west = (x > -3.0) & (x < -1.0)
+    assert (views.camera[0][:, open_west] == 1).all()
+    assert (views.camera[1][:, open_west] == -1).all()
