@@ -9,9 +9,12 @@ CVPR 2016):
    RADIAL: ``k1``, ``k2``, the radial part of the ``brown`` model ODM gives OpenSfM by default,
    ``opendm/photo.py``) and the principal point refined as OpenSfM refines it (ODM's default
    ``optimize_camera_parameters``); a camera seen in fewer than :data:`FULL_CAMERA_MIN_IMAGES`
-   images keeps one radial term and its principal point at the image centre.
+   images keeps one radial term and its principal point at the image centre. The images are
+   then numbered by name (:func:`_number_images_by_name`): COLMAP numbers them in the order its
+   extraction threads finish, and the rest follows the numbers.
 2. Spatial matching: each image is matched to its nearest neighbours by GPS position within about
-   one image footprint, not exhaustively.
+   one image footprint, not exhaustively; each pair's RANSAC is seeded, so the same images give
+   the same verified pairs, the same cameras and the same products.
 3. Incremental mapping with the focal length held fixed: over a flat scene seen from straight
    above, focal length and scene depth cannot be told apart (a longer focal length just pushes
    the ground down), so letting bundle adjustment refine it makes the ground drift by metres
@@ -166,6 +169,7 @@ def reconstruct_sfm(
     pycolmap.logging.minloglevel = 2  # COLMAP's INFO lines go to stderr; we log our own
     try:
         _extract_features(run, resize_to, max_features)
+        _number_images_by_name(run.database)
         origin = _write_gps_priors(run, epsg, gps_accuracy_m)
         pairs = _match_neighbours(run, max_neighbours)
         model = _map_incrementally(run, pairs)
@@ -235,6 +239,62 @@ def _extract_features(run: _Colmap, resize_to: int, max_features: int) -> None:
     )
 
 
+def _number_images_by_name(database: Path) -> None:
+    """Renumber the database's images (and their one-image frames) in the order of their names.
+
+    COLMAP's extraction threads write the images in the order they finish, so two runs on the
+    same images number them differently, and every later step (matching order, the mapper's
+    choices, the bundle adjustment) follows the numbers: brighton's DSM differed from run to run.
+    The ids are rewritten in one transaction, in the tables of COLMAP's database schema that
+    hold an image id: ``images``, ``keypoints``, ``descriptors``, ``frame_data.data_id`` (camera
+    sensors), ``pose_priors.corr_data_id``, and ``frames`` (one image per frame, as extraction
+    writes them). Matches are made after this, so no pair id needs rewriting.
+
+    Raises:
+        ProcessingFailedError: the database does not have that schema (another COLMAP).
+    """
+    import sqlite3
+
+    connection = sqlite3.connect(database)
+    try:
+        with connection:
+            rows = connection.execute("SELECT image_id, name FROM images").fetchall()
+            order = {old: new for new, (old, _) in enumerate(sorted(rows, key=lambda r: r[1]), 1)}
+            frames = connection.execute(
+                "SELECT frame_id, data_id FROM frame_data WHERE sensor_type = 0"
+            ).fetchall()
+            if len(frames) != len(rows) or len({f for f, _ in frames}) != len(rows):
+                raise ProcessingFailedError(
+                    f"{database}: COLMAP wrote {len(frames)} image frames for {len(rows)} images"
+                )
+            frame_of = {image: frame for frame, image in frames}
+            shift = 1 << 30  # above every id: no clash while the ids move
+            statements = [
+                ("UPDATE images SET image_id = ? WHERE image_id = ?", "image"),
+                ("UPDATE keypoints SET image_id = ? WHERE image_id = ?", "image"),
+                ("UPDATE descriptors SET image_id = ? WHERE image_id = ?", "image"),
+                (
+                    "UPDATE frame_data SET data_id = ? WHERE data_id = ? AND sensor_type = 0",
+                    "image",
+                ),
+                ("UPDATE pose_priors SET corr_data_id = ? WHERE corr_data_id = ?", "image"),
+                ("UPDATE frame_data SET frame_id = ? WHERE frame_id = ?", "frame"),
+                ("UPDATE frames SET frame_id = ? WHERE frame_id = ?", "frame"),
+            ]
+            for step in (0, 1):
+                for sql, kind in statements:
+                    for old, new in order.items():
+                        source = frame_of[old] if kind == "frame" else old
+                        if step == 0:
+                            connection.execute(sql, (source + shift, source))
+                        else:
+                            connection.execute(sql, (new, source + shift))
+    except sqlite3.Error as exc:
+        raise ProcessingFailedError(f"{database}: cannot renumber the images ({exc})") from exc
+    finally:
+        connection.close()
+
+
 def _write_gps_priors(run: _Colmap, epsg: int, accuracy_m: float) -> NDArray[np.float64]:
     """Replace the database's pose priors by Cartesian UTM GPS positions (less an origin).
 
@@ -278,12 +338,20 @@ def _match_neighbours(run: _Colmap, max_neighbours: int) -> int:
     long_side = max(max(m.width, m.height) / m.focal_length_px for m in images)
     matching = pycolmap.FeatureMatchingOptions()
     matching.num_threads = run.threads
+    verification = pycolmap.TwoViewGeometryOptions()
+    # a seeded RANSAC per pair: with the default (-1) each thread's generator draws in the
+    # order the pairs reach it, and the verified pairs differ from run to run
+    verification.ransac.random_seed = 0
     pairing = pycolmap.SpatialPairingOptions()
     pairing.max_num_neighbors = min(max(1, int(max_neighbours)), max(len(images) - 1, 1))
     pairing.max_distance = 1.2 * height_m * long_side
     pairing.ignore_z = True
     pycolmap.match_spatial(
-        run.database, matching_options=matching, pairing_options=pairing, device=pycolmap.Device.cpu
+        run.database,
+        matching_options=matching,
+        pairing_options=pairing,
+        verification_options=verification,
+        device=pycolmap.Device.cpu,
     )
     db = pycolmap.Database.open(run.database)
     try:
