@@ -5,7 +5,8 @@ height) and the cell size in metres; they are pure (no I/O).
 
 * :func:`push_pull`: fills every unknown cell from the known ones by a pyramid of 2x2 sums
   (the "push-pull" scattered-data interpolation of Gortler et al., "The Lumigraph",
-  SIGGRAPH 1996), O(cells); smoothed in the filled cells only.
+  SIGGRAPH 1996), each level's gaps filled from the coarser level upsampled bilinearly, O(cells);
+  smoothed in the filled cells only.
 * :func:`fill_small_gaps`: ODM's ``dem-gapfill-steps``: the holes that a morphological closing
   of the measured cells with a disk of radius ``2**steps`` cells fills (gaps narrower than about
   ``2 * res * 2**steps`` metres, without growing the outer edge) are interpolated; larger holes
@@ -81,10 +82,21 @@ def push_pull(values: Raster, known: NDArray[np.bool_]) -> Raster:
         if not (weights[-1] > 0).all():  # a 1-cell-wide pyramid top: the mean of what is known
             estimate[:] = sums[-1].sum() / weights[-1].sum()
         for s, w in zip(reversed(sums[:-1]), reversed(weights[:-1]), strict=True):
-            up = np.repeat(np.repeat(estimate, 2, axis=0), 2, axis=1)[: s.shape[0], : s.shape[1]]
-            estimate = np.where(w > 0, s / w, up)
+            estimate = np.where(w > 0, s / w, _upsample_bilinear(estimate, s.shape))
     smooth = gaussian_filter(estimate, SMOOTHING_CELLS, mode="nearest")
     return np.where(known, values, smooth).astype(np.float32)
+
+
+def _upsample_bilinear(coarse: NDArray[np.float64], shape: tuple[int, ...]) -> NDArray[np.float64]:
+    """``coarse`` at twice its resolution, bilinear between cell centres (edges held), cut to
+    ``shape``. Nearest-cell upsampling (each value repeated over its 2x2 cells) left the filled
+    areas in flat terraces with steps at the pyramid's block edges, up to 2**levels cells wide,
+    which the orthophoto projected onto as straight smears."""
+    import cv2
+
+    rows, cols = coarse.shape
+    up = cv2.resize(coarse, (2 * cols, 2 * rows), interpolation=cv2.INTER_LINEAR)
+    return np.asarray(up, dtype=np.float64)[: shape[0], : shape[1]]
 
 
 def fill_small_gaps(

@@ -15,6 +15,10 @@ Shared by ``tests/engine/test_dense.py`` (thresholds) and ``benchmarks/bench_eng
   keeps of ODM's cloud that ODM's cloud measures (the reference's own figure) and that ours
   measures, and the share of the area the crop would keep of ours that ours measures.
 * Density: dense points per m² of the orthophoto footprint, and the share with a colour.
+* Steep surface where nothing is measured: the share of the orthophoto footprint's DSM-nodata
+  cells where the surface the orthophoto is projected on (``odm_dem/engine_surface.tif``, the
+  interpolation through the gaps) is steeper than ``STEEP_DEG``: steep faces there are not
+  measured, and the orthophoto smears the images along them.
 * Object heights: DSM minus DTM (each from its own ground filter, so georeferencing offsets
   cancel) in the cells where ODM's DSM stands more than 1 m above its ground: the median of
   ours over the median of ODM's; also for the largest such object alone (the pavilion).
@@ -37,6 +41,7 @@ from prefect_odm.engine import ground
 DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 REFERENCE = DATA / "brighton_beach_1600" / "reference" / "model.laz"
 OBJECT_MIN_HEIGHT_M = 1.0
+STEEP_DEG = 60.0
 ODM_CROP_M = 3.0  # ODM's default ``crop``
 ODM_CROP_DECIMATION = 90  # ODM's odm_georeferencing, an OpenMVS cloud of under 1,000 images
 ODM_BUFFER_SMOOTH_M = 3.0  # BUFFER_SMOOTH_DISTANCE in opendm/cropper.py
@@ -58,6 +63,7 @@ class DenseFigures:
     measured_share_of_our_crop: float
     points_per_m2: float
     coloured_share: float
+    steep_share_of_unmeasured: float
     object_height_ratio: float
     object_cells: int
     largest_object_ratio: float
@@ -78,6 +84,8 @@ class DenseFigures:
             f" ours: {100 * self.measured_share_of_our_crop:.0f}%",
             f"dense cloud: {self.points_per_m2:.0f} points/m2 over the orthophoto footprint,"
             f" {100 * self.coloured_share:.0f}% coloured",
+            f"orthophoto surface where the DSM has no height: {100 * self.steep_share_of_unmeasured:.1f}%"
+            f" steeper than {STEEP_DEG:g} deg",
             f"object heights (DSM - DTM where ODM's > {OBJECT_MIN_HEIGHT_M:g} m, "
             f"{self.object_cells} cells): {100 * self.object_height_ratio:.0f}% of ODM's; the"
             f" largest object ({self.largest_object_cells} cells):"
@@ -127,6 +135,17 @@ def odm_crop_area(
     smoothed = hull.buffer(-(crop_m + ODM_BUFFER_SMOOTH_M)).buffer(ODM_BUFFER_SMOOTH_M)
     area = smoothed if smoothed.area > 0 else hull  # ODM keeps the hull when the crop eats it
     return rasterize([area], out_shape=shape, transform=transform).astype(bool)
+
+
+def _steep_share(task: Path, cells: np.ndarray) -> float:
+    """Share of ``cells`` (on the DSM grid) where the orthophoto's surface is steeper than
+    :data:`STEEP_DEG`."""
+    with rasterio.open(task / "odm_dem" / "engine_surface.tif") as src:
+        surface = src.read(1, out_shape=cells.shape, resampling=Resampling.bilinear)
+        res_m = src.res[0] * src.width / cells.shape[1]
+    gy, gx = np.gradient(surface.astype(np.float64), res_m)
+    steep = np.degrees(np.arctan(np.hypot(gx, gy))) > STEEP_DEG
+    return float(steep[cells].mean()) if cells.any() else 0.0
 
 
 def _read(path: Path) -> tuple[np.ndarray, rasterio.Affine]:
@@ -211,6 +230,7 @@ def dense_figures(task: Path) -> DenseFigures:
         measured_share_of_our_crop=float(measured[our_crop].mean()),
         points_per_m2=float(inside.sum() / max(1e-9, footprint.sum() * res_m * res_m)),
         coloured_share=float((rgb.sum(axis=1) > 0).mean()) if len(rgb) else 0.0,
+        steep_share_of_unmeasured=_steep_share(task, footprint & ~np.isfinite(dsm)),
         object_height_ratio=ratio,
         object_cells=cells,
         largest_object_ratio=largest_ratio,

@@ -105,6 +105,21 @@ def test_push_pull_interpolates_every_cell_and_keeps_the_known() -> None:
         ground.push_pull(truth, np.zeros(truth.shape, dtype=bool))
 
 
+def test_push_pull_fills_wide_gaps_without_terraces() -> None:
+    """1 % of a smooth 6 m relief known: the gaps are filled by ramps, not by flat terraces with
+    steps at the pyramid's block edges (nearest-cell upsampling: rms 0.40 m, steps up to 1.07 m
+    between neighbouring cells; bilinear: 0.20 m, 0.46 m)."""
+    rng = np.random.default_rng(0)
+    y, x = np.mgrid[0:200, 0:300]
+    truth = (0.02 * x + 3 * np.sin(x / 25) * np.cos(y / 30)).astype(np.float32)
+    rng.random(truth.shape)  # the draw the figures above were measured with
+    known = rng.random(truth.shape) < 0.01
+    out = ground.push_pull(truth, known)
+    assert float(np.sqrt(np.mean((out - truth) ** 2))) < 0.3
+    assert float(np.abs(np.diff(out, axis=1)).max()) < 0.7
+    assert float(np.abs(np.diff(out, axis=0)).max()) < 0.7
+
+
 def _pair(z: float, xy: np.ndarray, colour: int) -> PairPoints:
     xyz = np.column_stack([xy, np.full(len(xy), z)])
     return PairPoints(xyz, np.full((len(xy), 3), colour, dtype=np.uint8))
