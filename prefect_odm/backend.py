@@ -72,6 +72,45 @@ class TaskState:
         """Whether the task ended (failed, completed or cancelled)."""
         return self.status in (FAILED, COMPLETED, CANCELED)
 
+    @property
+    def options(self) -> dict[str, Any]:
+        """The options the node holds for the task (``info["options"]``, NodeODM's
+        ``[{"name", "value"}]``), name -> value; empty when the node reports none."""
+        raw = self.info.get("options")
+        if not isinstance(raw, list):
+            return {}
+        return {str(o["name"]): o.get("value") for o in raw if isinstance(o, dict) and "name" in o}
+
+
+def differing_option(
+    held: Mapping[str, Any], wanted: Mapping[str, Any]
+) -> tuple[str, Any, Any] | None:
+    """The first option (by name) whose value a task holds differs from the one wanted:
+    ``(name, held value, wanted value)``, or ``None`` when they agree.
+
+    Only the options both name are compared: NodeODM drops the options it does not know (the
+    built-in engine's ``pipeline``) and adds some of its own to every task (NodeODM 2.2.4:
+    ``pc-ept``, ``cog``, ``gltf``), so an option on one side only says nothing. A node that
+    reports no options agrees. ``rerun-from`` is not an option of the result. Values compare as
+    the node may have typed them: ``True`` and ``"true"``, ``5`` and ``"5.0"`` are the same value.
+    """
+    for name in sorted((set(held) & set(wanted)) - {"rerun-from"}):
+        if not _same_option_value(held[name], wanted[name]):
+            return name, held[name], wanted[name]
+    return None
+
+
+def _same_option_value(a: Any, b: Any) -> bool:
+    def text(value: Any) -> str:
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        try:
+            return repr(float(value))
+        except (TypeError, ValueError):
+            return str(value).strip().lower()
+
+    return text(a) == text(b)
+
 
 SHORTEST_POLL_SECONDS = 0.2
 """The shortest wait between two status polls of a task (when it is about to finish)."""

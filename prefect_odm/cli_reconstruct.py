@@ -38,6 +38,7 @@ def check_output_writable(output: str) -> None:
     ``/proc``).
     """
     if not storage.is_local(output):
+        _check_remote_output(output)
         return
     probe = storage.local_path(output).absolute()
     while not probe.exists() and probe != probe.parent:
@@ -53,6 +54,18 @@ def check_output_writable(output: str) -> None:
             f"{output}: cannot write the output here (no folder can be made in {probe}: "
             f"{exc.strerror or exc})"
         ) from None
+
+
+def _check_remote_output(output: str) -> None:
+    """Fail early when a remote output location (``s3://...``) cannot be reached: no
+    credentials, no endpoint, no bucket. Its client's errors (botocore's) are not ``OSError``s,
+    and one reached the command line as a traceback from the first read of the output."""
+    fs, path = storage.filesystem(output)
+    try:
+        fs.exists(path)
+    except Exception as exc:  # any client error: reported in one line below
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InputError(f"{output}: cannot reach the output location ({reason})") from None
 
 
 def _run_request(args: argparse.Namespace, options: ProcessingOptions) -> dict[str, Any]:

@@ -17,7 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prefect_odm import backend, progress, storage
-from prefect_odm.backend import COMPLETED, STATUS_WORDS, NodeBackend, TaskState, task_uuid
+from prefect_odm.backend import (
+    COMPLETED,
+    STATUS_WORDS,
+    NodeBackend,
+    TaskState,
+    differing_option,
+    task_uuid,
+)
 from prefect_odm.errors import (
     DownloadError,
     NodeError,
@@ -390,6 +397,8 @@ class SubmodelRunner:
             state = client.task_state(previous.task_uuid)
             if state is None or state.status != COMPLETED:
                 return None
+            if differing_option(state.options, previous.options) is not None:
+                return None  # restarted with other options since: not the earlier result now
             stages = node_stages(client)
             stage = rerun_from_stage(previous.options, options, stages)
             if stage is None or stage == stages[0]:
@@ -500,9 +509,25 @@ class SubmodelRunner:
             return False
 
     def _create_or_attach(self, client: NodeBackend, submodel: Submodel, uuid: str) -> None:
-        """Submit the task, or re-attach to the task a killed run left (same UUID)."""
+        """Submit the task, or re-attach to the task a killed run left (same UUID).
+
+        Raises:
+            StaleTaskError: the node's task under ``uuid`` holds other options than this
+                submodel's: a rerun restarted it from a later stage with its own options
+                (:meth:`_try_rerun_from`), so its products are no longer this fingerprint's.
+        """
         sid = submodel.id
         state = client.task_state(uuid)
+        if state is not None:
+            differ = differing_option(state.options, self.plan.options.to_nodeodm())
+            if differ is not None:
+                name, held, wanted = differ
+                raise StaleTaskError(
+                    f"task {uuid} holds {name}={held!r}, not {wanted!r}: restarted with other "
+                    "options since",
+                    node_url=client.url,
+                    task_uuid=uuid,
+                )
         if state is None:
             self._mark_upload(client, submodel, uuid)
             by_name = {img.name: img.url for img in self.survey.images}

@@ -282,6 +282,43 @@ def test_an_output_where_no_folder_can_be_made_is_refused(brighton_images, tmp_p
     assert not _prefect_started(tmp_path)
 
 
+def test_an_s3_output_that_cannot_be_reached_is_refused_in_one_line(brighton_images, tmp_path):
+    """No credentials (and no metadata service), or an endpoint where nothing listens: one
+    line and exit 2 before Prefect starts (it was exit 1 with botocore's traceback)."""
+    out = "s3://prefect-odm-nowhere/out"
+    no_keys = {
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+        "AWS_CONFIG_FILE": str(tmp_path / "none"),
+    }
+    cases = [
+        ({**no_keys, "AWS_EC2_METADATA_DISABLED": "true"}, "Unable to locate credentials"),
+        (
+            {
+                "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+                "AWS_ACCESS_KEY_ID": "k",
+                "AWS_SECRET_ACCESS_KEY": "s",
+            },
+            "Could not connect to the endpoint URL",
+        ),
+    ]
+    for extra, reason in cases:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        env.update(
+            PREFECT_ODM_HOME=str(tmp_path / "home"), PREFECT_HOME=str(tmp_path / "ph"), **extra
+        )
+        env.pop("PREFECT_API_URL", None)
+        proc = subprocess.run(
+            [sys.executable, "-m", "prefect_odm.cli", "reconstruct", str(brighton_images), "--output", out],
+            capture_output=True, text=True, env=env, timeout=300,
+        )  # fmt: skip
+        line = _one_error_line(proc)
+        assert line.startswith(f"prefect-odm: error: {out}: cannot reach the output location ("), (
+            line
+        )
+        assert reason in line, line
+    assert not _prefect_started(tmp_path)
+
+
 def test_merge_of_a_missing_input_is_refused_before_prefect_starts(tmp_path):
     missing = tmp_path / "no-such-project"
     proc = _run(["merge", str(missing), "--output", str(tmp_path / "m")], tmp_path)

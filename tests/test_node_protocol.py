@@ -25,7 +25,7 @@ from node_helpers import (
     wait_for,
 )
 
-from prefect_odm.backend import find_tasks, live_attempt, task_uuid
+from prefect_odm.backend import differing_option, find_tasks, live_attempt, task_uuid
 from prefect_odm.errors import NodeError, ProcessingFailedError
 from prefect_odm.node_capacity import node_capacity
 from prefect_odm.node_health import HealthBook, HealthPolicy, order_nodes
@@ -271,6 +271,26 @@ def test_restart_with_rerun_from(start_node: NodeFactory) -> None:
     state = client.wait(uuid, poll_interval_seconds=POLL_SECONDS)
     assert state.status == COMPLETED
     assert {"name": "rerun-from", "value": stage} in state.info["options"]
+
+
+def test_a_task_holds_the_options_it_was_given_until_a_restart_changes_them(
+    start_node: NodeFactory,
+) -> None:
+    """What a re-attach checks (``differing_option``): the node answers a task's options as it
+    was given them, typed its own way, and a restart with other options replaces them."""
+    client = start_node().client()
+    given = {"orthophoto-resolution": 5.0, "dsm": True}
+    uuid = create(client, 2, given)
+    state = client.wait(uuid, poll_interval_seconds=POLL_SECONDS)
+    assert state.options and differing_option(state.options, given) is None
+    stages = next(o for o in client.options() if o.name == "rerun-from").domain
+    assert stages is not None
+    stage = [s for s in stages if s][-1]
+    finer = {**given, "orthophoto-resolution": 10.0}
+    assert client.restart(uuid, {**finer, "rerun-from": stage}) is True
+    state = client.wait(uuid, poll_interval_seconds=POLL_SECONDS)
+    assert differing_option(state.options, given) == ("orthophoto-resolution", 10, 5.0)
+    assert differing_option(state.options, finer) is None
 
 
 def test_unknown_task(start_node: NodeFactory) -> None:

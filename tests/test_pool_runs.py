@@ -396,12 +396,21 @@ def test_changing_only_orthophoto_resolution_restarts_tasks_from_that_stage(
         client = NodeClient(node.url)
         tasks = client.task_list()
         outputs = {u: "\n".join(client.output(u, 0)) for u in tasks}
+        with rasterio.open(finer.products["orthophoto"]) as ds:
+            finer_res = ds.res[0]  # before the next run merges into the same path
+        # the first options again, forced: the first run's task UUIDs now hold the 10 cm
+        # products, so they are not downloaded as this fingerprint's (they were: 10 cm products
+        # stored as the 5 cm ones); new tasks are made
+        again = run_flow(brighton_images, tmp_path / "out", [node.url], force=True)
     assert len(tasks) == len(first.submodels)  # no new task: the existing ones were restarted
     assert {r.rerun_from for r in finer.submodels} == {"odm_orthophoto"}
     assert {r.task_uuid for r in finer.submodels} == {r.task_uuid for r in first.submodels}
     assert all("odm_orthophoto" in text for text in outputs.values())
-    with rasterio.open(finer.products["orthophoto"]) as ds:
-        assert ds.res[0] == pytest.approx(0.10, rel=0.01)
+    assert finer_res == pytest.approx(0.10, rel=0.01)
+    assert not {r.task_uuid for r in again.submodels} & {r.task_uuid for r in first.submodels}
+    for result in again.submodels:
+        with rasterio.open(result.products["orthophoto"]) as ds:
+            assert ds.res[0] == pytest.approx(0.05, rel=0.01), result.submodel_id
 
 
 def test_interrupting_the_run_cancels_remote_tasks_and_frees_slots(
