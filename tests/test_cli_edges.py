@@ -291,7 +291,15 @@ def test_an_s3_output_that_cannot_be_reached_is_refused_in_one_line(brighton_ima
         "AWS_CONFIG_FILE": str(tmp_path / "none"),
     }
     cases = [
-        ({**no_keys, "AWS_EC2_METADATA_DISABLED": "true"}, "Unable to locate credentials"),
+        (
+            # the endpoint keeps every request on loopback, were one sent
+            {
+                **no_keys,
+                "AWS_EC2_METADATA_DISABLED": "true",
+                "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+            },
+            "Unable to locate credentials",
+        ),
         (
             {
                 "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
