@@ -60,9 +60,8 @@ def _check_remote_output(output: str) -> None:
     """Fail early when a remote output location (``s3://...``) cannot be reached: no
     credentials, no endpoint, no bucket. Its client's errors (botocore's) are not ``OSError``s,
     and one reached the command line as a traceback from the first read of the output."""
-    fs, path = storage.filesystem(output)
     try:
-        fs.exists(path)
+        storage.exists(output)
     except Exception as exc:  # any client error: reported in one line below
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InputError(f"{output}: cannot reach the output location ({reason})") from None

@@ -242,27 +242,27 @@ def candidate_views(
     best_u = np.zeros(shape, dtype=np.float32)
     best_v = np.zeros(shape, dtype=np.float32)
     best_gsd = _best_gsd_m(scene, float(np.median(z)))
-    # the cheapest occluded view of each cell, for the cells no camera sees
-    hidden_cam = np.full(shape[1:], -1, dtype=np.int32)
-    hidden_cost = np.full(shape[1:], np.inf, dtype=np.float32)
-    hidden_u = np.zeros(shape[1:], dtype=np.float32)
-    hidden_v = np.zeros(shape[1:], dtype=np.float32)
+    # the cheapest occluded view of each cell (a one-slot candidate list), for the cells no
+    # camera sees
+    hidden_cam = np.full((1, *shape[1:]), -1, dtype=np.int32)
+    hidden_cost = np.full((1, *shape[1:]), np.inf, dtype=np.float32)
+    hidden_u = np.zeros((1, *shape[1:]), dtype=np.float32)
+    hidden_v = np.zeros((1, *shape[1:]), dtype=np.float32)
     for index, camera in enumerate(scene.cameras):
         found = _camera_views(camera, coarse, z, best_gsd)
         if found is None:
             continue
         window, cost, hidden, u, v = found
         _insert(best_cam, best_cost, best_u, best_v, window, index, cost, u, v)
-        better = hidden < hidden_cost[window]
-        hidden_cam[window] = np.where(better, np.int32(index), hidden_cam[window])
-        hidden_cost[window] = np.where(better, hidden, hidden_cost[window])
-        hidden_u[window] = np.where(better, u, hidden_u[window])
-        hidden_v[window] = np.where(better, v, hidden_v[window])
-    unseen = (best_cam[0] < 0) & (hidden_cam >= 0)
-    best_cam[0][unseen] = hidden_cam[unseen]
-    best_cost[0][unseen] = hidden_cost[unseen]
-    best_u[0][unseen] = hidden_u[unseen]
-    best_v[0][unseen] = hidden_v[unseen]
+        _insert(hidden_cam, hidden_cost, hidden_u, hidden_v, window, index, hidden, u, v)
+    unseen = (best_cam[0] < 0) & (hidden_cam[0] >= 0)
+    for best, fallback in (
+        (best_cam, hidden_cam),
+        (best_cost, hidden_cost),
+        (best_u, hidden_u),
+        (best_v, hidden_v),
+    ):
+        best[0][unseen] = fallback[0][unseen]
     return ViewCandidates(coarse, factor, best_cam, best_cost, best_u, best_v, z)
 
 

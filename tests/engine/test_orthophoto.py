@@ -142,22 +142,32 @@ def test_same_input_gives_the_same_pixels(survey: tuple[Scene, Path, OrthophotoR
     assert np.array_equal(again.labels, result.labels)
 
 
-def test_a_view_the_dsm_hides_is_not_chosen() -> None:
-    """A 10 m wall at 4 <= x <= 6 m hides the ground just west of it from the camera east of it
-    (15 m off, the more nadir view there); the camera 20 m west must colour it instead."""
+def _east_and_west() -> tuple[Scene, Grid]:
+    """Two nadir cameras, 15 m east and 20 m west of x = 0, and a 16 x 12 m grid around it."""
     east = _camera("east.png", 15.0, 0.0, width=640, height=480)
     west = _camera("west.png", -20.0, 0.0, width=640, height=480)
     scene = Scene("sfm", 32615, (east, west), np.zeros((0, 3)), np.zeros((0, 3), np.uint8), 2)
-    grid = Grid(left=-4.0, top=6.0, resolution_m=0.1, width=160, height=120)
+    return scene, Grid(left=-4.0, top=6.0, resolution_m=0.1, width=160, height=120)
+
+
+def _x_m(grid: Grid, cols: np.ndarray) -> np.ndarray:
+    """Easting of the centres of columns ``cols`` of ``grid``."""
+    return grid.left + (np.asarray(cols) + 0.5) * grid.resolution_m
+
+
+def test_a_view_the_dsm_hides_is_not_chosen() -> None:
+    """A 10 m wall at 4 <= x <= 6 m hides the ground just west of it from the camera east of it
+    (15 m off, the more nadir view there); the camera 20 m west must colour it instead."""
+    scene, grid = _east_and_west()
 
     def wall(rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-        x = grid.left + (np.asarray(cols) + 0.5) * grid.resolution_m
+        x = _x_m(grid, cols)
         return np.where((x >= 4.0) & (x <= 6.0), 10.0, 0.0)
 
     def chosen(height_at: HeightSampler) -> np.ndarray:
         views = ortho_views.candidate_views(scene, grid, height_at)
         labels, _ = ortho_labels.label_views(views, np.zeros(views.camera.shape, np.float32))
-        x = views.grid.left + (np.arange(views.grid.width) + 0.5) * views.grid.resolution_m
+        x = _x_m(views.grid, np.arange(views.grid.width))
         return labels[:, (x > 0.5) & (x < 3.0)]
 
     # without the wall the eastern camera wins there (so the test can fail) ...
@@ -170,17 +180,14 @@ def test_a_cell_every_camera_has_hidden_takes_its_least_hidden_view() -> None:
     """A 1 m trench between two 10 m walls (x from 0 to 3 m) is hidden from both cameras, 15 m
     east and 20 m west: its floor takes the cheaper (eastern) occluded view instead of staying a
     hole in the orthophoto; open ground that one camera sees keeps that visible view alone."""
-    east = _camera("east.png", 15.0, 0.0, width=640, height=480)
-    west = _camera("west.png", -20.0, 0.0, width=640, height=480)
-    scene = Scene("sfm", 32615, (east, west), np.zeros((0, 3)), np.zeros((0, 3), np.uint8), 2)
-    grid = Grid(left=-4.0, top=6.0, resolution_m=0.1, width=160, height=120)
+    scene, grid = _east_and_west()
 
     def trench(rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-        x = grid.left + (np.asarray(cols) + 0.5) * grid.resolution_m
+        x = _x_m(grid, cols)
         return np.where(((x >= 0.0) & (x < 1.0)) | ((x > 2.0) & (x <= 3.0)), 10.0, 0.0)
 
     views = ortho_views.candidate_views(scene, grid, trench)
-    x = views.grid.left + (np.arange(views.grid.width) + 0.5) * views.grid.resolution_m
+    x = _x_m(views.grid, np.arange(views.grid.width))
     floor = (x > 1.2) & (x < 1.8)
     # hidden from both: one candidate, the eastern camera (more nadir), none behind it
     assert (views.camera[0][:, floor] == 0).all()
