@@ -49,7 +49,7 @@ from PIL import Image
 from PIL.TiffImagePlugin import IFDRational
 
 from prefect_odm.engine.launch import start_engine
-from prefect_odm.layouts import read_layout
+from prefect_odm.survey.layouts import read_layout
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"

@@ -1,6 +1,6 @@
 """Orchestration overhead per submodel, and upload throughput to one node.
 
-1. Overhead: 20 small submodels of seneca (the engine's fast ``direct`` method) run one after another through :class:`prefect_odm.submodels.SubmodelRunner`
+1. Overhead: 20 small submodels of seneca (the engine's fast ``direct`` method) run one after another through :class:`prefect_odm.nodes.runner.SubmodelRunner`
    against a built-in engine on 127.0.0.1. Per submodel, the time *not* spent in the engine
    (its reported processing time) and not in transfers (upload and download calls, timed) is the
    orchestration overhead: placement, polling, verification, storing, result records.
@@ -26,12 +26,12 @@ import requests
 from prefect_odm.engine.launch import start_engine
 from prefect_odm.layout import OutputLayout
 from prefect_odm.models import ProcessingOptions
-from prefect_odm.nodeodm import NodeClient
-from prefect_odm.planning import plan_submodels
-from prefect_odm.pool import NodePool, PoolNode
-from prefect_odm.scan import scan_survey
+from prefect_odm.nodes.client import NodeClient
+from prefect_odm.nodes.pool import NodePool, PoolNode
+from prefect_odm.nodes.runner import SubmodelRunner
+from prefect_odm.plan.planning import plan_submodels
 from prefect_odm.settings import FAULTS_ENV
-from prefect_odm.submodels import SubmodelRunner
+from prefect_odm.survey.scan import scan_survey
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

@@ -50,7 +50,7 @@ from prefect_odm.engine.ortho_radiometry import (
     sample_candidate_colours,
     smooth_cells,
 )
-from prefect_odm.merge.grid import Grid
+from prefect_odm.grid import Grid
 
 ORTHOPHOTO_RESOLUTION_CM = 5.0
 COMPARE_RES_M = 0.2

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from prefect_odm.layouts import read_layout
-from prefect_odm.planning import PositionPlan, plan_from_positions
+from prefect_odm.plan.planning import PositionPlan, plan_from_positions
+from prefect_odm.survey.layouts import read_layout
 
 LAYOUTS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "layouts"
 

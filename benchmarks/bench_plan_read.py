@@ -4,7 +4,7 @@ Builds a synthetic survey of N images (brighton_beach_1600's 18 scanned records,
 grid of 18-image tiles 300 m apart) and its plan at ``--split`` images per submodel, stores
 ``plan/plan.json`` and ``survey.json``, then, for every submodel as ``process_submodel`` does,
 loads both: first the named baseline (0.1.0 and 0.2.0: read and validate both files per
-submodel), then :func:`prefect_odm.plan_cache.load_plan_and_survey` (once per process, a stat
+submodel), then :func:`prefect_odm.plan.cache.load_plan_and_survey` (once per process, a stat
 per submodel after that). Prints CPU seconds per submodel and in all, and the ratio.
 
 Usage: python benchmarks/bench_plan_read.py [--images 1800 7200 20000] [--split 100]
@@ -20,9 +20,9 @@ from pathlib import Path
 from prefect_odm import storage
 from prefect_odm.layout import plan_file
 from prefect_odm.models import SplitPlan, Survey
-from prefect_odm.plan_cache import _cache, load_plan_and_survey
-from prefect_odm.planning import plan_submodels
-from prefect_odm.scan import scan_survey
+from prefect_odm.plan.cache import _cache, load_plan_and_survey
+from prefect_odm.plan.planning import plan_submodels
+from prefect_odm.survey.scan import scan_survey
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

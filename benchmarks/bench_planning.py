@@ -28,7 +28,7 @@ import tracemalloc
 
 import numpy as np
 
-from prefect_odm.planning import plan_from_positions
+from prefect_odm.plan.planning import plan_from_positions
 
 
 def synthetic_survey(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from prefect_odm.scan import scan_survey_with_stats
+from prefect_odm.survey.scan import scan_survey_with_stats
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 

@@ -7,8 +7,8 @@ from typing import Any, cast
 from prefect.blocks.core import Block, schema_extra
 from pydantic import ConfigDict, Field, SecretStr
 
-from prefect_odm.backend import NodeSettings
 from prefect_odm.errors import InputError
+from prefect_odm.nodes.backend import NodeSettings
 
 
 class NodeODM(Block):
@@ -72,7 +72,7 @@ class NodeODMPool(Block):
     def node_settings(self) -> dict[str, NodeSettings]:
         """Node public URL -> what the block says of it (token, memory, task slots), in the
         block's order."""
-        from prefect_odm.nodeodm import public_url
+        from prefect_odm.nodes.client import public_url
 
         return {
             public_url(n.url): NodeSettings(
@@ -88,7 +88,7 @@ def load_pool_block(name: str) -> tuple[list[str], dict[str, NodeSettings]]:
     """Node URLs and settings from a saved :class:`NodeODMPool` block.
 
     Returns:
-        (node public URLs, URL -> settings), ready for :func:`prefect_odm.cluster.connect_nodes`.
+        (node public URLs, URL -> settings), ready for :func:`prefect_odm.nodes.cluster.connect_nodes`.
 
     Raises:
         InputError: no such block.

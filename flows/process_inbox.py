@@ -19,7 +19,9 @@ from pydantic import Field
 
 from prefect_odm import storage
 from prefect_odm.errors import PrefectODMError
-from prefect_odm.inbox import (
+from prefect_odm.layout import OutputLayout
+from prefect_odm.nodes.refs import refuse_credentials
+from prefect_odm.survey.inbox import (
     SURVEY_TAG_PREFIX,
     InboxEntry,
     InboxReport,
@@ -27,8 +29,6 @@ from prefect_odm.inbox import (
     survey_folders,
     survey_tag,
 )
-from prefect_odm.layout import OutputLayout
-from prefect_odm.node_refs import refuse_credentials
 
 __all__ = [
     "RECONSTRUCT_DEPLOYMENT",

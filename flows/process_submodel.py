@@ -14,14 +14,14 @@ from prefect import flow, get_run_logger
 from prefect.client.schemas.objects import State
 from prefect_odm.tasks.admission import DEFAULT_LIMIT_NAME, ensure_memory_limit, memory_slots
 from prefect_odm.tasks.artifacts import cached_state, rename_this_run, submodel_progress
-from prefect_odm.tasks.submodels import cluster_for
+from prefect_odm.tasks.clusters import cluster_for
 
 from prefect_odm.errors import SubmodelFailedError
 from prefect_odm.layout import OutputLayout
 from prefect_odm.models import SubmodelResult
-from prefect_odm.node_refs import refuse_credentials, submodel_run_name
-from prefect_odm.plan_cache import load_plan_and_survey
-from prefect_odm.submodels import SubmodelRunner
+from prefect_odm.nodes.refs import refuse_credentials, submodel_run_name
+from prefect_odm.nodes.runner import SubmodelRunner
+from prefect_odm.plan.cache import load_plan_and_survey
 
 
 @flow(name="process_submodel", flow_run_name="{submodel_id}", validate_parameters=True)

@@ -21,25 +21,18 @@ from prefect_odm.tasks.artifacts import (
     rename_this_run,
     reuse_stored,
 )
+from prefect_odm.tasks.clusters import sharing_cluster
 from prefect_odm.tasks.deployment import (
     SubmodelChildren,
     show_child_history,
 )
 from prefect_odm.tasks.merge import merge_all
 from prefect_odm.tasks.report import publish_plan, publish_report
-from prefect_odm.tasks.submodels import run_submodel, sharing_cluster
+from prefect_odm.tasks.submodels import run_submodel
 from prefect_odm.tasks.survey import plan_submodels, scan_survey
 from pydantic import Field, WithJsonSchema
 
 from prefect_odm import progress, storage
-from prefect_odm.cluster import (
-    EMBEDDED_ENGINE_IDENTITY,
-    Cluster,
-    check_embedded_options,
-    connect_nodes,
-    embedded_engine,
-    embedded_memory_gib,
-)
 from prefect_odm.errors import IncompleteRunError, InputError, MergeError
 from prefect_odm.fingerprints import merge_fingerprint
 from prefect_odm.layout import OutputLayout
@@ -51,8 +44,16 @@ from prefect_odm.models import (
     SubmodelResult,
     Survey,
 )
-from prefect_odm.node_capacity import memory_for_auto_split
-from prefect_odm.node_refs import (
+from prefect_odm.nodes.capacity import memory_for_auto_split
+from prefect_odm.nodes.cluster import (
+    EMBEDDED_ENGINE_IDENTITY,
+    Cluster,
+    check_embedded_options,
+    connect_nodes,
+    embedded_engine,
+    embedded_memory_gib,
+)
+from prefect_odm.nodes.refs import (
     refuse_credentials,
     survey_label,
     survey_run_name,

@@ -7,10 +7,10 @@ still works for callers who do not know this package.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Literal
 
-if TYPE_CHECKING:
-    from prefect_odm.models import HeaderProblem
+HeaderProblem = Literal["unreadable", "truncated", "empty_file", "not_an_image"]
+"""Why a file's header gives no image metadata (the header subset of ``models.RejectReason``)."""
 
 
 class PrefectODMError(Exception):

@@ -13,8 +13,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from prefect_odm.align.report import AlignmentOptions, AlignmentReport
-from prefect_odm.gps_records import GpsWarning
+from prefect_odm.errors import HeaderProblem as HeaderProblem  # re-exported
 from prefect_odm.registry import ProductName as ProductName  # re-exported
+from prefect_odm.survey.gps_records import GpsWarning
 
 OptionValue = str | int | float | bool
 
@@ -30,9 +31,6 @@ RejectReason = Literal[
     "low_altitude",
 ]
 
-
-HeaderProblem = Literal["unreadable", "truncated", "empty_file", "not_an_image"]
-"""Why a file's header gives no image metadata (the header subset of :data:`RejectReason`)."""
 
 ImageFormat = Literal["JPEG", "TIFF", "PNG", "OTHER"]
 """An image's file format, from its magic bytes (``OTHER``: a format Pillow may know)."""
@@ -93,7 +91,7 @@ class CaptureMetadata(BaseModel):
 
 
 class ImageMetadata(CaptureMetadata):
-    """Metadata of one image as read from its header (:mod:`prefect_odm.exif`).
+    """Metadata of one image as read from its header (:mod:`prefect_odm.survey.exif`).
 
     ``focal_plane_x_resolution_px_per_mm`` is EXIF ``FocalPlaneXResolution`` converted to pixels
     per millimetre with ``FocalPlaneResolutionUnit`` (default inch); ``None`` when absent, zero or
@@ -200,7 +198,7 @@ class ProcessingOptions(BaseModel):
     @classmethod
     def _extra_names_and_values(cls, extra: dict[str, OptionValue]) -> dict[str, OptionValue]:
         """An ODM option name is non-empty text without spaces that no field of its own sets;
-        a number is finite (the node's own check is :mod:`prefect_odm.option_check`)."""
+        a number is finite (the node's own check is :mod:`prefect_odm.nodes.option_check`)."""
         import math
 
         for name, value in extra.items():

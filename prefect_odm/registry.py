@@ -35,7 +35,7 @@ class Product:
         odm_path: the path inside an OpenDroneMap project folder or ``all.zip``.
         verify: how a downloaded file is checked before it counts: ``rgba_raster`` (opens with a
             CRS and at least 4 bands), ``raster`` (opens with a CRS), ``point_cloud`` (LAS/LAZ
-            header with points and a CRS); see :mod:`prefect_odm.products`.
+            header with points and a CRS); see :mod:`prefect_odm.nodes.products`.
         merge: the merge method (``orthophoto``: seams, balancing and feathering; ``dem``:
             vertical offsets removed and edge-distance blending; ``point_cloud``: crop to each
             submodel's own area, streamed).

@@ -14,17 +14,33 @@ from datetime import UTC, datetime
 from typing import Any
 
 from prefect_odm import __version__, progress, storage
+from prefect_odm.errors import StorageError
 from prefect_odm.layout import OutputLayout
-from prefect_odm.models import Manifest, SplitPlan, SubmodelResult, Survey
+from prefect_odm.models import Manifest, SplitPlan, Submodel, SubmodelResult, Survey
 from prefect_odm.registry import PRODUCTS
 from prefect_odm.settings import get_settings
-from prefect_odm.submodels import load_stored_result
 
 MIN_SURVEY_IMAGES = 3
 """Fewer usable images than this cannot be reconstructed (structure from motion needs overlap)."""
 
 FAILURE_OUTPUT_LINES = 5
 """Last node output lines kept in a failed submodel's description."""
+
+
+def load_stored_result(layout: OutputLayout, submodel: Submodel) -> SubmodelResult | None:
+    """The stored result of this submodel and fingerprint when it is complete, else ``None``."""
+    url = layout.submodel_result(submodel.id, submodel.fingerprint)
+    try:
+        if not storage.exists(url):
+            return None
+        result = SubmodelResult.model_validate(storage.read_json(url))
+    except (StorageError, ValueError, OSError):
+        return None
+    if result.status not in ("completed", "reused") or result.fingerprint != submodel.fingerprint:
+        return None
+    if not all(storage.exists(u) for u in result.products.values()):
+        return None
+    return result
 
 
 def reused_and_pending(

@@ -45,9 +45,9 @@ from prefect_odm import progress, storage
 from prefect_odm.errors import DeploymentRunError
 from prefect_odm.layout import OutputLayout
 from prefect_odm.models import SplitPlan, SubmodelResult
-from prefect_odm.node_refs import submodel_run_name
+from prefect_odm.nodes.refs import submodel_run_name
 from prefect_odm.progress import SubmodelBoard
-from prefect_odm.submodels import load_stored_result
+from prefect_odm.run_policy import load_stored_result
 
 SUBMODEL_DEPLOYMENT = "process_submodel/process-submodel"
 """The deployment ``prefect.yaml`` defines for submodels (``flow name/deployment name``)."""

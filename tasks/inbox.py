@@ -12,7 +12,7 @@ from prefect.context import get_run_context
 from prefect.deployments import run_deployment
 
 from prefect_odm.errors import DeploymentRunError
-from prefect_odm.inbox import ReconstructSettings, survey_tag
+from prefect_odm.survey.inbox import ReconstructSettings, survey_tag
 
 _ACTIVE_STATES = ["SCHEDULED", "PENDING", "RUNNING", "PAUSED", "CANCELLING"]
 
@@ -43,8 +43,8 @@ def active_reconstruction(tag: str) -> str | None:
 
 @task(name="survey_fingerprint", cache_policy=NO_CACHE, task_run_name="fingerprint-{folder}")
 def survey_fingerprint(folder: str) -> str:
-    """The survey fingerprint of the images in ``folder`` (see :mod:`prefect_odm.scan`)."""
-    from prefect_odm.scan import scan_survey
+    """The survey fingerprint of the images in ``folder`` (see :mod:`prefect_odm.survey.scan`)."""
+    from prefect_odm.survey.scan import scan_survey
 
     return scan_survey(folder).fingerprint
 

@@ -232,8 +232,8 @@ def _shared_seamlines(
     """The least-cost owner labels of this merge, from the orthophotos and DSMs together where
     the alignment puts them (:func:`prefect_odm.merge.seamline_rasters.merge_seamlines`); None for
     other seam methods."""
+    from prefect_odm.merge.seam_methods import LABEL_SEAM_METHODS
     from prefect_odm.merge.seamline_rasters import merge_seamlines
-    from prefect_odm.merge.seams import LABEL_SEAM_METHODS
 
     ortho, dsm = _inputs_of(products, "orthophoto"), _inputs_of(products, "dsm")
     if options.seam_method not in LABEL_SEAM_METHODS or ownership is None or not (ortho or dsm):

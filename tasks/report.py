@@ -29,7 +29,7 @@ def _key(prefix: str, fingerprint: str) -> str:
 @task(name="publish_plan", cache_policy=NO_CACHE)
 def publish_plan(plan: SplitPlan, survey: Survey, layout: OutputLayout) -> None:
     """Write plan.json, survey.json, plan.geojson and plan.png; publish the plan table."""
-    from prefect_odm.planviz import plan_markdown, plan_rows
+    from prefect_odm.plan.picture import plan_markdown, plan_rows
 
     _write_plan_files(plan, survey, layout, picture=not _plan_stored(plan, layout))
     create_table_artifact(
@@ -63,7 +63,7 @@ def _write_plan_files(
 ) -> None:
     """survey.json and plan.json always (image locations may have moved, the plan identity
     does not see names); the GeoJSON and PNG only when the plan changed."""
-    from prefect_odm.planviz import plan_geojson, plan_png
+    from prefect_odm.plan.picture import plan_geojson, plan_png
 
     storage.write_json_atomic(layout.survey_json, survey.model_dump(mode="json"))
     if picture:

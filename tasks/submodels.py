@@ -1,12 +1,8 @@
-"""Prefect tasks and helpers for running submodels inline: the ``run_submodel`` task (one
-``process_submodel`` subflow), the placement pool shared by concurrent subflows, and the nodes
-a submodel run uses."""
+"""The ``run_submodel`` task: one ``process_submodel`` subflow of an inline run, retried when
+its Prefect bookkeeping fails."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -14,14 +10,11 @@ from prefect import Task, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State, TaskRun
 from prefect.runtime import task_run as this_task_run
+from prefect_odm.flows.process_submodel import process_submodel
 
 from prefect_odm import progress
-from prefect_odm.cluster import Cluster, connect_nodes, embedded_engine, split_token
 from prefect_odm.errors import SubmodelFailedError
 from prefect_odm.models import SubmodelResult
-
-_active: dict[tuple[str, ...], Cluster] = {}
-_active_lock = threading.Lock()
 
 BOOKKEEPING_RETRY_DELAYS_SECONDS = [2.0, 5.0, 15.0]
 """Back-off before each new try of a submodel whose Prefect bookkeeping failed (jitter 0.5x)."""
@@ -57,13 +50,10 @@ def run_submodel(
         plan_url: the stored ``plan/plan.json``.
         submodel_id: e.g. ``submodel-003``.
         output: the run's output root.
-        nodes: node URLs (a cluster shared with :func:`sharing_cluster` is used when it has
-            the same nodes).
+        nodes: node URLs (a cluster shared with :func:`.clusters.sharing_cluster` is used when
+            it has the same nodes).
         force: process again even when a stored result exists.
     """
-    # Imported here: the flow module imports this one.
-    from prefect_odm.flows.process_submodel import process_submodel
-
     # Each try of this task is one flow run of the submodel: the live table's ``runs``.
     progress.emit("submodel_run", id=submodel_id, runs=max(1, this_task_run.run_count))
     try:
@@ -75,49 +65,3 @@ def run_submodel(
         failed = exc.result
         assert isinstance(failed, SubmodelResult)
         return failed
-
-
-@contextmanager
-def sharing_cluster(cluster: Cluster) -> Iterator[None]:
-    """Let ``process_submodel`` runs in this process place work through ``cluster``'s pool.
-
-    Concurrent inline subflows must share one placement pool, or each would think it had the
-    nodes to itself.
-    """
-    key = tuple(sorted(cluster.clients))
-    with _active_lock:
-        _active[key] = cluster
-    try:
-        yield
-    finally:
-        with _active_lock:
-            _active.pop(key, None)
-
-
-@contextmanager
-def cluster_for(
-    nodes: list[str] | None, pipeline: str, node_pool: str | None = None
-) -> Iterator[Cluster]:
-    """The nodes a submodel run uses: the pool block's, else ``nodes`` (the cluster a parent
-    shares when it has the same nodes, else connected here), else the built-in engine started
-    for the block.
-
-    Raises:
-        InputError: no such pool block, or a node is not usable.
-    """
-    from prefect_odm.blocks import load_pool_block
-
-    settings = None
-    if node_pool:
-        nodes, settings = load_pool_block(node_pool)
-    if nodes:
-        key = tuple(sorted(split_token(u)[0] for u in nodes))
-        with _active_lock:
-            shared = _active.get(key)
-        if shared is not None:
-            yield shared
-            return
-        yield connect_nodes(nodes, settings=settings)
-        return
-    with embedded_engine(pipeline) as cluster:
-        yield cluster

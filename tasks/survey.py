@@ -14,7 +14,7 @@ from prefect_odm.models import ProcessingOptions, SplitPlan, Survey
 @task(name="scan_survey", cache_policy=NO_CACHE, task_run_name="scan_survey")
 def scan_survey(images: str, policy: Literal["exclude", "fail"] = "exclude") -> Survey:
     """Scan the images at ``images`` (folder or fsspec URL) into a :class:`Survey`."""
-    from prefect_odm.scan import scan_survey as _scan
+    from prefect_odm.survey.scan import scan_survey as _scan
 
     return _scan(images, policy=policy)
 
@@ -28,14 +28,14 @@ def plan_submodels(
     engine_identity: str,
     node_memory_gib: Sequence[float] = (),
 ) -> SplitPlan:
-    """Split the survey into submodels (see :func:`prefect_odm.planning.plan_submodels`).
+    """Split the survey into submodels (see :func:`prefect_odm.plan.planning.plan_submodels`).
 
     Each of the plan's warnings (wasteful overlap, merged duplicates, GPS problems seen before
     compute) is sent as a ``warning`` progress event, which the command line prints as
     ``warning: ...`` before any submodel runs (the flow logs them to the run).
     """
     from prefect_odm import progress
-    from prefect_odm.planning import plan_submodels as _plan
+    from prefect_odm.plan.planning import plan_submodels as _plan
 
     plan = _plan(
         survey,

@@ -11,7 +11,7 @@ from typing import Any
 
 import peers
 
-from prefect_odm.nodeodm import (
+from prefect_odm.nodes.client import (
     QUEUED,
     RUNNING,
     NodeClient,

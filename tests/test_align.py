@@ -443,7 +443,7 @@ def test_height_alignment_takes_out_each_submodels_bowl() -> None:
 def test_align_and_gps_quality_are_pure_core() -> None:
     code = (
         "import sys\n"
-        "import prefect_odm.align, prefect_odm.gps_quality\n"
+        "import prefect_odm.align, prefect_odm.survey.gps_quality\n"
         "bad = [m for m in ('prefect', 'pyodm', 'rasterio', 'laspy', 'pycolmap') if m in sys.modules]\n"
         "print(','.join(bad))\n"
     )

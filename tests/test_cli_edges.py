@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from prefect_odm.cli_reconstruct import _tokens_out_of_urls
+from prefect_odm.cli.reconstruct import _tokens_out_of_urls
 
 
 def _run(args: list[str], tmp_path: Path, **env_vars: str) -> subprocess.CompletedProcess[str]:
@@ -183,7 +183,7 @@ def test_python_api_validates_options_as_the_command_line_does():
 
     from prefect_odm.errors import PlanningError
     from prefect_odm.models import ProcessingOptions
-    from prefect_odm.planning import plan_submodels
+    from prefect_odm.plan.planning import plan_submodels
 
     for extra in ({"orthophoto-resolution": "abc"}, {"": 1}, {"crop": float("inf")}):
         with pytest.raises(ValidationError):
@@ -346,14 +346,14 @@ def test_merge_of_a_missing_input_is_refused_before_prefect_starts(tmp_path):
     ],
 )
 def test_verbose_goes_before_or_after_the_command(argv):
-    from prefect_odm.cli_args import build_parser
+    from prefect_odm.cli.args import build_parser
 
     assert build_parser().parse_args(argv).verbose is True
     assert build_parser().parse_args(["plan", "x"]).verbose is False
 
 
 def test_the_summary_names_the_rejected_images(capsys, tmp_path):
-    from prefect_odm.cli_reconstruct import REJECTED_SHOWN, _print_summary
+    from prefect_odm.cli.reconstruct import REJECTED_SHOWN, _print_summary
     from prefect_odm.models import Manifest, RejectedImage
 
     rejected = [

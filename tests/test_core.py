@@ -21,11 +21,11 @@ from prefect_odm.errors import (
 from prefect_odm.fingerprints import submodel_fingerprint, survey_fingerprint
 from prefect_odm.layout import ODM_PRODUCT_PATHS, PRODUCT_FILES, OutputLayout, join
 from prefect_odm.models import ProcessingOptions, ProductName
-from prefect_odm.node_health import Health, HealthBook
-from prefect_odm.nodeodm import public_url, task_uuid
+from prefect_odm.nodes.client import public_url, task_uuid
+from prefect_odm.nodes.health import Health, HealthBook
+from prefect_odm.nodes.pool import NodePool, PoolNode
+from prefect_odm.nodes.products import VERIFIERS
 from prefect_odm.ownership import Ownership
-from prefect_odm.pool import NodePool, PoolNode
-from prefect_odm.products import VERIFIERS
 from prefect_odm.registry import (
     PRODUCTS,
     MergeMethod,
@@ -193,13 +193,13 @@ def test_core_imports_neither_prefect_nor_pyodm():
     code = (
         "import sys\n"
         "import prefect_odm, prefect_odm.models, prefect_odm.fingerprints, prefect_odm.layout,"
-        " prefect_odm.ownership, prefect_odm.pool, prefect_odm.planning, prefect_odm.memory,"
+        " prefect_odm.ownership, prefect_odm.nodes.pool, prefect_odm.plan.planning, prefect_odm.plan.memory,"
         " prefect_odm.registry, prefect_odm.settings, prefect_odm.errors, prefect_odm.geo,"
-        " prefect_odm.partition, prefect_odm.core_areas, prefect_odm.coverage_gaps,"
-        " prefect_odm.flight_checks, prefect_odm.exif, prefect_odm.layouts, prefect_odm.backend,"
-        " prefect_odm.run_policy, prefect_odm.node_health, prefect_odm.option_check,"
-        " prefect_odm.node_capacity, prefect_odm.plan_checks, prefect_odm.node_messages,"
-        " prefect_odm.align, prefect_odm.gps_quality, prefect_odm.merge.balance,"
+        " prefect_odm.plan.partition, prefect_odm.plan.core_areas, prefect_odm.plan.coverage_gaps,"
+        " prefect_odm.survey.flight_checks, prefect_odm.survey.exif, prefect_odm.survey.layouts, prefect_odm.nodes.backend,"
+        " prefect_odm.run_policy, prefect_odm.nodes.health, prefect_odm.nodes.option_check,"
+        " prefect_odm.nodes.capacity, prefect_odm.plan.checks, prefect_odm.nodes.messages,"
+        " prefect_odm.align, prefect_odm.survey.gps_quality, prefect_odm.merge.balance,"
         " prefect_odm.merge.blend, prefect_odm.merge.reports, prefect_odm.merge.seams\n"
         "bad = [m for m in ('prefect', 'pyodm', 'rasterio', 'laspy', 'pycolmap') if m in sys.modules]\n"
         "print(','.join(bad))\n"
@@ -237,7 +237,7 @@ def test_pool_large_submodel_is_not_starved_by_small_ones():
     for t in smalls:
         t.join(5)
     # Small ones passed the large one only while it could not start, at most MAX_PASSES times.
-    from prefect_odm.pool import MAX_PASSES
+    from prefect_odm.nodes.pool import MAX_PASSES
 
     assert order.index("large") <= MAX_PASSES
     assert len(order) == 9

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from prefect_odm.planning import plan_from_positions
+from prefect_odm.plan.planning import plan_from_positions
 
 
 def _grid_positions(noise_m: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

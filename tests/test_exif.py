@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from prefect_odm.errors import ImageHeaderError
-from prefect_odm.exif import (
+from prefect_odm.survey.exif import (
     HEADER_READ_BYTES,
     jpeg_header_end,
     parse_dji_xmp,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from pyproj import Transformer
 
-from prefect_odm.gps_quality import GpsFix, GpsQualityOptions, check_gps, jump_distances
+from prefect_odm.survey.gps_quality import GpsFix, GpsQualityOptions, check_gps, jump_distances
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +135,7 @@ def _plan(images: Path, out: Path, capsys: pytest.CaptureFixture[str]) -> tuple[
 def _plan_report(folder: Path) -> str:
     """The plan report (the flow's ``plan-report`` artifact) of a ``prefect-odm plan`` folder."""
     from prefect_odm.models import SplitPlan, Survey
-    from prefect_odm.planviz import plan_markdown
+    from prefect_odm.plan.picture import plan_markdown
 
     plan = SplitPlan.model_validate_json((folder / "plan.json").read_text())
     return plan_markdown(plan, Survey.model_validate_json((folder / "survey.json").read_text()))

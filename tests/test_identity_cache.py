@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from prefect_odm.identity_cache import CACHE_FILE_NAME
-from prefect_odm.scan import scan_survey_with_stats
+from prefect_odm.survey.identity_cache import CACHE_FILE_NAME
+from prefect_odm.survey.scan import scan_survey_with_stats
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ import psutil
 import pytest
 import requests
 
-from prefect_odm.cli_process import STOP_GRACE_SECONDS
+from prefect_odm.cli.process import STOP_GRACE_SECONDS
 from prefect_odm.engine.launch import EngineProcess, start_engine
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from prefect_odm.errors import InputError
-from prefect_odm.memory import (
+from prefect_odm.plan.memory import (
     ODM_DOCUMENTED_MINIMUM_GIB,
     REFERENCE_MEGAPIXELS,
     SCALEODM_MEASURED_PEAKS_GIB,

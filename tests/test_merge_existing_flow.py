@@ -14,7 +14,7 @@ from rio_cogeo.cogeo import cog_validate
 
 from prefect_odm.engine.launch import start_engine
 from prefect_odm.models import ProcessingOptions
-from prefect_odm.nodeodm import NodeClient
+from prefect_odm.nodes.client import NodeClient
 
 pytestmark = pytest.mark.integration
 

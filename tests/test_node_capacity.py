@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from prefect_odm.node_capacity import node_capacity
-from prefect_odm.node_messages import is_bad_token_error, is_unknown_task_error
-from prefect_odm.plan_checks import (
+from prefect_odm.nodes.capacity import node_capacity
+from prefect_odm.nodes.messages import is_bad_token_error, is_unknown_task_error
+from prefect_odm.plan.checks import (
     drop_duplicate_submodels,
     find_duplicate_submodels,
     kept_submodel_of,
@@ -163,8 +163,8 @@ def test_no_duplicates_no_warning() -> None:
 def test_new_modules_stay_in_the_pure_core() -> None:
     code = (
         "import sys\n"
-        "import prefect_odm.node_health, prefect_odm.node_capacity, prefect_odm.node_messages,"
-        " prefect_odm.option_check, prefect_odm.plan_checks\n"
+        "import prefect_odm.nodes.health, prefect_odm.nodes.capacity, prefect_odm.nodes.messages,"
+        " prefect_odm.nodes.option_check, prefect_odm.plan.checks\n"
         "heavy = [m for m in ('prefect', 'pyodm', 'requests', 'rasterio', 'laspy', 'pycolmap')"
         " if m in sys.modules]\n"
         "print(heavy)\n"
@@ -174,7 +174,7 @@ def test_new_modules_stay_in_the_pure_core() -> None:
 
 
 def test_planning_memory_and_slots() -> None:
-    from prefect_odm.node_capacity import memory_for_auto_split, node_memory_gib, node_task_slots
+    from prefect_odm.nodes.capacity import memory_for_auto_split, node_memory_gib, node_task_slots
 
     real, proxy = node_capacity(NODEODM_INFO), node_capacity(CLUSTERODM_INFO)
     assert node_memory_gib(real, None) == pytest.approx(21.19, abs=0.01)

@@ -24,11 +24,11 @@ from node_helpers import (
 )
 
 from prefect_odm.errors import NodeError
-from prefect_odm.node_messages import is_unknown_task_error
-from prefect_odm.nodeodm import (
+from prefect_odm.nodes.client import (
     NodeClient,
 )
-from prefect_odm.option_check import nodeodm_understands_domain
+from prefect_odm.nodes.messages import is_unknown_task_error
+from prefect_odm.nodes.option_check import nodeodm_understands_domain
 
 pytestmark = pytest.mark.integration
 pytest_plugins = ("node_backends",)  # the backend and start_node fixtures

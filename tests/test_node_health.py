@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from prefect_odm.node_health import (
+from prefect_odm.nodes.health import (
     Health,
     HealthBook,
     HealthPolicy,
@@ -168,7 +168,7 @@ def test_order_leaves_out_a_node_whose_probe_is_out(clock: Clock) -> None:
 def test_submodels_started_one_at_a_time_spread_over_idle_nodes() -> None:
     # Issue 14: with the URL as the only tie-break, a survey whose submodels start one after
     # another (each finishing before the next is placed) all went to the first node.
-    from prefect_odm.pool import NodePool, PoolNode
+    from prefect_odm.nodes.pool import NodePool, PoolNode
 
     urls = [f"http://127.0.0.1:{3000 + i}" for i in range(4)]
     pool = NodePool([PoolNode(key=u, memory_gib=16.0, max_parallel_tasks=2) for u in urls])

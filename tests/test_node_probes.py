@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from prefect_odm.cluster import connect_nodes
 from prefect_odm.engine.launch import free_port, start_engine
 from prefect_odm.errors import InputError
 from prefect_odm.models import ProcessingOptions
-from prefect_odm.nodeodm import NodeClient
-from prefect_odm.planning import memory_model_for
+from prefect_odm.nodes.client import NodeClient
+from prefect_odm.nodes.cluster import connect_nodes
+from prefect_odm.plan.planning import memory_model_for
 
 PROBE_TIMEOUT_SECONDS = 3.0
 

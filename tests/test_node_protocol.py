@@ -1,4 +1,4 @@
-"""The NodeODM protocol, spoken by our client (``prefect_odm.nodeodm.NodeClient``) to two servers.
+"""The NodeODM protocol, spoken by our client (``prefect_odm.nodes.client.NodeClient``) to two servers.
 
 Every test runs against BOTH backends, never skipped (``tests/node_backends.py``):
 
@@ -25,18 +25,18 @@ from node_helpers import (
     wait_for,
 )
 
-from prefect_odm.backend import differing_option, find_tasks, live_attempt, task_uuid
 from prefect_odm.errors import NodeError, ProcessingFailedError
-from prefect_odm.node_capacity import node_capacity
-from prefect_odm.node_health import HealthBook, HealthPolicy, order_nodes
-from prefect_odm.nodeodm import (
+from prefect_odm.nodes.backend import differing_option, find_tasks, live_attempt, task_uuid
+from prefect_odm.nodes.capacity import node_capacity
+from prefect_odm.nodes.client import (
     CANCELED,
     COMPLETED,
     RUNNING,
     NodeClient,
     TaskState,
 )
-from prefect_odm.option_check import check_options
+from prefect_odm.nodes.health import HealthBook, HealthPolicy, order_nodes
+from prefect_odm.nodes.option_check import check_options
 
 pytestmark = pytest.mark.integration
 pytest_plugins = ("node_backends",)  # the backend and start_node fixtures
@@ -195,7 +195,7 @@ def test_health_book_moves_work_off_a_failing_node(start_node: NodeFactory) -> N
     submodel. After its first fast failure the breaker puts it last, the failed submodel is
     retried once on the healthy node, and every submodel completes there.
 
-    This drives :mod:`prefect_odm.node_health` by hand, as ``pool``/``submodels`` will once
+    This drives :mod:`prefect_odm.nodes.health` by hand, as ``pool``/``submodels`` will once
     it is wired in; the survey-level test comes with that wiring.
     """
     failing, healthy = start_node(fail_tasks=True), start_node()

@@ -1,10 +1,10 @@
-"""How an upload is cut into requests (``prefect_odm.node_uploads.upload_batches``)."""
+"""How an upload is cut into requests (``prefect_odm.nodes.uploads.upload_batches``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from prefect_odm.node_uploads import upload_batches
+from prefect_odm.nodes.uploads import upload_batches
 
 FILES = [f"/survey/IMG_{i:04d}.JPG" for i in range(167)]
 

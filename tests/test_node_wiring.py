@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from prefect_odm.backend import NodeInfo, NodeOption, NodeSettings
-from prefect_odm.cluster import check_node_options, connect_nodes
 from prefect_odm.errors import InputError, NodeError
 from prefect_odm.models import ProcessingOptions
-from prefect_odm.node_capacity import memory_for_auto_split
+from prefect_odm.nodes.backend import NodeInfo, NodeOption, NodeSettings
+from prefect_odm.nodes.capacity import memory_for_auto_split
+from prefect_odm.nodes.cluster import check_node_options, connect_nodes
 from prefect_odm.run_policy import asked_products
 
 CLUSTERODM_INFO = {
@@ -58,7 +58,7 @@ def connect(infos: dict[str, dict[str, Any]], **kw: Any):
 
 
 def test_clusterodm_placeholders_are_unknown_never_this_machines_memory(monkeypatch):
-    import prefect_odm.cluster as cluster_module
+    import prefect_odm.nodes.cluster as cluster_module
 
     def no_psutil() -> None:
         raise AssertionError("the flow machine's memory must not stand in for a node's")

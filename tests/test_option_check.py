@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from prefect_odm.option_check import (
+from prefect_odm.nodes.option_check import (
     OptionError,
     check_options,
     format_option_errors,

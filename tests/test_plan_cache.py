@@ -1,4 +1,4 @@
-"""The plan and survey a process's submodel flows share (prefect_odm.plan_cache)."""
+"""The plan and survey a process's submodel flows share (prefect_odm.plan.cache)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 
 from prefect_odm import storage
 from prefect_odm.layout import plan_file
-from prefect_odm.plan_cache import MAX_PLANS, _cache, load_plan_and_survey
-from prefect_odm.planning import plan_submodels
-from prefect_odm.scan import scan_survey
+from prefect_odm.plan.cache import MAX_PLANS, _cache, load_plan_and_survey
+from prefect_odm.plan.planning import plan_submodels
+from prefect_odm.survey.scan import scan_survey
 
 
 def store(folder: Path, images: Path, split: int) -> str:

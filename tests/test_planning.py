@@ -14,17 +14,17 @@ from hypothesis import strategies as st
 from pyproj import Geod
 from shapely.geometry import shape
 
-from prefect_odm.coverage_gaps import find_coverage_gaps
 from prefect_odm.errors import PlanningError
-from prefect_odm.flight_checks import find_sequence_gaps, flight_tail_mask
 from prefect_odm.geo import project_lonlat, survey_utm_epsg, utm_epsg
-from prefect_odm.layouts import layout_survey, read_file_list, read_layout
 from prefect_odm.models import ImageRecord, ProcessingOptions, SplitPlan, Survey
 from prefect_odm.ownership import Ownership
-from prefect_odm.partition import default_min_submodel_images, rebalanced_sizes, target_sizes
-from prefect_odm.planning import plan_from_positions, plan_submodels
-from prefect_odm.planviz import plan_geojson, plan_markdown, plan_png, plan_rows
-from prefect_odm.scan import scan_survey
+from prefect_odm.plan.coverage_gaps import find_coverage_gaps
+from prefect_odm.plan.partition import default_min_submodel_images, rebalanced_sizes, target_sizes
+from prefect_odm.plan.picture import plan_geojson, plan_markdown, plan_png, plan_rows
+from prefect_odm.plan.planning import plan_from_positions, plan_submodels
+from prefect_odm.survey.flight_checks import find_sequence_gaps, flight_tail_mask
+from prefect_odm.survey.layouts import layout_survey, read_file_list, read_layout
+from prefect_odm.survey.scan import scan_survey
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -189,7 +189,7 @@ def test_brighton_split_6_with_default_overlap_has_no_identical_submodels(
     brighton_survey: Survey, caplog: pytest.LogCaptureFixture
 ) -> None:
     # issue 13: the 50 m overlap made three submodels of all 18 images (one task, reused 3x).
-    with caplog.at_level("WARNING", logger="prefect_odm.planning"):
+    with caplog.at_level("WARNING", logger="prefect_odm.plan.planning"):
         plan = plan_submodels(brighton_survey, split=6)
     sets = [frozenset(sm.image_names) for sm in plan.submodels]
     assert len(set(sets)) == len(sets) == 1
@@ -334,7 +334,7 @@ def test_plan_png_colours_neighbours_apart(layouts_dir: Path, name: str, tmp_pat
     submodels whose cores touch share a colour, and the map is drawn."""
     from shapely.geometry import shape
 
-    from prefect_odm.planviz import submodel_colours
+    from prefect_odm.plan.picture import submodel_colours
 
     plan = plan_submodels(layout_survey(read_layout(layouts_dir / name)), split=50)
     assert len(plan.submodels) > 10
@@ -590,8 +590,8 @@ def test_planning_modules_do_not_import_prefect_or_pyodm() -> None:
 
     code = (
         "import sys\n"
-        "import prefect_odm.exif, prefect_odm.geo, prefect_odm.layouts, prefect_odm.memory\n"
-        "import prefect_odm.planning, prefect_odm.planviz, prefect_odm.scan\n"
+        "import prefect_odm.survey.exif, prefect_odm.geo, prefect_odm.survey.layouts, prefect_odm.plan.memory\n"
+        "import prefect_odm.plan.planning, prefect_odm.plan.picture, prefect_odm.survey.scan\n"
         "bad = sorted(m for m in ('prefect', 'pyodm', 'matplotlib') if m in sys.modules)\n"
         "assert not bad, bad\n"
     )
@@ -600,8 +600,8 @@ def test_planning_modules_do_not_import_prefect_or_pyodm() -> None:
 
 def test_plan_report_lists_a_gap_left_by_removed_images(tmp_path):
     """Two shots removed from the middle of a brighton flight line show up in the plan report."""
-    from prefect_odm.planviz import plan_markdown, survey_gaps
-    from prefect_odm.scan import scan_survey as scan
+    from prefect_odm.plan.picture import plan_markdown, survey_gaps
+    from prefect_odm.survey.scan import scan_survey as scan
 
     src = (
         Path(__file__).resolve().parents[1].parent

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from prefect_odm.backend import (
+from prefect_odm.nodes.backend import (
     COMPLETED,
     LONGEST_POLL_SECONDS,
     QUEUED,
@@ -19,7 +19,7 @@ from prefect_odm.backend import (
     TaskState,
     next_poll_seconds,
 )
-from prefect_odm.nodeodm import NodeClient
+from prefect_odm.nodes.client import NodeClient
 
 
 def state(status: int, progress: float, processing_time_ms: int) -> TaskState:
@@ -77,7 +77,7 @@ class ScriptedClient(NodeClient):
 
 def test_wait_polls_faster_as_the_task_nears_its_end(monkeypatch: Any) -> None:
     sleeps: list[float] = []
-    monkeypatch.setattr("prefect_odm.nodeodm.time.sleep", sleeps.append)
+    monkeypatch.setattr("prefect_odm.nodes.client.time.sleep", sleeps.append)
     client = ScriptedClient(
         [
             state(QUEUED, 0.0, -1),

@@ -23,7 +23,7 @@ from odm_server import reconstruct_command
 from prefect_odm.engine.launch import EngineProcess, start_engine
 from prefect_odm.errors import IncompleteRunError
 from prefect_odm.models import MergeOptions, ProcessingOptions
-from prefect_odm.nodeodm import RUNNING, NodeClient
+from prefect_odm.nodes.client import RUNNING, NodeClient
 from prefect_odm.settings import FAULTS_ENV
 
 pytestmark = pytest.mark.integration
@@ -125,10 +125,10 @@ def test_memory_admission_never_overcommits_a_node_and_uses_both(
 ):
     """6 submodels, 2 nodes with memory for one large or two small submodels each."""
     from prefect_odm.layout import OutputLayout
-    from prefect_odm.planning import plan_submodels
-    from prefect_odm.pool import NodePool, PoolNode
-    from prefect_odm.scan import scan_survey
-    from prefect_odm.submodels import SubmodelRunner
+    from prefect_odm.nodes.pool import NodePool, PoolNode
+    from prefect_odm.nodes.runner import SubmodelRunner
+    from prefect_odm.plan.planning import plan_submodels
+    from prefect_odm.survey.scan import scan_survey
 
     survey = scan_survey(str(brighton_images))
     plan = plan_submodels(
@@ -418,7 +418,7 @@ def test_interrupting_the_run_cancels_remote_tasks_and_frees_slots(
 ):
     from prefect_odm.tasks.admission import DEFAULT_LIMIT_NAME, ledger
 
-    from prefect_odm.nodeodm import CANCELED
+    from prefect_odm.nodes.client import CANCELED
 
     with engines(tmp_path, [{"faults": {"slow_seconds": 30}}]) as (node,):
         proc = start_cli_run(brighton_images, tmp_path / "out", [node.url], prefect_api)
@@ -511,12 +511,12 @@ def test_upload_a_killed_run_began_is_never_sent_again_under_its_uuid(brighton_i
     each image once, and the node ends with one whole task."""
     import requests
 
-    from prefect_odm.backend import task_uuid
     from prefect_odm.layout import OutputLayout
-    from prefect_odm.planning import plan_submodels
-    from prefect_odm.pool import NodePool, PoolNode
-    from prefect_odm.scan import scan_survey
-    from prefect_odm.submodels import SubmodelRunner
+    from prefect_odm.nodes.backend import task_uuid
+    from prefect_odm.nodes.pool import NodePool, PoolNode
+    from prefect_odm.nodes.runner import SubmodelRunner
+    from prefect_odm.plan.planning import plan_submodels
+    from prefect_odm.survey.scan import scan_survey
 
     survey = scan_survey(str(brighton_images))
     plan = plan_submodels(survey, split=100, options=DIRECT)
@@ -642,10 +642,10 @@ def test_a_cancelled_run_starts_nothing_on_a_node(brighton_images, tmp_path):
     nothing there (queued submodels used to upload their images only to cancel them)."""
     from prefect_odm.errors import RunCancelledError
     from prefect_odm.layout import OutputLayout
-    from prefect_odm.planning import plan_submodels
-    from prefect_odm.pool import NodePool, PoolNode
-    from prefect_odm.scan import scan_survey
-    from prefect_odm.submodels import SubmodelRunner
+    from prefect_odm.nodes.pool import NodePool, PoolNode
+    from prefect_odm.nodes.runner import SubmodelRunner
+    from prefect_odm.plan.planning import plan_submodels
+    from prefect_odm.survey.scan import scan_survey
 
     survey = scan_survey(str(brighton_images))
     plan = plan_submodels(survey, split=100, options=DIRECT)
@@ -695,10 +695,10 @@ def test_a_set_aside_node_is_never_asked_for_a_killed_runs_task(brighton_images,
     import socket
 
     from prefect_odm.layout import OutputLayout
-    from prefect_odm.planning import plan_submodels
-    from prefect_odm.pool import NodePool, PoolNode
-    from prefect_odm.scan import scan_survey
-    from prefect_odm.submodels import SubmodelRunner
+    from prefect_odm.nodes.pool import NodePool, PoolNode
+    from prefect_odm.nodes.runner import SubmodelRunner
+    from prefect_odm.plan.planning import plan_submodels
+    from prefect_odm.survey.scan import scan_survey
 
     survey = scan_survey(str(brighton_images))
     plan = plan_submodels(survey, split=100, options=DIRECT)

@@ -11,9 +11,13 @@ import pytest
 from PIL import Image
 
 from prefect_odm.errors import InputError, NoImagesError
-from prefect_odm.flight_checks import flight_tail_mask, low_altitude_mask, position_outlier_mask
 from prefect_odm.geo import project_lonlat
-from prefect_odm.scan import scan_survey, scan_survey_with_stats
+from prefect_odm.survey.flight_checks import (
+    flight_tail_mask,
+    low_altitude_mask,
+    position_outlier_mask,
+)
+from prefect_odm.survey.scan import scan_survey, scan_survey_with_stats
 
 GPS_IFD = 0x8825
 

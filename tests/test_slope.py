@@ -19,9 +19,9 @@ from synthetic_survey import SlopeSurvey, slope_figures, write_slope_survey
 
 from prefect_odm.align import AlignmentOptions
 from prefect_odm.engine.terrain import MIN_GROUND_POINTS, ground_surface
-from prefect_odm.exif import parse_above_ground_xmp
-from prefect_odm.merge.grid import Grid
+from prefect_odm.grid import Grid
 from prefect_odm.models import MergeOptions, ProcessingOptions
+from prefect_odm.survey.exif import parse_above_ground_xmp
 
 GPS_SIGMA_M = 0.5
 """Noise of the written GPS: the cameras' ground heights are this accurate (the height above

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect_odm.backend import COMPLETED, TaskState, differing_option
+from prefect_odm.nodes.backend import COMPLETED, TaskState, differing_option
 
 
 def _state(options: Any) -> TaskState:

@@ -3,7 +3,7 @@
 :class:`ImageMeta` is what the engine needs from each image: EXIF GPS position and altitude,
 capture time, focal length (mm, 35 mm equivalent, focal-plane resolution), pixel size, and DJI XMP
 attitude (``drone-dji:RelativeAltitude``, ``GimbalYawDegree``, ``FlightYawDegree``,
-``GimbalPitchDegree``). It is read by the project's EXIF/XMP reader, :mod:`prefect_odm.exif`.
+``GimbalPitchDegree``). It is read by the project's EXIF/XMP reader, :mod:`prefect_odm.survey.exif`.
 
 World frame of every pose here: the survey's WGS 84 / UTM zone, x = easting (m), y = northing (m),
 z = the EXIF GPS altitude datum (m). Camera frame: COLMAP/OpenCV convention, +x right, +y down
@@ -24,8 +24,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from prefect_odm.errors import InputError, NoImagesError
-from prefect_odm.exif import read_local_metadata
 from prefect_odm.models import ImageMetadata
+from prefect_odm.survey.exif import read_local_metadata
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class ImageMeta(ImageMetadata):
 
 
 def read_image_meta(path: Path) -> ImageMeta:
-    """Read one image's EXIF and DJI XMP with :func:`prefect_odm.exif.read_metadata`.
+    """Read one image's EXIF and DJI XMP with :func:`prefect_odm.survey.exif.read_metadata`.
 
     Only the header is read; whether the pixel data is complete is not checked here (decoding
     the image later fails on a truncated file).

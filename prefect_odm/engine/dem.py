@@ -26,7 +26,7 @@ from numpy.typing import NDArray
 from prefect_odm.engine.camera import Scene
 from prefect_odm.engine.footprints import FloatArray
 from prefect_odm.errors import ProcessingFailedError
-from prefect_odm.merge.grid import Grid
+from prefect_odm.grid import Grid
 
 HeightSampler = Callable[[NDArray[np.integer[Any]], NDArray[np.integer[Any]]], FloatArray]
 """``(rows, cols) -> z``: surface heights (metres) of grid cells."""

@@ -15,7 +15,7 @@ Steps, all on the CPU with OpenCV:
    the middle, and its outer strip was measured by no pair.
 2. **Rectification** from the SfM poses (``cv2.stereoRectify`` with the refined radial
    distortion) of both images downscaled to the depth-map size ODM and OpenMVS pick for
-   ``pc-quality`` (:func:`.pipeline_options.depthmap_scale`). A pair whose baseline runs along the image rows is transposed and
+   ``pc-quality`` (:func:`~prefect_odm.plan.depthmaps.depthmap_scale`). A pair whose baseline runs along the image rows is transposed and
    a pair whose disparities would be negative is mirrored, so the matcher always sees a left and a
    right image with positive disparities.
 3. **Semi-global matching** (Hirschmueller, "Stereo Processing by Semiglobal Matching and Mutual
@@ -331,7 +331,7 @@ def match_pair(
         first, second: the pair's cameras (UTM poses).
         image_dir: folder of the image files.
         points_xyz: sparse points (UTM metres, ``(n, 3)``) for the disparity range.
-        scale: image scale of the depth map (:func:`.pipeline_options.depthmap_scale`).
+        scale: image scale of the depth map (:func:`~prefect_odm.plan.depthmaps.depthmap_scale`).
 
     Returns:
         The pair's points; empty when the pair shares too few sparse points or its disparity

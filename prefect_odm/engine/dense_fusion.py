@@ -41,7 +41,7 @@ from numpy.typing import NDArray
 from prefect_odm.engine.camera import CameraPose, Scene
 from prefect_odm.engine.dense import PairPoints, StereoPair, match_pair, select_pairs
 from prefect_odm.errors import ProcessingFailedError
-from prefect_odm.merge.grid import Grid
+from prefect_odm.grid import Grid
 
 logger = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ def densify(
         scene: cameras and sparse points (UTM).
         image_dir: folder of the image files.
         grid: the fusion grid (UTM).
-        scale: depth-map image scale (:func:`~.pipeline_options.depthmap_scale`).
+        scale: depth-map image scale (:func:`~prefect_odm.plan.depthmaps.depthmap_scale`).
         workers: threads matching pairs at once (>= 1).
         sample_m: ODM's ``pc-sample``, metres.
         log: progress line sink.

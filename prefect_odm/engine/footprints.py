@@ -1,7 +1,7 @@
 """Where the built-in engine's cameras look: footprints, resolutions and coverage on a grid.
 
 Everything is in the survey's WGS 84 / UTM CRS. Rasters are north-up on a
-:class:`~prefect_odm.merge.grid.Grid` whose origin is snapped to whole multiples of the DEM cell
+:class:`~prefect_odm.grid.Grid` whose origin is snapped to whole multiples of the DEM cell
 size, so the orthophoto and the DEMs of one task share their upper-left corner.
 """
 
@@ -15,7 +15,7 @@ from numpy.typing import NDArray
 
 from prefect_odm.engine.camera import CameraPose, Scene
 from prefect_odm.errors import ProcessingFailedError
-from prefect_odm.merge.grid import Grid
+from prefect_odm.grid import Grid
 
 FloatArray = NDArray[np.floating[Any]]
 """float32 or float64 array."""

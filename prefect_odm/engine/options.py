@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from prefect_odm.errors import InputError
-from prefect_odm.option_check import BOOL_TEXT, OptionValueError, check_domain
+from prefect_odm.nodes.option_check import BOOL_TEXT, OptionValueError, check_domain
 
 PIPELINE_MODULE = "prefect_odm.engine.pipeline"
 
@@ -157,7 +157,7 @@ def parse_options_text(text: str | list[Any] | dict[str, Any] | None) -> list[di
 def _check_number_domain(value: float, domain: str) -> str | None:
     """Return an error text when ``value`` is outside a NodeODM number domain, else None.
 
-    NodeODM's rules (:func:`prefect_odm.option_check.check_domain`): ``positive`` means >= 0,
+    NodeODM's rules (:func:`prefect_odm.nodes.option_check.check_domain`): ``positive`` means >= 0,
     ``float > 0.0`` and the other comparisons, ``integer: A <= x <= B``, ``percent``.
     """
     try:

@@ -26,7 +26,7 @@ from prefect_odm.engine.camera import CameraPose
 from prefect_odm.engine.dem import HeightSampler
 from prefect_odm.engine.footprints import cell_offsets, in_image
 from prefect_odm.engine.ortho_radiometry import Radiometry
-from prefect_odm.merge.grid import Grid
+from prefect_odm.grid import Grid
 
 PrefilteredSource = Callable[[CameraPose], tuple[NDArray[np.uint8], float]]
 """Camera -> ``(image, its size over the camera's)`` (:func:`prefiltered`)."""

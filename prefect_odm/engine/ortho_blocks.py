@@ -20,7 +20,7 @@ from PIL import Image
 from prefect_odm.engine.camera import Scene
 from prefect_odm.engine.dem import HeightSampler
 from prefect_odm.engine.footprints import camera_window, cell_offsets, in_image
-from prefect_odm.merge.grid import Grid
+from prefect_odm.grid import Grid
 
 logger = logging.getLogger(__name__)
 

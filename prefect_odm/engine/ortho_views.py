@@ -34,7 +34,7 @@ from numpy.typing import NDArray
 from prefect_odm.engine.camera import CameraPose, Scene
 from prefect_odm.engine.dem import HeightSampler
 from prefect_odm.engine.footprints import camera_window, cell_offsets, in_image
-from prefect_odm.merge.grid import Grid
+from prefect_odm.grid import Grid
 
 VIEW_CELL_M = 0.4
 """Target side of a view-grid cell, metres (rounded to whole orthophoto cells)."""

@@ -33,7 +33,7 @@ from prefect_odm.engine.dem import HeightSampler
 from prefect_odm.engine.footprints import FloatArray
 from prefect_odm.engine.ortho_radiometry import ImageSource, Radiometry
 from prefect_odm.engine.ortho_views import ViewCandidates
-from prefect_odm.merge.grid import Grid
+from prefect_odm.grid import Grid
 
 logger = logging.getLogger(__name__)
 

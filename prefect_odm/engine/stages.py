@@ -21,7 +21,7 @@ from prefect_odm.engine import dem, footprints, orthophoto, terrain, writers
 from prefect_odm.engine.camera import ImageMeta, Scene, read_images
 from prefect_odm.engine.pipeline_options import FEATURE_QUALITY_MAX_FEATURES
 from prefect_odm.errors import InputError, ProcessingFailedError
-from prefect_odm.merge.grid import Grid
+from prefect_odm.grid import Grid
 from prefect_odm.registry import PRODUCTS, REPORT_FILES, REPORT_FOLDER
 
 DIRECT_POINT_SPACING_M = 0.25
@@ -186,8 +186,8 @@ def _resolutions(ctx: StageContext, scene: Scene, ground_z: float) -> tuple[floa
 
 
 def _depthmap_scale(ctx: StageContext, scene: Scene) -> float:
-    """The dense depth maps' image scale for the largest camera (:func:`.pipeline_options.depthmap_scale`)."""
-    from prefect_odm.engine.pipeline_options import depthmap_scale
+    """The dense depth maps' image scale for the largest camera (:func:`~prefect_odm.plan.depthmaps.depthmap_scale`)."""
+    from prefect_odm.plan.depthmaps import depthmap_scale
 
     width, height = max(((c.width, c.height) for c in scene.cameras), key=lambda wh: max(wh))
     return depthmap_scale(width, height, str(ctx.settings["pc-quality"]))

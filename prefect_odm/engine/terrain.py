@@ -39,7 +39,7 @@ from numpy.typing import NDArray
 
 from prefect_odm.engine.camera import ImageMeta, Scene
 from prefect_odm.engine.dem import HeightSampler, surface_sampler
-from prefect_odm.merge.grid import Grid
+from prefect_odm.grid import Grid
 
 MIN_GROUND_POINTS = 3
 """Fewest cameras with a ground height for a surface (a linear trend needs three)."""

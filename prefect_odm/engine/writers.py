@@ -12,7 +12,7 @@ from numpy.typing import NDArray
 
 from prefect_odm.engine.camera import ImageMeta, Scene
 from prefect_odm.engine.footprints import FloatArray
-from prefect_odm.merge.grid import Grid
+from prefect_odm.grid import Grid
 
 ENGINE_TAG = "PREFECT_ODM_ENGINE_METHOD"
 """GeoTIFF metadata tag that names the method that made a raster (``sfm`` or ``direct``)."""

@@ -32,14 +32,14 @@ _EXPORTS = {
     "MergeReports": "reports",
     "MIN_COVERAGE_OF_PLANNED": "coverage",
     "SeamMethod": "seams",
-    "seam_method": "seams",
+    "seam_method": "seam_methods",
     "find_existing_outputs": "existing",
     "ExistingOutput": "existing",
     "extract_products": "existing",
     "GainOffset": "balance",
     "ownership_from_centres": "seams",
-    "Grid": "grid",
-    "snap_grid": "grid",
+    "Grid": "prefect_odm.grid",
+    "snap_grid": "prefect_odm.grid",
 }
 
 __all__ = [
@@ -70,6 +70,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from prefect_odm.grid import Grid, snap_grid
     from prefect_odm.merge.balance import GainOffset
     from prefect_odm.merge.coverage import MIN_COVERAGE_OF_PLANNED, coverage_report
     from prefect_odm.merge.dem import DEM_NODATA, merge_dems
@@ -79,7 +80,6 @@ if TYPE_CHECKING:
         find_existing_outputs,
     )
     from prefect_odm.merge.footprints import ownership_from_rasters
-    from prefect_odm.merge.grid import Grid, snap_grid
     from prefect_odm.merge.ortho import merge_orthophotos
     from prefect_odm.merge.pointcloud import merge_point_clouds
     from prefect_odm.merge.reports import (
@@ -92,13 +92,15 @@ if TYPE_CHECKING:
         SubmodelCoverage,
         SubmodelPoints,
     )
-    from prefect_odm.merge.seams import SeamMethod, ownership_from_centres, seam_method
+    from prefect_odm.merge.seam_methods import seam_method
+    from prefect_odm.merge.seams import SeamMethod, ownership_from_centres
 
 
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    path = module if module.startswith("prefect_odm.") else f"{__name__}.{module}"
+    value = getattr(importlib.import_module(path), name)
     globals()[name] = value
     return value

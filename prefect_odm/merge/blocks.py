@@ -18,6 +18,7 @@ import rasterio
 from rasterio.transform import Affine
 
 from prefect_odm.errors import MergeError
+from prefect_odm.grid import Block, iter_blocks
 from prefect_odm.merge.cog import (
     DEFAULT_GDAL_CACHE_MB,
     build_overviews,
@@ -25,7 +26,6 @@ from prefect_odm.merge.cog import (
     write_cog,
 )
 from prefect_odm.merge.coverage import MIN_COVERAGE_OF_UNION
-from prefect_odm.merge.grid import Block, iter_blocks
 from prefect_odm.merge.sources import GridPlan, ThreadReaders
 
 _R = TypeVar("_R")

@@ -24,7 +24,7 @@ from rasterio.vrt import WarpedVRT
 
 from prefect_odm.align.similarity import RasterCorrection
 from prefect_odm.errors import MergeError
-from prefect_odm.merge.grid import Bounds, Grid, snap_grid
+from prefect_odm.grid import Bounds, Grid, snap_grid
 from prefect_odm.merge.reports import CoverageReport, SubmodelCoverage
 
 MIN_COVERAGE_OF_UNION = 0.995

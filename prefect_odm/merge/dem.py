@@ -42,6 +42,7 @@ from scipy.ndimage import distance_transform_edt, map_coordinates
 
 from prefect_odm.align.report import AlignmentReport
 from prefect_odm.errors import MergeError
+from prefect_odm.grid import Block
 from prefect_odm.merge.balance import solve_vertical_offsets
 from prefect_odm.merge.blend import blend_heights
 from prefect_odm.merge.blocks import (
@@ -52,7 +53,6 @@ from prefect_odm.merge.blocks import (
 )
 from prefect_odm.merge.cog import with_gdal_cache
 from prefect_odm.merge.footprints import resolve_ownership
-from prefect_odm.merge.grid import Block
 from prefect_odm.merge.reports import DemMergeReport
 from prefect_odm.merge.seamline_rasters import seams_for
 from prefect_odm.merge.seamlines import OwnerLabels

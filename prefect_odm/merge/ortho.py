@@ -35,7 +35,8 @@ from rasterio.windows import Window
 from prefect_odm.align.report import AlignmentReport
 from prefect_odm.align.similarity import RasterCorrection
 from prefect_odm.errors import MergeError
-from prefect_odm.merge.balance import GainOffset, overlap_stats, solve_gain_offset
+from prefect_odm.grid import Block
+from prefect_odm.merge.balance import GainOffset
 from prefect_odm.merge.blend import (
     BandCorrection,
     SeamSums,
@@ -51,8 +52,8 @@ from prefect_odm.merge.blocks import (
     write_merged_raster,
 )
 from prefect_odm.merge.cog import with_gdal_cache
+from prefect_odm.merge.colour import colour_corrections
 from prefect_odm.merge.footprints import resolve_ownership
-from prefect_odm.merge.grid import Block
 from prefect_odm.merge.reports import OrthoMergeReport, SeamQuality
 from prefect_odm.merge.seamline_rasters import seams_for
 from prefect_odm.merge.seamlines import OwnerLabels
@@ -60,7 +61,6 @@ from prefect_odm.merge.seams import SeamMethod
 from prefect_odm.merge.sources import (
     GridPlan,
     ThreadReaders,
-    overlap_samples,
     placed_reads,
     plan_grid,
     sources_in,
@@ -106,20 +106,6 @@ def _plan_rgb(
                 f"input {src.submodel_id} ({src.path}) is {src.dtype}; orthophotos must be uint8"
             )
     return plan
-
-
-def colour_corrections(plan: GridPlan, balance: bool) -> dict[str, GainOffset]:
-    """Gain and offset per submodel: solved over every overlap (:func:`.balance.solve_gain_offset`
-    on statistics sampled at a decimated resolution), or identities without ``balance`` or with
-    a single input."""
-    ids = plan.submodel_ids
-    if not balance or len(ids) < 2:
-        return {sid: GainOffset.identity(3) for sid in ids}
-    stats = [
-        overlap_stats(a.submodel_id, b.submodel_id, va, vb)
-        for a, b, va, vb in overlap_samples(plan)
-    ]
-    return solve_gain_offset(ids, stats, bands=3)
 
 
 class _OrthoBlocks:

@@ -12,7 +12,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import ndimage
 
-from prefect_odm.merge.grid import Grid
+from prefect_odm.grid import Grid
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,13 @@ from rasterio.warp import reproject, transform_bounds
 
 from prefect_odm.align.similarity import RasterCorrection
 from prefect_odm.errors import MergeError
+from prefect_odm.grid import Bounds, Grid
 from prefect_odm.merge.balance import GainOffset
-from prefect_odm.merge.grid import Bounds, Grid
+from prefect_odm.merge.colour import colour_corrections
+from prefect_odm.merge.seam_methods import LABEL_SEAM_METHODS, seam_method
 from prefect_odm.merge.seamlines import CoarseLayers, OwnerLabels, SeamlineCost, least_cost_labels
-from prefect_odm.merge.seams import LABEL_SEAM_METHODS, SeamMethod, seam_method
-from prefect_odm.merge.sources import GridPlan
+from prefect_odm.merge.seams import SeamMethod
+from prefect_odm.merge.sources import GridPlan, plan_grid
 from prefect_odm.ownership import Ownership
 
 DEFAULT_CELL_M = 0.5
@@ -254,15 +256,12 @@ def merge_seamlines(
     Computed from the orthophotos and DSMs together, in the CRS the raster merges use
     (``crs_epsg``, else the first input's by sorted id), each product where the alignment puts it
     (``alignment``: submodel id -> correction, as the merges apply it), the colours corrected by
-    the same gains and offsets as the orthophoto merge (:func:`.ortho.colour_corrections`) when
+    the same gains and offsets as the orthophoto merge (:func:`.colour.colour_corrections`) when
     ``colour_balance``.
 
     Raises:
         MergeError: no input, or one that cannot be read (see :func:`.sources.plan_grid`).
     """
-    from prefect_odm.merge.ortho import colour_corrections
-    from prefect_odm.merge.sources import plan_grid
-
     ortho, dsm = dict(orthophotos or {}), dict(dsms or {})
     first = ortho or dsm
     plan = plan_grid(

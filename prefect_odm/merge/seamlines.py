@@ -38,8 +38,8 @@ from scipy import ndimage
 from scipy.sparse import coo_array, csr_array
 from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
+from prefect_odm.grid import Block, Grid
 from prefect_odm.merge.balance import CoarseOffset, seam_colour_offsets
-from prefect_odm.merge.grid import Block, Grid
 from prefect_odm.merge.seamline_cost import CoarseLayers, SeamlineCost, cell_cost
 from prefect_odm.merge.seams import SeamField, blend_weights
 from prefect_odm.ownership import Ownership

@@ -28,20 +28,16 @@ and follows the resulting owner-label grid.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 from scipy.spatial import cKDTree
 
-from prefect_odm.errors import InputError
-from prefect_odm.merge.grid import Block, Grid
+from prefect_odm.grid import Block, Grid
 from prefect_odm.ownership import Ownership
-
-if TYPE_CHECKING:
-    from prefect_odm.merge.seamlines import OwnerLabels
 
 
 @dataclass(frozen=True)
@@ -238,50 +234,3 @@ class OwnershipSeams:
     ) -> NDArray[np.float32] | None:
         """None: ownership seams correct colours by gain and offset only."""
         return None
-
-
-SEAM_METHODS: dict[str, Callable[[Ownership, Grid, int], SeamMethod]] = {
-    "ownership": OwnershipSeams,
-}
-"""Seam methods made from the ownership alone, by name (``MergeOptions.seam_method``):
-``(ownership, grid, lattice_step_px)`` -> :class:`SeamMethod`."""
-
-LABEL_SEAM_METHODS = ("least-cost",)
-"""Seam methods that follow an owner-label grid (:class:`.seamlines.OwnerLabels`, computed once
-per merge by :func:`.seamline_rasters.seamlines_of`): ``least-cost`` =
-:class:`.seamlines.LeastCostSeams`."""
-
-
-def seam_method(
-    name: str,
-    ownership: Ownership,
-    grid: Grid,
-    *,
-    lattice_step_px: int = 8,
-    seamlines: OwnerLabels | None = None,
-) -> SeamMethod:
-    """The seam method called ``name`` for one ownership and output grid.
-
-    Args:
-        name: a key of :data:`SEAM_METHODS` or one of :data:`LABEL_SEAM_METHODS`
-            (``MergeOptions.seam_method``).
-        ownership: the ownership rule, in the grid's CRS.
-        grid: the output grid.
-        lattice_step_px: step of the exact seam-distance lattice, pixels (>= 1).
-        seamlines: the merge's owner-label grid (required by :data:`LABEL_SEAM_METHODS`).
-
-    Raises:
-        InputError: no seam method has that name (the message lists the known ones), or a
-            label seam method without ``seamlines``.
-    """
-    if name in LABEL_SEAM_METHODS:
-        if seamlines is None:
-            raise InputError(f"seam method {name!r} needs the merge's seamlines (owner labels)")
-        from prefect_odm.merge.seamlines import LeastCostSeams
-
-        return LeastCostSeams(seamlines, ownership, grid, lattice_step_px)
-    make = SEAM_METHODS.get(name)
-    if make is None:
-        known = ", ".join(sorted([*SEAM_METHODS, *LABEL_SEAM_METHODS]))
-        raise InputError(f"unknown seam method {name!r} (known: {known})")
-    return make(ownership, grid, lattice_step_px)

@@ -29,7 +29,7 @@ from rasterio.windows import Window
 
 from prefect_odm.align.similarity import RasterCorrection
 from prefect_odm.errors import MergeError
-from prefect_odm.merge.grid import Block, Bounds, Grid, intersect, snap_grid
+from prefect_odm.grid import Block, Bounds, Grid, intersect, snap_grid
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from prefect_odm.engine import dense, ground
 from prefect_odm.engine.camera import CameraPose
 from prefect_odm.engine.dense import PairPoints, select_pairs
 from prefect_odm.engine.dense_fusion import fuse_pairs, sample_points
-from prefect_odm.engine.pipeline_options import depthmap_scale
-from prefect_odm.merge.grid import Grid
+from prefect_odm.grid import Grid
+from prefect_odm.plan.depthmaps import depthmap_scale
 
 RES_M = 0.5
 

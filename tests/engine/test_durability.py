@@ -372,7 +372,7 @@ def test_truncated_archive_is_downloaded_again_never_resubmitted(
 ) -> None:
     """A node serving a cut all.zip: each try is a download (the task stays the one task)."""
     from prefect_odm.errors import DownloadError
-    from prefect_odm.nodeodm import NodeClient
+    from prefect_odm.nodes.client import NodeClient
 
     engine = engine_factory()
     upload_task(engine.url, few_images, uuid=UUID_A, name="cut archive")
@@ -397,7 +397,7 @@ def test_hostile_archive_names_the_node_and_writes_nothing(tmp_path: Path) -> No
     import zipfile
 
     from prefect_odm.errors import NodeError
-    from prefect_odm.nodeodm import _safe_extract
+    from prefect_odm.nodes.client import _safe_extract
 
     path = tmp_path / "all.zip"
     with zipfile.ZipFile(path, "w") as zf:

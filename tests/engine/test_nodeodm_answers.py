@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from prefect_odm.engine.launch import EngineProcess
-from prefect_odm.option_check import check_options, nodeodm_understands_domain
+from prefect_odm.nodes.option_check import check_options, nodeodm_understands_domain
 
 from .conftest import EngineFactory, upload_task, wait_status
 

@@ -19,7 +19,7 @@ from prefect_odm.engine.camera import CameraPose, Scene
 from prefect_odm.engine.dem import HeightSampler
 from prefect_odm.engine.ortho_radiometry import normalised_radius2
 from prefect_odm.engine.orthophoto import OrthophotoResult, render_orthophoto_views
-from prefect_odm.merge.grid import Grid
+from prefect_odm.grid import Grid
 
 ALTITUDE_M = 30.0
 NADIR = ((1.0, 0.0, 0.0), (0.0, -1.0, 0.0), (0.0, 0.0, -1.0))

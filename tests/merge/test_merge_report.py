@@ -11,8 +11,8 @@ import pytest
 from prefect_odm.tasks.report import report_markdown
 
 from prefect_odm.errors import InputError
+from prefect_odm.grid import Grid
 from prefect_odm.merge import MergeReports, merge_orthophotos, seam_method
-from prefect_odm.merge.grid import Grid
 from prefect_odm.models import Manifest, ProcessingOptions, SplitPlan, Submodel, SubmodelResult
 from prefect_odm.ownership import Ownership
 

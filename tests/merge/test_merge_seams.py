@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prefect_odm.grid import Block, Grid, iter_blocks, snap_grid
 from prefect_odm.merge.balance import overlap_stats, solve_gain_offset, solve_vertical_offsets
-from prefect_odm.merge.grid import Block, Grid, iter_blocks, snap_grid
 from prefect_odm.merge.seams import SeamField, blend_weights, ownership_from_centres
 from prefect_odm.ownership import Ownership
 

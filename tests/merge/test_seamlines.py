@@ -11,9 +11,10 @@ import pyproj
 import rasterio
 from scipy import ndimage
 
+from prefect_odm.grid import Block, Grid
 from prefect_odm.merge import merge_dems, merge_orthophotos, merge_point_clouds
 from prefect_odm.merge.balance import seam_colour_offsets
-from prefect_odm.merge.grid import Block, Grid
+from prefect_odm.merge.seam_methods import seam_method
 from prefect_odm.merge.seamline_rasters import merge_seamlines
 from prefect_odm.merge.seamlines import (
     CoarseLayers,
@@ -21,7 +22,6 @@ from prefect_odm.merge.seamlines import (
     least_cost_labels,
     ownership_labels,
 )
-from prefect_odm.merge.seams import seam_method
 from prefect_odm.models import MergeOptions
 from prefect_odm.ownership import Ownership
 

@@ -42,7 +42,7 @@ def clean_copy(dest: Path) -> Path:
 @pytest.fixture(scope="session")
 def deployed(prefect_server: PrefectServer, tmp_path_factory) -> Path:
     """``prefect deploy --all`` from a clean copy of the repository (the copy's path)."""
-    from prefect_odm.cli_ops import create_work_queues
+    from prefect_odm.cli.ops import create_work_queues
 
     copy = clean_copy(tmp_path_factory.mktemp("clone") / "prefect-odm")
     t0 = time.monotonic()

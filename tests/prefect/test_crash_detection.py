@@ -39,7 +39,7 @@ def _probe_run():
 def test_killed_flow_run_is_marked_crashed(prefect_server, tmp_path):
     from prefect.client.orchestration import get_client
 
-    from prefect_odm.cli_ops import CRASH_AUTOMATION_NAME
+    from prefect_odm.cli.ops import CRASH_AUTOMATION_NAME
 
     window_seconds = 45
     res = subprocess.run(

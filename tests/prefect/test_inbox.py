@@ -29,7 +29,7 @@ def test_inbox_starts_exactly_one_reconstruction(
     from prefect_odm.flows.process_inbox import SURVEY_TAG_PREFIX
 
     from prefect_odm.models import ProcessingOptions
-    from prefect_odm.scan import scan_survey
+    from prefect_odm.survey.scan import scan_survey
 
     output = tmp_path / "out"
     # Half A was reconstructed earlier from a folder of another name (inline, in this process).

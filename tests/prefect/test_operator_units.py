@@ -8,7 +8,7 @@ import json
 import pytest
 
 from prefect_odm.errors import InputError
-from prefect_odm.node_refs import refuse_credentials, submodel_run_name, survey_label
+from prefect_odm.nodes.refs import refuse_credentials, submodel_run_name, survey_label
 from prefect_odm.progress import SubmodelBoard
 
 SECRET = "s3cr3t-unit"

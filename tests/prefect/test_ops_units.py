@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from prefect_odm.errors import InputError
-from prefect_odm.inbox import InboxEntry, InboxReport, survey_folders
 from prefect_odm.run_policy import configured_submodel_deployment, work_queue_for
+from prefect_odm.survey.inbox import InboxEntry, InboxReport, survey_folders
 
 SUBMODEL_DEPLOYMENT_ENV = "PREFECT_ODM_SUBMODEL_DEPLOYMENT"
 URGENT_WORK_QUEUE_ENV = "PREFECT_ODM_URGENT_WORK_QUEUE"

@@ -37,7 +37,7 @@ def test_urgent_submodels_are_taken_before_a_normal_backlog(
 ):
     from prefect.deployments import run_deployment
 
-    from prefect_odm.cli_ops import create_work_queues
+    from prefect_odm.cli.ops import create_work_queues
 
     prefect_server.cli("work-pool", "create", PRIO_POOL, "--type", "process")
     prefect_server.cli("work-pool", "set-concurrency-limit", PRIO_POOL, "1")

@@ -55,7 +55,7 @@ def test_core_module_lines_are_in_the_flow_runs_logs(prefect_api, brighton_image
 
     flow_run_id = scan_flow(str(images))
     logs = _run_logs(flow_run_id)
-    core = [log for log in logs if log.name == "prefect_odm.scan"]
+    core = [log for log in logs if log.name == "prefect_odm.survey.scan"]
     assert any("rejected empty.jpg" in log.message for log in core), [
         (log.name, log.message) for log in logs
     ]
@@ -67,4 +67,4 @@ def test_core_lines_outside_a_run_are_dropped_quietly():
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        logging.getLogger("prefect_odm.scan").info("a line outside any run")
+        logging.getLogger("prefect_odm.survey.scan").info("a line outside any run")

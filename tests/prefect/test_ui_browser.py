@@ -106,7 +106,7 @@ def test_operator_view_failure_retry_from_the_pages(
     from prefect_odm.blocks import NodeODM, NodeODMPool
     from pydantic import SecretStr
 
-    from prefect_odm.node_refs import survey_label
+    from prefect_odm.nodes.refs import survey_label
 
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     for old in SCREENSHOTS.glob("*.png"):

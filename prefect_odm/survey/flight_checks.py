@@ -1,6 +1,6 @@
 """Checks on a survey's camera positions and capture times (pure core: numpy only).
 
-Rejection rules of :mod:`prefect_odm.scan` (:func:`position_outlier_mask`,
+Rejection rules of :mod:`prefect_odm.survey.scan` (:func:`position_outlier_mask`,
 :func:`low_altitude_mask`) and the flight-pattern analysis shown with a plan
 (:func:`flight_tail_mask`, :func:`find_sequence_gaps`). Positions are in a projected CRS, metres;
 times are the cameras' (naive) capture times. A *flight* is a run of shots in time order with no

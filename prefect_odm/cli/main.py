@@ -5,8 +5,8 @@ with status 2; other failures print one line (plus the node's last lines when th
 and exit with status 1. Prefect's own console logging is quiet unless ``--verbose``; the run's
 logs still reach the Prefect API and UI.
 
-The parser is :mod:`prefect_odm.cli_args`, ``reconstruct`` is :mod:`prefect_odm.cli_reconstruct`,
-``setup`` and ``automations`` are :mod:`prefect_odm.cli_ops`.
+The parser is :mod:`prefect_odm.cli.args`, ``reconstruct`` is :mod:`prefect_odm.cli.reconstruct`,
+``setup`` and ``automations`` are :mod:`prefect_odm.cli.ops`.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from prefect_odm.cli_args import build_parser, merge_options, processing_options
-from prefect_odm.cli_console import quiet_prefect_console
-from prefect_odm.cli_process import install_signal_handlers, prefect_start_error, start_embedded_api
+from prefect_odm.cli.args import build_parser, merge_options, processing_options
+from prefect_odm.cli.console import quiet_prefect_console
+from prefect_odm.cli.process import install_signal_handlers, prefect_start_error, start_embedded_api
 from prefect_odm.errors import InputError, NodeError, PlanningError, PrefectODMError
 from prefect_odm.layout import PLAN_FILES, OutputLayout, plan_file
 
@@ -40,11 +40,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "plan":
             return _plan(args)
         if args.command == "reconstruct":
-            from prefect_odm.cli_reconstruct import reconstruct_command
+            from prefect_odm.cli.reconstruct import reconstruct_command
 
             return reconstruct_command(args)
         if args.command in ("setup", "automations"):
-            from prefect_odm.cli_ops import run as _run_ops
+            from prefect_odm.cli.ops import run as _run_ops
 
             return _run_ops(args)
         if args.command == "slots":
@@ -74,24 +74,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     """``prefect-odm plan``: scan and plan, write the plan files, print the plan table."""
-    from prefect_odm.scan import check_local_images
+    from prefect_odm.survey.scan import check_local_images
 
     check_local_images(args.images)  # before the planning imports (SciPy, Matplotlib): < 1 s
-    from prefect_odm.cli_reconstruct import check_output_writable
+    from prefect_odm.cli.reconstruct import check_output_writable
 
     check_output_writable(args.output)  # a file in the way, or a place no folder can be made
     from rich.console import Console
     from rich.table import Table
 
-    from prefect_odm.cluster import (
+    from prefect_odm.nodes.cluster import (
         EMBEDDED_ENGINE_IDENTITY,
         check_embedded_options,
         embedded_memory_gib,
     )
-    from prefect_odm.planning import plan_submodels
-    from prefect_odm.planviz import plan_geojson, plan_png, plan_rows
-    from prefect_odm.scan import scan_survey
+    from prefect_odm.plan.picture import plan_geojson, plan_png, plan_rows
+    from prefect_odm.plan.planning import plan_submodels
     from prefect_odm.storage import write_json_atomic
+    from prefect_odm.survey.scan import scan_survey
 
     options = processing_options(args)
     # The plan is made for the built-in engine (its memory model): its options are checked as
@@ -155,7 +155,7 @@ def _merge_existing(args: argparse.Namespace) -> int:
     """``prefect-odm merge``: the ``merge_existing`` flow; prints the products."""
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    from prefect_odm.cli_reconstruct import check_output_writable
+    from prefect_odm.cli.reconstruct import check_output_writable
     from prefect_odm.storage import check_inputs_exist
 
     check_inputs_exist(args.inputs)  # before Prefect is imported and started
@@ -198,7 +198,3 @@ def _slots(args: argparse.Namespace) -> int:
         state = "running" if h["alive"] else "dead (released at the next run)"
         print(f"  pid {h['pid']}: {h['slots']} slots for {h['what']} [{state}]")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

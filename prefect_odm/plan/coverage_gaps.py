@@ -1,6 +1,6 @@
 """Holes in a survey's camera coverage, from the Delaunay triangulation (pure core).
 
-Shown with a plan (:func:`prefect_odm.planviz.survey_gaps`) so that missing strips of a flight are
+Shown with a plan (:func:`prefect_odm.plan.picture.survey_gaps`) so that missing strips of a flight are
 seen before compute.
 """
 
@@ -13,7 +13,7 @@ import shapely
 from numpy.typing import ArrayLike
 from scipy.spatial import Delaunay
 
-from prefect_odm.core_areas import circumcentres, multipoint
+from prefect_odm.plan.core_areas import circumcentres, multipoint
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Balanced partition of camera positions: target sizes and recursive bisection (pure core).
 
-Steps 1-3 of :mod:`prefect_odm.planning`: the canonical order that makes a plan independent of
+Steps 1-3 of :mod:`prefect_odm.plan.planning`: the canonical order that makes a plan independent of
 input order, the submodel sizes within +-20 % of ``split`` (:func:`target_sizes`), and the
 partition by recursive principal-axis bisection (:func:`partition_positions`; Berger & Bokhari
 1987, "A partitioning strategy for nonuniform problems on multiprocessors", IEEE Trans.
@@ -152,7 +152,7 @@ def rebalanced_sizes(
 ) -> tuple[list[int], list[float]]:
     """Core sizes that move processing load from the busiest submodels to the lightest.
 
-    One round of the planner's load balancing (:func:`prefect_odm.planning.plan_from_positions`):
+    One round of the planner's load balancing (:func:`prefect_odm.plan.planning.plan_from_positions`):
     each core's weight is multiplied by ``(mean load / its load) ** REBALANCE_DAMPING``, every
     weight is raised to at least ``min_size``, and the weights are scaled and rounded (largest
     remainder) to whole sizes summing to ``n``. An inner submodel takes overlap images from

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from prefect_odm.backend import NodeBackend
+    from prefect_odm.nodes.backend import NodeBackend
 
 ODM_STAGES: tuple[str, ...] = (
     "dataset",

@@ -1,6 +1,6 @@
 """The records of the plan-time GPS checks (pure core: pydantic only).
 
-Kept apart from :mod:`prefect_odm.gps_quality` (numpy, scipy) so that :mod:`prefect_odm.models`
+Kept apart from :mod:`prefect_odm.survey.gps_quality` (numpy, scipy) so that :mod:`prefect_odm.models`
 can type :attr:`~prefect_odm.models.SplitPlan.gps_warnings` without importing numpy.
 """
 

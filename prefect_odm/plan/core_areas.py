@@ -1,6 +1,6 @@
 """Core areas (Voronoi cells per submodel) and overlap in metres (pure core: numpy, scipy, shapely).
 
-Steps 4-5 of :mod:`prefect_odm.planning`. A submodel's core area is the union of the Voronoi
+Steps 4-5 of :mod:`prefect_odm.plan.planning`. A submodel's core area is the union of the Voronoi
 cells of its cameras, i.e. exactly the region :mod:`prefect_odm.ownership` assigns to it (nearest
 core camera), clipped to a polygon. It is built from the Delaunay triangulation: the Voronoi edges
 are the segments between circumcentres of adjacent triangles, and those whose shared edge joins

@@ -4,32 +4,32 @@ The algorithm, in the plan's projected CRS (one UTM zone for the whole survey, m
 
 1. **Canonical order.** Positions are sorted by ``(x, y, identity rank)`` before anything else,
    so a shuffled or renamed input yields the same arrays and therefore the same plan.
-2. **Target sizes** (:mod:`prefect_odm.partition`). ``k`` submodels with sizes as equal as possible and within +-20 % of
-   ``split`` (:func:`~prefect_odm.partition.target_sizes`). Only when no such ``k`` exists (``1.2 split < n < 1.6 split``)
+2. **Target sizes** (:mod:`prefect_odm.plan.partition`). ``k`` submodels with sizes as equal as possible and within +-20 % of
+   ``split`` (:func:`~prefect_odm.plan.partition.target_sizes`). Only when no such ``k`` exists (``1.2 split < n < 1.6 split``)
    one submodel takes the remainder; a remainder smaller than ``min_submodel_images`` is spread
    over the others instead (a tiny cluster joins its neighbours).
-3. **Balanced partition by recursive bisection** (:func:`~prefect_odm.partition.partition_positions`): the list of target
+3. **Balanced partition by recursive bisection** (:func:`~prefect_odm.plan.partition.partition_positions`): the list of target
    sizes is halved, the points are cut across their longer principal axis at the count quantile
    of the first half, and both halves recurse. Sizes are met exactly; every cut is a straight
    line, so submodels are compact and contiguous. This is orthogonal recursive bisection as used
    for balanced spatial domain decomposition (Berger & Bokhari 1987, "A partitioning strategy for
    nonuniform problems on multiprocessors", IEEE Trans. Computers C-36(5)), with the principal
    axis instead of a coordinate axis. Cost O(n log n log k).
-4. **Core areas** (:func:`prefect_odm.core_areas.core_areas`): the union of the Voronoi cells of each submodel's
+4. **Core areas** (:func:`prefect_odm.plan.core_areas.core_areas`): the union of the Voronoi cells of each submodel's
    cameras, i.e. exactly the region :mod:`prefect_odm.ownership` assigns to it (nearest core
    camera), clipped to the camera hull buffered by ``clip_buffer_m``. Built from the Delaunay
    triangulation (Voronoi edges = segments between circumcentres of adjacent triangles whose
    shared edge joins cameras of different submodels), polygonized per submodel.
-5. **Overlap in metres** (:func:`prefect_odm.core_areas.overlap_members`): every camera within ``split_overlap_m`` of a
+5. **Overlap in metres** (:func:`prefect_odm.plan.core_areas.overlap_members`): every camera within ``split_overlap_m`` of a
    submodel's core area is added to that submodel; the added count is reported.
 6. **Load balance** (:func:`_balanced_split`): when the largest submodel processes (core plus
    overlap) more than :data:`REBALANCE_TRIGGER` times the mean, the core sizes are resized
-   (:func:`~prefect_odm.partition.rebalanced_sizes`) and steps 3-5 run again, up to
+   (:func:`~prefect_odm.plan.partition.rebalanced_sizes`) and steps 3-5 run again, up to
    :data:`REBALANCE_ROUNDS` times; inner cores shrink and edge cores grow.
 
 This module runs the steps on raw positions (:func:`plan_from_positions`) and on a scanned survey
 (:func:`plan_submodels`, which adds memory estimates, fingerprints and GeoJSON geometry). Holes in
-the coverage are found by :mod:`prefect_odm.coverage_gaps`. Nothing here imports Prefect or does
+the coverage are found by :mod:`prefect_odm.plan.coverage_gaps`. Nothing here imports Prefect or does
 I/O.
 """
 
@@ -47,11 +47,9 @@ from numpy.typing import ArrayLike, NDArray
 from shapely.geometry import mapping
 from shapely.geometry.base import BaseGeometry
 
-from prefect_odm.core_areas import core_areas, multipoint, overlap_members
 from prefect_odm.errors import PlanningError
 from prefect_odm.fingerprints import fingerprint, submodel_fingerprint
 from prefect_odm.geo import half_footprint_m, project_lonlat
-from prefect_odm.memory import MemoryModel, estimate_peak_memory_gib, max_images_within
 from prefect_odm.models import (
     CameraPosition,
     ImageRecord,
@@ -60,18 +58,20 @@ from prefect_odm.models import (
     Submodel,
     Survey,
 )
-from prefect_odm.partition import (
+from prefect_odm.plan.checks import (
+    find_duplicate_submodels,
+    gps_warnings,
+    kept_submodel_of,
+    overlap_warning,
+)
+from prefect_odm.plan.core_areas import core_areas, multipoint, overlap_members
+from prefect_odm.plan.memory import MemoryModel, estimate_peak_memory_gib, max_images_within
+from prefect_odm.plan.partition import (
     canonical_order,
     default_min_submodel_images,
     partition_positions,
     rebalanced_sizes,
     target_sizes,
-)
-from prefect_odm.plan_checks import (
-    find_duplicate_submodels,
-    gps_warnings,
-    kept_submodel_of,
-    overlap_warning,
 )
 from prefect_odm.settings import DEFAULT_SPLIT, DEFAULT_SPLIT_OVERLAP_M
 
@@ -144,7 +144,7 @@ def plan_from_positions(
         balance_load: rebalance the core sizes so that the submodels process about the same
             number of images, core plus overlap (:func:`_balanced_split`); without it (or
             without ``geometry``) the cores have the sizes of
-            :func:`~prefect_odm.partition.target_sizes`.
+            :func:`~prefect_odm.plan.partition.target_sizes`.
 
     Returns:
         The :class:`PositionPlan`; identical for any permutation of the input (given tie ranks).
@@ -300,7 +300,7 @@ def _balanced_split(
     With equal cores, a submodel inside the survey takes overlap images from every side and one
     on the edge from a few (1.8x the images at ``--split 100``). When the largest submodel
     processes more than :data:`REBALANCE_TRIGGER` times the mean, the core sizes are
-    rebalanced (:func:`prefect_odm.partition.rebalanced_sizes`) up to :data:`REBALANCE_ROUNDS`
+    rebalanced (:func:`prefect_odm.plan.partition.rebalanced_sizes`) up to :data:`REBALANCE_ROUNDS`
     times (stopping at :data:`REBALANCE_GOOD` or after two rounds without progress), and the
     split whose largest submodel is smallest is kept (ties: the first). On the real layouts of
     1,817 and 1,452 positions the largest submodel goes from 1.34-1.35x the mean to 1.03-1.11x
@@ -472,7 +472,7 @@ def plan_submodels(
 
     Returns:
         The :class:`~prefect_odm.models.SplitPlan` in ``survey.crs_epsg``; identical (byte for
-        byte as JSON) for shuffled input; with :func:`~prefect_odm.plan_checks.gps_warnings`.
+        byte as JSON) for shuffled input; with :func:`~prefect_odm.plan.checks.gps_warnings`.
 
     Raises:
         PlanningError: no images, a bad ``split``, ``"auto"`` without node memory, or a submodel
@@ -528,7 +528,7 @@ def plan_submodels(
 
 @dataclass(frozen=True)
 class _Part:
-    """A part of a position plan as :mod:`prefect_odm.plan_checks` reads it."""
+    """A part of a position plan as :mod:`prefect_odm.plan.checks` reads it."""
 
     id: str
     image_names: tuple[str, ...]
@@ -542,13 +542,13 @@ def merge_duplicate_parts(
 
     With a split overlap wider than the parts, several parts can hold exactly the same images
     (brighton, 18 images, ``--split 6``, 50 m: three parts of all 18, issue 13). The first part
-    of each group is kept (:func:`~prefect_odm.plan_checks.kept_submodel_of`); it takes the
+    of each group is kept (:func:`~prefect_odm.plan.checks.kept_submodel_of`); it takes the
     others' core positions (labels) and core areas, so ownership still covers every camera, and
     the later parts are renumbered in order. A plan without such groups is returned as it is.
 
     Returns:
         The plan, and the warnings: each image processed more than
-        :data:`~prefect_odm.plan_checks.MAX_DUPLICATION_FACTOR` times (measured on the parts
+        :data:`~prefect_odm.plan.checks.MAX_DUPLICATION_FACTOR` times (measured on the parts
         kept, so it agrees with the plan's table), and how many parts were merged.
     """
     parts = [_Part(str(p), tuple(str(i) for i in m)) for p, m in enumerate(pplan.members)]

@@ -69,7 +69,7 @@ SCALEODM_MEASURED_PEAKS_GIB: tuple[tuple[int, float], ...] = (
 #: / 0.825), times :data:`BUILTIN_ENGINE_SAFETY_FACTOR`: two small measurements, extrapolated
 #: linearly. ``dense`` (the default) is the sparse run plus its depth maps, whose size ODM's
 #: rule keeps between about 640 and 1,600 px a side whatever the photo
-#: (:func:`~prefect_odm.engine.pipeline_options.depthmap_scale`): 981 MiB for brighton (18 depth
+#: (:func:`~prefect_odm.plan.depthmaps.depthmap_scale`): 981 MiB for brighton (18 depth
 #: maps of 0.36 MP) and 3,494 MiB for seneca (50 of 1.08 MP) are 0.33 and 2.58 GiB above the
 #: sparse runs, :data:`BUILTIN_DENSE_GIB_PER_DEPTH_MEGAPIXEL` (0.051 and 0.048) per image per
 #: depth-map megapixel.
@@ -134,7 +134,7 @@ def _builtin_dense_depth_gib(
     Raises:
         InputError: an unknown ``pc-quality``.
     """
-    from prefect_odm.engine.pipeline_options import depthmap_scale
+    from prefect_odm.plan.depthmaps import depthmap_scale
 
     quality = str((options or {}).get("pc-quality", "medium"))
     if quality not in PC_QUALITY_FACTOR:

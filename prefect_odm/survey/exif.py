@@ -8,8 +8,8 @@ file, so a TIFF whose tags are not inside the first read is read whole. A separa
 the file's tail tells whether a JPEG is complete (ends with the EOI marker ``FF D9``).
 
 The I/O is a callable ``read(offset, length) -> bytes`` so that the same code serves local files
-and object stores (ranged GETs); see :mod:`prefect_odm.scan`. The byte-level readers live in
-:mod:`prefect_odm.jpeg_markers` (JPEG segments) and :mod:`prefect_odm.tiff_ifd` (TIFF/EXIF tags);
+and object stores (ranged GETs); see :mod:`prefect_odm.survey.scan`. The byte-level readers live in
+:mod:`prefect_odm.survey.jpeg_markers` (JPEG segments) and :mod:`prefect_odm.survey.tiff_ifd` (TIFF/EXIF tags);
 the result is the :class:`~prefect_odm.models.ImageMetadata` model.
 
 Sources: JPEG markers, ITU-T T.81 annex B; EXIF 2.32 (CIPA DC-008) for the GPS IFD (tags 1-6) and
@@ -36,9 +36,9 @@ from typing import IO, Any
 from PIL import Image, UnidentifiedImageError
 
 from prefect_odm.errors import ImageHeaderError
-from prefect_odm.jpeg_markers import jpeg_header_end, jpeg_is_complete, jpeg_segments
 from prefect_odm.models import HeaderProblem, ImageFormat, ImageMetadata
-from prefect_odm.tiff_ifd import (
+from prefect_odm.survey.jpeg_markers import jpeg_header_end, jpeg_is_complete, jpeg_segments
+from prefect_odm.survey.tiff_ifd import (
     EXIF_IFD,
     GPS_IFD,
     GPS_TAGS,

@@ -8,7 +8,7 @@ group (:func:`drop_duplicate_submodels`), and warns with :func:`overlap_warning`
 makes each image processed more than :data:`MAX_DUPLICATION_FACTOR` times.
 
 It also looks at the camera GPS before any compute (:func:`gps_warnings`, over
-:func:`prefect_odm.gps_quality.check_gps`): an altitude trend along the capture sequence,
+:func:`prefect_odm.survey.gps_quality.check_gps`): an altitude trend along the capture sequence,
 implausible speeds between consecutive shots and positions that jump off their track. A survey
 placed by such GPS lands its submodels metres apart (issue 11: a drift of over 100 m and a lag of
 tens of metres on turns left two submodels 9-25 m apart with no warning).
@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from prefect_odm.gps_records import GpsQualityOptions, GpsWarning
     from prefect_odm.models import CaptureMetadata
+    from prefect_odm.survey.gps_records import GpsQualityOptions, GpsWarning
 
 MAX_DUPLICATION_FACTOR = 1.5
 """Images processed / distinct images above which the plan is reported as wasteful."""
@@ -130,20 +130,20 @@ def gps_warnings(
     y_m: Iterable[float],
     options: GpsQualityOptions | None = None,
 ) -> tuple[list[GpsWarning], list[str]]:
-    """The GPS warnings of a survey's images (:func:`prefect_odm.gps_quality.check_gps`), each
+    """The GPS warnings of a survey's images (:func:`prefect_odm.survey.gps_quality.check_gps`), each
     logged; they never stop the plan.
 
     Args:
         images: ``(name, metadata)`` per image; those without a capture time or a GPS altitude
             cannot be placed in the sequence and are left out.
         x_m, y_m: each image's position in the plan's projected CRS, metres, same order.
-        options: thresholds (:class:`~prefect_odm.gps_records.GpsQualityOptions` defaults).
+        options: thresholds (:class:`~prefect_odm.survey.gps_records.GpsQualityOptions` defaults).
 
     Returns:
         The warnings in flight order (empty when the GPS looks right), and each as a line
         starting ``GPS:`` for ``SplitPlan.warnings``.
     """
-    from prefect_odm.gps_quality import GpsFix, check_gps
+    from prefect_odm.survey.gps_quality import GpsFix, check_gps
 
     fixes = [
         GpsFix(

@@ -2,9 +2,9 @@
 
 Reads from a local folder (recursive) or any fsspec URL prefix (``s3://bucket/prefix`` with
 ``storage_options``, e.g. an ``endpoint_url``). Per file it reads only the header bytes
-(:mod:`prefect_odm.exif`) plus a short tail read that tells whether a JPEG is complete. Content
+(:mod:`prefect_odm.survey.exif`) plus a short tail read that tells whether a JPEG is complete. Content
 identity: ``sha256:<hex>`` of the whole file for local files (remembered by path and stat in
-:mod:`prefect_odm.identity_cache`, so an unchanged file is not read again); for object stores
+:mod:`prefect_odm.survey.identity_cache`, so an unchanged file is not read again); for object stores
 ``etag:<etag>:<size>`` (no full read), falling back to sha256 when the store gives no ETag.
 
 Rejection rules (each rejected file keeps its reason, :data:`prefect_odm.models.RejectReason`):
@@ -12,9 +12,9 @@ Rejection rules (each rejected file keeps its reason, :data:`prefect_odm.models.
 * ``empty_file``, ``not_an_image``, ``truncated``, ``unreadable`` -- from the header read;
 * ``duplicate`` -- same identity as an image earlier in name order (the first is kept);
 * ``no_gps`` -- no GPS latitude/longitude in EXIF; ``gps_zero`` -- GPS at exactly (0, 0);
-* ``position_outlier`` -- far from the rest (:func:`~prefect_odm.flight_checks.position_outlier_mask`);
+* ``position_outlier`` -- far from the rest (:func:`~prefect_odm.survey.flight_checks.position_outlier_mask`);
 * ``low_altitude`` -- far below the survey's flight height
-  (:func:`~prefect_odm.flight_checks.low_altitude_mask`).
+  (:func:`~prefect_odm.survey.flight_checks.low_altitude_mask`).
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 
 from prefect_odm.errors import ImageHeaderError, InputError, NoImagesError, StorageError
-from prefect_odm.exif import RangeReader, file_range_reader, read_metadata
 from prefect_odm.fingerprints import survey_fingerprint
-from prefect_odm.flight_checks import low_altitude_mask, position_outlier_mask
 from prefect_odm.geo import project_lonlat, survey_utm_epsg
-from prefect_odm.identity_cache import IdentityCache, open_default_cache
 from prefect_odm.models import ImageMetadata, ImageRecord, RejectedImage, RejectReason, Survey
 from prefect_odm.settings import prefect_odm_home
+from prefect_odm.survey.exif import RangeReader, file_range_reader, read_metadata
+from prefect_odm.survey.flight_checks import low_altitude_mask, position_outlier_mask
+from prefect_odm.survey.identity_cache import IdentityCache, open_default_cache
 
 logger = logging.getLogger(__name__)
 
@@ -420,7 +420,7 @@ def scan_survey(
         storage_options: fsspec options for URLs (e.g. ``{"endpoint_url": ..., "key": ...}``).
         max_workers: files read concurrently.
         use_identity_cache: take a local image's identity from the machine's cache
-            (:mod:`prefect_odm.identity_cache`, keyed by path and stat) instead of hashing it
+            (:mod:`prefect_odm.survey.identity_cache`, keyed by path and stat) instead of hashing it
             again when the file is unchanged.
 
     Returns:

@@ -28,7 +28,7 @@ LABEL_MAX_CHARS = 32
 
 def public_url(url: str) -> str:
     """``url`` without query or credentials: safe to log or put into an error message (also
-    :func:`prefect_odm.nodeodm.public_url`)."""
+    :func:`prefect_odm.nodes.client.public_url`)."""
     parts = urlparse(url)
     try:
         port = parts.port

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from prefect_odm.gps_records import GpsQualityOptions, GpsWarning
+from prefect_odm.survey.gps_records import GpsQualityOptions, GpsWarning
 
 __all__ = [
     "GpsFix",

@@ -16,15 +16,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prefect_odm import backend, progress, storage
-from prefect_odm.backend import (
-    COMPLETED,
-    STATUS_WORDS,
-    NodeBackend,
-    TaskState,
-    differing_option,
-    task_uuid,
-)
+from prefect_odm import progress, storage
 from prefect_odm.errors import (
     DownloadError,
     NodeError,
@@ -39,10 +31,20 @@ from prefect_odm.errors import (
 from prefect_odm.fingerprints import submodel_fingerprint
 from prefect_odm.layout import OutputLayout
 from prefect_odm.models import OptionValue, SplitPlan, Submodel, SubmodelResult, Survey
-from prefect_odm.option_stages import early_options, node_stages, rerun_from_stage
-from prefect_odm.pool import NodePool
-from prefect_odm.products import find_odm_products
+from prefect_odm.nodes import backend
+from prefect_odm.nodes.backend import (
+    COMPLETED,
+    STATUS_WORDS,
+    NodeBackend,
+    TaskState,
+    differing_option,
+    task_uuid,
+)
+from prefect_odm.nodes.option_stages import early_options, node_stages, rerun_from_stage
+from prefect_odm.nodes.pool import NodePool
+from prefect_odm.nodes.products import find_odm_products
 from prefect_odm.registry import PRODUCTS, REPORT_FILES, REPORT_FOLDER
+from prefect_odm.run_policy import load_stored_result
 
 logger = logging.getLogger(__name__)
 
@@ -60,22 +62,6 @@ REQUIRED_PRODUCTS = tuple(name for name, p in PRODUCTS.items() if p.required)
 
 Options = dict[str, OptionValue]
 """NodeODM option name -> value, as :meth:`ProcessingOptions.to_nodeodm` gives them."""
-
-
-def load_stored_result(layout: OutputLayout, submodel: Submodel) -> SubmodelResult | None:
-    """The stored result of this submodel and fingerprint when it is complete, else ``None``."""
-    url = layout.submodel_result(submodel.id, submodel.fingerprint)
-    try:
-        if not storage.exists(url):
-            return None
-        result = SubmodelResult.model_validate(storage.read_json(url))
-    except (StorageError, ValueError, OSError):
-        return None
-    if result.status not in ("completed", "reused") or result.fingerprint != submodel.fingerprint:
-        return None
-    if not all(storage.exists(u) for u in result.products.values()):
-        return None
-    return result
 
 
 def previous_results(layout: OutputLayout, submodel_id: str) -> list[SubmodelResult]:
@@ -136,7 +122,7 @@ class SubmodelRunner:
         survey: the scanned survey (image URLs by name).
         layout: where products and results are stored.
         pool: node placement.
-        clients: node key (public URL) -> node (any :class:`~prefect_odm.backend.NodeBackend`).
+        clients: node key (public URL) -> node (any :class:`~prefect_odm.nodes.backend.NodeBackend`).
         admit: context manager factory ``(submodel_id, memory_gib)`` held while a submodel runs
             (the Prefect global concurrency limit of memory slots); none by default.
         max_attempts: attempts per submodel (transient errors and out-of-memory retries).
@@ -198,7 +184,7 @@ class SubmodelRunner:
         """Submit (or re-attach to) the submodel's task and collect it, retrying transient
         failures (on another node when one is down), out-of-memory failures (with a larger
         reservation) and, once, a processing failure on a node now suspected (on another,
-        healthy node: :meth:`~prefect_odm.node_health.HealthBook.retry_elsewhere`), up to
+        healthy node: :meth:`~prefect_odm.nodes.health.HealthBook.retry_elsewhere`), up to
         :attr:`max_attempts` times. Every outcome is recorded in the pool's health book."""
         submodel_id = submodel.id
         memory_gib = submodel.estimated_memory_gib

@@ -15,9 +15,9 @@ import tempfile
 from typing import TYPE_CHECKING, Any
 
 from prefect_odm import __version__, storage
-from prefect_odm.cli_args import merge_options, processing_options
-from prefect_odm.cli_console import quiet_prefect_console
-from prefect_odm.cli_process import EmbeddedAPIStart
+from prefect_odm.cli.args import merge_options, processing_options
+from prefect_odm.cli.console import quiet_prefect_console
+from prefect_odm.cli.process import EmbeddedAPIStart
 from prefect_odm.errors import InputError
 from prefect_odm.layout import LAST_RUN_FILE, OutputLayout, join
 from prefect_odm.settings import get_settings
@@ -157,7 +157,7 @@ def _start_embedded_api_early() -> EmbeddedAPIStart:
 
     The flow's client finds the same (singleton) server already running; the command saves the
     few seconds its imports take. Joined before the flow starts (a start-up time-out is raised
-    there as one line); the server ends with this process (:mod:`prefect_odm.cli_process`).
+    there as one line); the server ends with this process (:mod:`prefect_odm.cli.process`).
     """
     return EmbeddedAPIStart()
 
@@ -169,7 +169,7 @@ def _tokens_out_of_urls(urls: list[str]) -> list[str]:
     Raises:
         InputError: ``PREFECT_ODM_NODE_TOKENS`` is set but is not a JSON object.
     """
-    from prefect_odm.cluster import split_token
+    from prefect_odm.nodes.cluster import split_token
 
     public: list[str] = []
     tokens: dict[str, str] = {}
@@ -199,13 +199,13 @@ def reconstruct_command(args: argparse.Namespace) -> int:
     Raises:
         InputError: the images do not exist, an option is bad, or the output is not writable.
     """
-    from prefect_odm.scan import check_local_images
+    from prefect_odm.survey.scan import check_local_images
 
     check_local_images(args.images)
     args.nodes = _tokens_out_of_urls(args.nodes or [])
     options = processing_options(args)
     if not args.nodes:
-        from prefect_odm.cluster import check_embedded_options
+        from prefect_odm.nodes.cluster import check_embedded_options
 
         # the flow checks again; here a bad option costs no Prefect start-up
         check_embedded_options(options.to_nodeodm())
@@ -246,7 +246,7 @@ def _run_flow(args: argparse.Namespace, options: ProcessingOptions, embedded_api
     from rich.console import Console
 
     from prefect_odm import progress as events
-    from prefect_odm.cli_console import LiveProgress
+    from prefect_odm.cli.console import LiveProgress
     from prefect_odm.flows import reconstruct
 
     quiet_prefect_console(args.verbose)

@@ -1,5 +1,5 @@
 """The image uploads of a new NodeODM task: our own loop instead of pyodm's ``create_task``,
-which can block for ever when an upload fails for good (see :mod:`prefect_odm.nodeodm`)."""
+which can block for ever when an upload fails for good (see :mod:`prefect_odm.nodes.client`)."""
 
 from __future__ import annotations
 

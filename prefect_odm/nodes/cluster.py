@@ -1,7 +1,7 @@
 """The processing nodes a run uses: given NodeODM URLs, or the built-in engine started on demand.
 
 Tokens never travel in flow parameters: a node's token comes from a ``NodeODM`` block (the
-glue reads the block and passes its :class:`~prefect_odm.backend.NodeSettings` in) or from
+glue reads the block and passes its :class:`~prefect_odm.nodes.backend.NodeSettings` in) or from
 the environment (``PREFECT_ODM_NODE_TOKEN`` for every node, or ``PREFECT_ODM_NODE_TOKENS``, a JSON
 object mapping node URL to token). A ``?token=`` written into a URL on the command line is moved
 out of the URL before anything is logged.
@@ -26,13 +26,13 @@ from urllib.parse import parse_qs, urlparse
 import psutil
 
 from prefect_odm import __version__
-from prefect_odm.backend import NodeBackend, NodeInfo, NodeSettings
 from prefect_odm.errors import InputError, NodeError, TransientNodeError
-from prefect_odm.node_capacity import node_capacity, node_memory_gib, node_task_slots
-from prefect_odm.node_messages import is_bad_token_error
-from prefect_odm.nodeodm import NodeClient, public_url
-from prefect_odm.option_check import check_options, format_option_errors
-from prefect_odm.pool import NodePool, PoolNode
+from prefect_odm.nodes.backend import NodeBackend, NodeInfo, NodeSettings
+from prefect_odm.nodes.capacity import node_capacity, node_memory_gib, node_task_slots
+from prefect_odm.nodes.client import NodeClient, public_url
+from prefect_odm.nodes.messages import is_bad_token_error
+from prefect_odm.nodes.option_check import check_options, format_option_errors
+from prefect_odm.nodes.pool import NodePool, PoolNode
 from prefect_odm.settings import get_settings, prefect_odm_home
 
 logger = logging.getLogger(__name__)
@@ -194,7 +194,7 @@ def connect_nodes(
 
     Returns:
         The cluster: a node per URL, each with the pool block's memory, else 90% of the memory
-        its ``/info`` reports when that is plausible (:func:`~prefect_odm.node_capacity.node_capacity`:
+        its ``/info`` reports when that is plausible (:func:`~prefect_odm.nodes.capacity.node_capacity`:
         ClusterODM's ``99999999999`` placeholders and zero or negative values are unknown),
         else unknown (no memory limit in placement; ``--split auto`` refuses it). Set-aside
         nodes are not in ``memory_by_node``.

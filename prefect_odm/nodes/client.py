@@ -6,16 +6,16 @@ The defects handled here (see DESIGN.md, "NodeODM client"):
   token leaks to every later request of every ``Node`` object, other hosts included.
   :class:`_SafeNode` copies the query on every call.
 * ``Node.create_task`` can block for ever when an upload fails for good. Uploads here are our own
-  loop (init, uploads in batches with retries and back-off in :mod:`prefect_odm.node_uploads`,
+  loop (init, uploads in batches with retries and back-off in :mod:`prefect_odm.nodes.uploads`,
   commit) with a deadline.
 * ``TaskInfo`` raises ``KeyError`` on a task without a name and ``TaskFailedError`` carries no
   message: task info is read as the raw JSON dictionary and failures are classified from the
   node's status, error message and last output lines.
 * Exceptions never carry the token: URLs in messages are stripped of their query.
 
-:class:`NodeClient` implements :class:`prefect_odm.backend.NodeBackend`, the interface the
-submodel runner uses; the status codes, :class:`~prefect_odm.backend.TaskState` and
-:func:`~prefect_odm.backend.task_uuid` live there and are re-exported here.
+:class:`NodeClient` implements :class:`prefect_odm.nodes.backend.NodeBackend`, the interface the
+submodel runner uses; the status codes, :class:`~prefect_odm.nodes.backend.TaskState` and
+:func:`~prefect_odm.nodes.backend.task_uuid` live there and are re-exported here.
 
 Failures are classified into :class:`~prefect_odm.errors.TransientNodeError` (connection,
 timeouts, HTTP 5xx: retry, maybe elsewhere), :class:`~prefect_odm.errors.OutOfMemoryError` and
@@ -43,7 +43,15 @@ from pyodm.exceptions import (
 )
 from pyodm.utils import MultipartEncoder, options_to_json
 
-from prefect_odm.backend import (
+from prefect_odm.errors import (
+    DownloadError,
+    NodeError,
+    OutOfMemoryError,
+    ProcessingFailedError,
+    StaleTaskError,
+    TransientNodeError,
+)
+from prefect_odm.nodes.backend import (
     CANCELED,
     COMPLETED,
     FAILED,
@@ -56,17 +64,9 @@ from prefect_odm.backend import (
     next_poll_seconds,
     task_uuid,
 )
-from prefect_odm.errors import (
-    DownloadError,
-    NodeError,
-    OutOfMemoryError,
-    ProcessingFailedError,
-    StaleTaskError,
-    TransientNodeError,
-)
-from prefect_odm.node_messages import is_unknown_task_error
-from prefect_odm.node_refs import public_url
-from prefect_odm.node_uploads import Uploads
+from prefect_odm.nodes.messages import is_unknown_task_error
+from prefect_odm.nodes.refs import public_url
+from prefect_odm.nodes.uploads import Uploads
 
 __all__ = [
     "CANCELED",
@@ -100,7 +100,7 @@ class _SafeNode(Node):  # type: ignore[misc]
 
 
 class NodeClient:
-    """One NodeODM-API node (implements :class:`prefect_odm.backend.NodeBackend`).
+    """One NodeODM-API node (implements :class:`prefect_odm.nodes.backend.NodeBackend`).
 
     Args:
         url: base URL, e.g. ``http://127.0.0.1:3000``; a ``?token=`` in it is taken as the token.
@@ -251,7 +251,7 @@ class NodeClient:
             outputs: limit all.zip to these paths (NodeODM ``outputs``).
             parallel_uploads: upload requests in flight at once.
             upload_batch_files: most files in one upload request
-                (:func:`~prefect_odm.node_uploads.upload_batches`).
+                (:func:`~prefect_odm.nodes.uploads.upload_batches`).
             max_retries: attempts per request after the first one (back-off with jitter).
             retry_base_seconds: the first back-off, seconds (doubled per attempt, 0.5x-1.5x jitter).
             deadline_seconds: the whole upload must finish within this time.
@@ -356,7 +356,7 @@ class NodeClient:
         """Poll until the task finishes; a poll error is transient, never the task's failure.
 
         Polls every ``poll_interval_seconds``, more often as the task nears its end and less
-        often once it has run long (:func:`~prefect_odm.backend.next_poll_seconds`).
+        often once it has run long (:func:`~prefect_odm.nodes.backend.next_poll_seconds`).
 
         Raises:
             OutOfMemoryError: the task failed for lack of memory.

@@ -256,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--reset", action="store_true", help="set active slots to 0 (nothing may be running)"
     )
 
-    from prefect_odm.cli_ops import add_parsers as _add_ops_parsers
+    from prefect_odm.cli.ops import add_parsers as _add_ops_parsers
 
     ops = _add_ops_parsers(sub)  # setup, automations create
 

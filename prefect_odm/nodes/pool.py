@@ -3,7 +3,7 @@
 Each node has a memory budget (GiB) and a number of parallel task slots. :meth:`NodePool.lease`
 blocks until some node has both a free slot and the memory a submodel needs (memory is never
 overcommitted), then picks among those the least loaded (running tasks / task slots), healthy
-nodes before suspected ones (:func:`~prefect_odm.node_health.placement_key`): a node that fails
+nodes before suspected ones (:func:`~prefect_odm.nodes.health.placement_key`): a node that fails
 every task at once is free first, and without the health tie-break it would take every
 submodel (issue 13). A submodel larger than every node is refused at once (:class:`PlanningError`). Nodes
 that stop answering are marked down and get no more work.
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from prefect_odm.errors import PlanningError, TransientNodeError
-from prefect_odm.node_health import HealthBook, placement_key
+from prefect_odm.nodes.health import HealthBook, placement_key
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """What the submodel runner needs of a processing node (pure core: no HTTP, no pyodm).
 
-:class:`NodeBackend` is the interface between the runner (:mod:`prefect_odm.submodels`) and a
-node; :class:`prefect_odm.nodeodm.NodeClient` (NodeODM's HTTP API through pyodm) implements it,
+:class:`NodeBackend` is the interface between the runner (:mod:`prefect_odm.nodes.runner`) and a
+node; :class:`prefect_odm.nodes.client.NodeClient` (NodeODM's HTTP API through pyodm) implements it,
 and tests may pass any object with the same methods. Results are typed: :class:`NodeInfo`,
 :class:`NodeOption`, :class:`TaskState`. Failures are the node errors of
 :mod:`prefect_odm.errors` (:class:`~prefect_odm.errors.TransientNodeError`: worth retrying, maybe

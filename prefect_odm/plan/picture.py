@@ -325,13 +325,13 @@ def survey_gaps(plan: SplitPlan, survey: Survey) -> dict[str, Any]:
 
     Returns:
         ``{"sequence_gaps": [...], "coverage_gaps": [...], "flight_tail_images": [names]}``;
-        positions in the plan CRS, metres (see :func:`prefect_odm.flight_checks.find_sequence_gaps`,
-        :func:`prefect_odm.coverage_gaps.find_coverage_gaps`, :func:`prefect_odm.flight_checks.flight_tail_mask`).
+        positions in the plan CRS, metres (see :func:`prefect_odm.survey.flight_checks.find_sequence_gaps`,
+        :func:`prefect_odm.plan.coverage_gaps.find_coverage_gaps`, :func:`prefect_odm.survey.flight_checks.flight_tail_mask`).
     """
     import numpy as np
 
-    from prefect_odm.coverage_gaps import find_coverage_gaps
-    from prefect_odm.flight_checks import find_sequence_gaps, flight_tail_mask
+    from prefect_odm.plan.coverage_gaps import find_coverage_gaps
+    from prefect_odm.survey.flight_checks import find_sequence_gaps, flight_tail_mask
 
     position = {c.name: (c.x_m, c.y_m) for c in plan.cameras}
     images = [im for im in survey.images if im.name in position]
