@@ -44,6 +44,10 @@ class PlanningError(PrefectODMError, ValueError):
     """A split plan cannot be made (too few images, a submodel larger than any node)."""
 
 
+class RoutingError(PlanningError):
+    """No processing cluster can take a submodel (groups, engine, node memory, all down)."""
+
+
 class StorageError(PrefectODMError, OSError):
     """Reading or writing an input or output location failed."""
 
