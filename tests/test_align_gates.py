@@ -49,3 +49,27 @@ def test_a_submodel_tied_only_by_the_refinement_passes() -> None:
     assert [(f.subject, f.figure) for f in failed] == [
         ("submodel-001|submodel-002", "max_overlap_rms_m")
     ]
+
+
+def test_an_accepted_alignment_says_so_on_the_console() -> None:
+    from prefect_odm.align import AlignmentReport
+
+    block = make_block(3, 1, overlap_m=5.0)
+    cameras = align_submodels(block.tables())
+    failures = check_report(cameras, None, AlignmentOptions())
+    clean = AlignmentReport(result=cameras)
+    accepted = AlignmentReport(result=cameras, failures=failures, accepted=True)
+    assert _lines(clean) == []
+    lines = _lines(accepted)
+    assert lines[0].startswith("ALIGNMENT ACCEPTED with 3 failed quality gate(s)")
+    assert [line.strip() for line in lines[1:]] == [f.message for f in failures]
+
+
+def _lines(report: object) -> list[str]:
+    """The console lines for a stand-in manifest carrying only ``report`` (all they read)."""
+    from prefect_odm.cli.reconstruct import accepted_alignment_lines
+
+    class _Manifest:
+        alignment = report
+
+    return accepted_alignment_lines(_Manifest())  # type: ignore[arg-type]
