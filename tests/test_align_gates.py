@@ -73,3 +73,25 @@ def _lines(report: object) -> list[str]:
         alignment = report
 
     return accepted_alignment_lines(_Manifest())  # type: ignore[arg-type]
+
+
+def test_a_failed_alignment_names_the_command_that_merges_the_stored_submodels() -> None:
+    from types import SimpleNamespace
+
+    from prefect_odm.flows.reconstruct import merge_command
+
+    from prefect_odm.align import AlignmentError
+    from prefect_odm.layout import OutputLayout
+
+    layout = OutputLayout("/data/out", "f" * 64)
+    merged = [
+        SimpleNamespace(submodel_id=f"submodel-00{i}", fingerprint=f"{i}" * 64) for i in (0, 1)
+    ]
+    ways_on = merge_command(layout, merged)  # type: ignore[arg-type]
+    folders = [layout.submodel_dir(r.submodel_id, r.fingerprint) for r in merged]
+    assert f"prefect-odm merge {folders[0]} {folders[1]} --plan {layout.plan_json}" in ways_on
+    failures = check_report(align_submodels(make_block(3, 1, overlap_m=5.0).tables()), None,
+                            AlignmentOptions())  # fmt: skip
+    message = str(AlignmentError(failures, ways_on))
+    assert message.startswith("alignment quality gates failed (3): submodel-000")
+    assert message.endswith("--accept-alignment")

@@ -221,12 +221,16 @@ class AlignmentError(PrefectODMError, ValueError):
 
     Attributes:
         failures: every failed gate, each naming its submodel or overlap and figure.
+        ways_on: what the operator can do next (the command that merges the stored
+            submodels), or empty.
     """
 
-    def __init__(self, failures: Sequence[GateFailure]) -> None:
+    def __init__(self, failures: Sequence[GateFailure], ways_on: str = "") -> None:
         self.failures = list(failures)
+        self.ways_on = ways_on
         lines = "; ".join(f.message for f in self.failures)
-        super().__init__(f"alignment quality gates failed ({len(self.failures)}): {lines}")
+        more = f". {ways_on}" if ways_on else ""
+        super().__init__(f"alignment quality gates failed ({len(self.failures)}): {lines}{more}")
 
 
 def _gate(
