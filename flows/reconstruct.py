@@ -33,6 +33,7 @@ from prefect_odm.tasks.survey import plan_submodels, scan_survey
 from pydantic import Field, WithJsonSchema
 
 from prefect_odm import progress, storage
+from prefect_odm.align.report import AlignmentError
 from prefect_odm.errors import IncompleteRunError, InputError, MergeError
 from prefect_odm.fingerprints import merge_fingerprint
 from prefect_odm.layout import OutputLayout
@@ -482,13 +483,16 @@ def _merge(
     )
     asked = plan.options.to_nodeodm()
     products = {r.submodel_id: asked_products(r.products, asked) for r in merged}
-    alignment = align_submodels(
-        products,
-        {r.submodel_id: layout.submodel_shots(r.submodel_id, r.fingerprint) for r in merged},
-        options,
-        gps={c.name: (c.x_m, c.y_m, c.z_m) for c in plan.cameras if c.z_m is not None},
-        crs_epsg=plan.crs_epsg,
-    )
+    try:
+        alignment = align_submodels(
+            products,
+            {r.submodel_id: layout.submodel_shots(r.submodel_id, r.fingerprint) for r in merged},
+            options,
+            gps={c.name: (c.x_m, c.y_m, c.z_m) for c in plan.cameras if c.z_m is not None},
+            crs_epsg=plan.crs_epsg,
+        )
+    except AlignmentError as exc:
+        raise AlignmentError(exc.failures, merge_command(layout, merged)) from exc
     # The products are about to be replaced: a manifest describing the earlier ones would lie
     # if this merge is stopped half-way ("no manifest" is what an unfinished run looks like).
     storage.remove_if_present(layout.manifest)
@@ -500,6 +504,16 @@ def _merge(
         planned_footprint=_planned_footprint(plan),
         options=options,
         alignment=alignment,
+    )
+
+
+def merge_command(layout: OutputLayout, merged: list[SubmodelResult]) -> str:
+    """What to do after a failed alignment: every processed submodel is stored and reusable,
+    and this command merges them (after a look at the report, with ``--accept-alignment``)."""
+    folders = " ".join(layout.submodel_dir(r.submodel_id, r.fingerprint) for r in merged)
+    return (
+        f"Every processed submodel is stored and is reused by a rerun; to merge them anyway: "
+        f"prefect-odm merge {folders} --plan {layout.plan_json} --output OUT --accept-alignment"
     )
 
 

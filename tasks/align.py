@@ -5,7 +5,8 @@ engine) it solves one 3-D similarity per submodel from the cameras neighbours sh
 (:func:`prefect_odm.align.align_submodels`, held on the camera GPS when given); without them
 (outputs made elsewhere) a height plane and shift per submodel from the DSMs and orthophotos in
 the overlaps (:func:`prefect_odm.merge.overlaps.align_from_products`). Then the quality gates
-(:func:`prefect_odm.align.check_alignment`): a failed gate fails the run naming the submodel and
+(:func:`prefect_odm.align.check_report`: a submodel is tied when any
+stage ties it, the overlap figures are the last stage's): a failed gate fails the run naming the submodel and
 the figure, unless ``MergeOptions.accept_alignment``, in which case the failures are logged and
 recorded in the returned report (manifest, ``merge.json``, ``report.md``).
 """
@@ -24,7 +25,7 @@ from prefect_odm.align import (
     AlignmentReport,
     AlignmentResult,
     CameraTable,
-    check_alignment,
+    check_report,
     raise_for_failures,
     read_shots_geojson,
 )
@@ -145,9 +146,7 @@ def build_alignment(
                     dsms, orthos, options.alignment,
                     corrections=report.raster_corrections(), crs_epsg=crs_epsg,
                 )  # fmt: skip
-    failures = check_alignment(result, options.alignment)
-    if report.refinement is not None:
-        failures += check_alignment(report.refinement, options.alignment)
+    failures = check_report(result, report.refinement, options.alignment)
     raise_for_failures(failures, accept=options.accept_alignment)
     report.failures, report.accepted = failures, bool(failures)
     return report

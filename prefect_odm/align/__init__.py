@@ -41,6 +41,7 @@ if TYPE_CHECKING:
         SubmodelResidual,
         SubmodelTransform,
         check_alignment,
+        check_report,
         is_identity,
         raise_for_failures,
     )
@@ -71,6 +72,7 @@ _MODULE_OF = {
     "SubmodelResidual": "prefect_odm.align.report",
     "SubmodelTransform": "prefect_odm.align.report",
     "check_alignment": "prefect_odm.align.report",
+    "check_report": "prefect_odm.align.report",
     "is_identity": "prefect_odm.align.report",
     "raise_for_failures": "prefect_odm.align.report",
     "RasterCorrection": "prefect_odm.align.similarity",
@@ -98,6 +100,7 @@ __all__ = [
     "align_heights",
     "align_submodels",
     "check_alignment",
+    "check_report",
     "is_identity",
     "raise_for_failures",
     "read_shots_geojson",

@@ -221,12 +221,16 @@ class AlignmentError(PrefectODMError, ValueError):
 
     Attributes:
         failures: every failed gate, each naming its submodel or overlap and figure.
+        ways_on: what the operator can do next (the command that merges the stored
+            submodels), or empty.
     """
 
-    def __init__(self, failures: Sequence[GateFailure]) -> None:
+    def __init__(self, failures: Sequence[GateFailure], ways_on: str = "") -> None:
         self.failures = list(failures)
+        self.ways_on = ways_on
         lines = "; ".join(f.message for f in self.failures)
-        super().__init__(f"alignment quality gates failed ({len(self.failures)}): {lines}")
+        more = f". {ways_on}" if ways_on else ""
+        super().__init__(f"alignment quality gates failed ({len(self.failures)}): {lines}{more}")
 
 
 def _gate(
@@ -276,6 +280,63 @@ def check_alignment(result: AlignmentResult, options: AlignmentOptions) -> list[
         _gate(out, ov.overlap, "max_overlap_rms_m", ov.rms_after_m, o.max_overlap_rms_m, "rms m")
         frac = len(ov.outliers) / max(ov.n_shared, 1)
         text = "outlier share"
+        _gate(out, ov.overlap, "max_outlier_fraction", frac, o.max_outlier_fraction, text)
+    return out
+
+
+def check_report(
+    result: AlignmentResult, refinement: AlignmentResult | None, options: AlignmentOptions
+) -> list[GateFailure]:
+    """Every gate the applied alignment fails: the camera step followed by its refinement.
+
+    A submodel counts as tied to the block when any stage ties it to a neighbour with at least
+    ``min_shared_cameras`` samples (shared cameras, or DSM samples of the refinement): with
+    narrow overlaps (2 shared images) the camera step cannot tie a submodel that the
+    DSM/orthophoto refinement ties well, and products in one frame (the ``direct`` pipeline)
+    never fail for lack of shared cameras. The overlap figures judged are those of the last
+    stage, the one whose correction the merge applies; each stage's own transform is judged on
+    its correction, rotation and scale.
+
+    Args:
+        result: the first stage (cameras, or products when there were no cameras).
+        refinement: the refinement from the corrected DSMs and orthophotos, or None.
+        options: the thresholds.
+
+    Returns:
+        one :class:`GateFailure` per figure above its threshold (empty: all pass).
+    """
+    stages = [result] if refinement is None else [result, refinement]
+    tied = {
+        sid
+        for stage in stages
+        for o in stage.overlaps
+        if o.n_used >= options.min_shared_cameras
+        for sid in (o.first, o.second)
+    }
+    final = stages[-1]
+    out: list[GateFailure] = []
+    o = options
+    for stage in stages:
+        for t in stage.transforms:
+            sid, text = t.submodel_id, "correction m"
+            _gate(out, sid, "max_correction_m", t.max_correction_m, o.max_correction_m, text)
+            _gate(out, sid, "max_rotation_deg", t.rotation_deg, o.max_rotation_deg, "rotation deg")
+            text = "scale change"
+            _gate(out, sid, "max_scale_change", abs(t.scale_change), o.max_scale_change, text)
+    if len(result.transforms) > 1:
+        for t in result.transforms:
+            if t.submodel_id not in tied:
+                text = "no overlap ties it to the block (by cameras or products); missing"
+                _gate(out, t.submodel_id, "min_overlaps", 1.0, 0.0, text)
+    for g in result.camera_gps:
+        text = "camera-vs-GPS rms m"
+        _gate(
+            out, g.submodel_id, "max_camera_gps_rms_m", g.rms_after_m, o.max_camera_gps_rms_m, text
+        )
+    for ov in final.overlaps:
+        _gate(out, ov.overlap, "max_overlap_rms_m", ov.rms_after_m, o.max_overlap_rms_m, "rms m")
+    for ov in result.overlaps:
+        frac, text = len(ov.outliers) / max(ov.n_shared, 1), "outlier share"
         _gate(out, ov.overlap, "max_outlier_fraction", frac, o.max_outlier_fraction, text)
     return out
 

@@ -124,6 +124,20 @@ def _record_last_run(output: str, request: dict[str, Any], manifest: Manifest) -
     )
 
 
+def accepted_alignment_lines(manifest: Manifest) -> list[str]:
+    """The console lines of a run whose alignment failed gates the operator accepted
+    (``--accept-alignment``): one heading and one line per failed gate; empty otherwise, so an
+    accepted run never looks like a clean one."""
+    report = manifest.alignment
+    if report is None or not report.failures:
+        return []
+    lines = [
+        f"ALIGNMENT ACCEPTED with {len(report.failures)} failed quality gate(s) "
+        "(--accept-alignment): the seams may not be aligned"
+    ]
+    return lines + [f"  {f.message}" for f in report.failures]
+
+
 def _print_summary(output: str, manifest: Manifest, note: str = "") -> None:
     """Each submodel's status, the products, gaps, rejected images, report and manifest."""
     from rich.console import Console
@@ -145,6 +159,8 @@ def _print_summary(output: str, manifest: Manifest, note: str = "") -> None:
             out.print(f"  {image.name}: {image.detail or image.reason}", markup=False)
         if len(rejected) > REJECTED_SHOWN:
             out.print(f"  ... and {len(rejected) - REJECTED_SHOWN} more", markup=False)
+    for line in accepted_alignment_lines(manifest):
+        out.print(line, markup=False)
     layout = OutputLayout(output, manifest.survey_fingerprint)
     out.print(f"report: {layout.report_md}")
     out.print(f"manifest: {layout.manifest}")
