@@ -44,7 +44,7 @@ def test_drifting_altitude_stops_the_run_at_the_plan(
     printed = capsys.readouterr()
     lines = [ln for ln in (printed.out + printed.err).splitlines() if "GPS altitude unusable" in ln]
     print(lines)
-    assert code != 0
+    assert code == 2
     assert len(lines) >= 1 and "drifts +1.70 m per image" in lines[0]
     assert "priors slope 22.0 deg" in lines[0]
     assert not list(out.rglob("submodels/*/*"))  # nothing processed
