@@ -75,13 +75,15 @@ def optical_axis(camera: CameraPose) -> NDArray[np.float64]:
 def recorded_axis(meta: ImageMeta) -> NDArray[np.float64]:
     """The optical axis the image's attitude records (nadir without a gimbal pitch), shape (3,).
 
-    Yaw is clockwise from north (DJI); grid convergence of the UTM zone (under 3 degrees) only
+    Yaw (DJI ``GimbalYawDegree``, else ``FlightYawDegree``, as the direct pipeline takes it) is
+    clockwise from north; grid convergence of the UTM zone (under 3 degrees) only
     turns the horizontal part, which is zero at nadir.
     """
     pitch = math.radians(
         meta.gimbal_pitch_deg if meta.gimbal_pitch_deg is not None else NADIR_PITCH_DEG
     )
-    yaw = math.radians(meta.gimbal_yaw_deg or 0.0)
+    yaw_deg = meta.gimbal_yaw_deg if meta.gimbal_yaw_deg is not None else meta.flight_yaw_deg
+    yaw = math.radians(yaw_deg or 0.0)
     return np.array(
         [math.cos(pitch) * math.sin(yaw), math.cos(pitch) * math.cos(yaw), math.sin(pitch)]
     )
