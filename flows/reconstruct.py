@@ -35,6 +35,8 @@ from pydantic import Field, WithJsonSchema
 from prefect_odm import progress, storage
 from prefect_odm.align.report import AlignmentError
 from prefect_odm.errors import IncompleteRunError, InputError, MergeError
+
+from prefect_odm.errors import IncompleteRunError, InputError, MergeError, PlanningError
 from prefect_odm.fingerprints import merge_fingerprint
 from prefect_odm.layout import OutputLayout
 from prefect_odm.models import (
@@ -60,6 +62,7 @@ from prefect_odm.nodes.refs import (
     survey_run_name,
 )
 from prefect_odm.ownership import Ownership
+from prefect_odm.plan.checks import plan_gps_refusal
 from prefect_odm.progress import SubmodelBoard
 from prefect_odm.run_policy import (
     MIN_SURVEY_IMAGES,
@@ -302,6 +305,9 @@ def _plan(
     plan: SplitPlan = plan_submodels(survey, split, split_overlap_m, options, identity, memory)
     layout = OutputLayout(output, survey.fingerprint)
     publish_plan(plan, survey, layout)
+    refusal = plan_gps_refusal(plan, survey)
+    if refusal is not None:
+        raise PlanningError(f"{survey.source}: {refusal}")
     progress.emit("plan", submodels=[s.id for s in plan.submodels])
     get_run_logger().info("planned %d submodels", len(plan.submodels))
     for warning in plan.warnings:

@@ -9,7 +9,9 @@ must be in the same hemisphere and above the datum; anything else is an Assertio
 
 from __future__ import annotations
 
+import re
 import struct
+from pathlib import Path
 
 RATIONAL = 5
 DENOMINATOR = 10_000
@@ -63,3 +65,26 @@ def set_gps(data: bytes, latitude: float, longitude: float, altitude_m: float) -
         )
         out[tiff + offset : tiff + offset + 8 * count] = _rationals(values, endian)
     return bytes(out)
+
+
+def drifted_copy(source: Path, dest: Path, drift_m: float) -> None:
+    """``source``'s images in ``dest``, the GPS altitude (EXIF and XMP ``AbsoluteAltitude``)
+    raised by ``drift_m`` per image in capture order; ``RelativeAltitude`` untouched."""
+    from prefect_odm.engine.camera import read_images
+
+    images = sorted(
+        read_images(source), key=lambda m: (m.capture_time is None, m.capture_time, m.name)
+    )
+    dest.mkdir(parents=True)
+    for k, meta in enumerate(images):
+        assert meta.altitude_m is not None
+        altitude = meta.altitude_m + drift_m * k
+        data = set_gps((source / meta.name).read_bytes(), meta.latitude, meta.longitude, altitude)
+        # same length: the XMP packet's size is in its segment header
+        data = re.sub(
+            rb'AbsoluteAltitude="[+-]?[0-9.]+"',
+            f'AbsoluteAltitude="{altitude:+07.2f}"'.encode(),
+            data,
+            count=1,
+        )
+        (dest / meta.name).write_bytes(data)

@@ -188,6 +188,7 @@ def reconstruct_sfm(
                 "verified_pairs": float(pairs),
                 "gps_residual_mean_m": float(residual.mean()),
                 "gps_residual_max_m": float(residual.max()),
+                "gps_residual_rms_m": float(np.sqrt(np.mean(np.square(residual)))),
                 "similarity_scale": float(scale),
             },
         )

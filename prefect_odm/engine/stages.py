@@ -158,11 +158,19 @@ def _stage_opensfm(ctx: StageContext) -> None:
             gps_accuracy_m=ctx.settings["gps-accuracy"],
             log=ctx.log,
         )
+    from prefect_odm.engine.block_checks import block_figures, check_block
+
+    rms = scene.stats.get("gps_residual_rms_m")
+    figures = block_figures(scene.cameras, images, None if rms is None else [rms])
+    scene.stats.update(figures.as_stats())
     scene.save(ctx.path(RECONSTRUCTION_DIR))
     ctx.log(
         f"Reconstruction ({scene.method}): {len(scene.cameras)}/{scene.images} images posed, "
-        f"{len(scene.points_xyz)} points"
+        f"{len(scene.points_xyz)} points; block level {figures.level_deg:.2f} deg against "
+        f"{figures.attitude_source}"
+        + ("" if figures.gps_rms_m is None else f", cameras {figures.gps_rms_m:.2f} m rms from GPS")
     )
+    check_block(figures)
 
 
 # -- DEMs -----------------------------------------------------------------------------------------

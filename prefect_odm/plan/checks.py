@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from prefect_odm.models import CaptureMetadata
+    from prefect_odm.models import CaptureMetadata, SplitPlan, Survey
     from prefect_odm.survey.gps_records import GpsQualityOptions, GpsWarning
 
 MAX_DUPLICATION_FACTOR = 1.5
@@ -162,3 +162,72 @@ def gps_warnings(
     for line in lines:
         logger.warning("%s", line)
     return found, lines
+
+
+MAX_PRIOR_TILT_DEG = 2.0
+"""Largest slope of the altitude priors' plane a run starts with, degrees (the engine's block
+gate, :data:`prefect_odm.engine.block_checks.MAX_LEVEL_DEG`, would stop a block this tilted
+after structure from motion)."""
+
+
+def altitude_prior_tilt_deg(
+    x_m: Sequence[float], y_m: Sequence[float], height_m: Sequence[float]
+) -> float:
+    """Slope of the least-squares plane through ``height_m`` over ``(x_m, y_m)``, degrees.
+
+    With ``height_m`` the GPS altitude minus the relative altitude (the take-off height, which
+    must be constant), or the GPS altitude of a constant-height flight, this is the tilt that
+    structure from motion, oriented by the GPS altitude priors, gives the whole block (brighton
+    with its altitude drifting +1.7 m per image: a DSM tilted 19 degrees, issue 31).
+
+    Returns:
+        The slope, degrees; 0.0 for fewer than 3 positions or positions on one line.
+    """
+    import numpy as np
+
+    x, y, h = (np.asarray(v, dtype=np.float64) for v in (x_m, y_m, height_m))
+    if len(h) < 3:
+        return 0.0
+    design = np.column_stack([x - x.mean(), y - y.mean(), np.ones_like(x)])
+    if np.linalg.matrix_rank(design) < 3:
+        return 0.0
+    (a, b, _), *_ = np.linalg.lstsq(design, h, rcond=None)
+    return float(np.degrees(np.arctan(np.hypot(a, b))))
+
+
+def gps_altitude_refusal(
+    warnings: Sequence[GpsWarning],
+    tilt_deg: float,
+    *,
+    max_tilt_deg: float = MAX_PRIOR_TILT_DEG,
+) -> str | None:
+    """One line refusing a run whose GPS altitude would tilt every block, or None.
+
+    Refused when the plan found an altitude trend (:func:`gps_warnings`) and the altitude priors'
+    plane (:func:`altitude_prior_tilt_deg`) slopes more than ``max_tilt_deg``: the compute would
+    end at the block gate, or with a tilted product. Decided before anything is uploaded.
+    """
+    trend = next((w for w in warnings if w.kind == "altitude_trend"), None)
+    if trend is None or tilt_deg <= max_tilt_deg:
+        return None
+    return (
+        f"GPS altitude unusable: {trend.message}; the altitude priors slope {tilt_deg:.1f} deg "
+        f"(gate {max_tilt_deg:g} deg), so every block would come out tilted. Ways out: correct "
+        "the images' GPS altitude (e.g. take-off altitude + RelativeAltitude) and run again, or "
+        "process a flight whose altitude holds"
+    )
+
+
+def plan_gps_refusal(plan: SplitPlan, survey: Survey) -> str | None:
+    """:func:`gps_altitude_refusal` for a plan: the take-off height (GPS minus relative altitude)
+    when every image has a relative altitude, else the GPS altitude, over the plan's camera
+    positions (its projected CRS)."""
+    relative = {im.name: im.relative_altitude_m for im in survey.images}
+    placed = [c for c in plan.cameras if c.z_m is not None]
+    with_relative = all(relative.get(c.name) is not None for c in placed)
+    heights = [
+        float(c.z_m or 0.0) - (float(relative.get(c.name) or 0.0) if with_relative else 0.0)
+        for c in placed
+    ]
+    tilt = altitude_prior_tilt_deg([c.x_m for c in placed], [c.y_m for c in placed], heights)
+    return gps_altitude_refusal(plan.gps_warnings, tilt)
