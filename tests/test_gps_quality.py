@@ -168,3 +168,41 @@ def test_plan_warns_on_a_seneca_copy_with_drift_and_lag(
     assert "GPS" not in clean_printed and clean["gps_warnings"] == []
     with capsys.disabled():
         print("\n" + "\n".join(lines))
+
+
+@pytest.mark.parametrize("drift_m_per_image", [0.0, 0.002, 0.05])
+def test_sampled_theil_sen_matches_the_exact_one_above_the_exact_size(
+    drift_m_per_image: float,
+) -> None:
+    """Above ``EXACT_MAX_IMAGES`` the pair-sampled estimator gives scipy's exact slope and
+    interval to a small share of the interval's width, and is deterministic."""
+    from scipy.stats import theilslopes
+
+    from prefect_odm.survey.gps_quality import EXACT_MAX_IMAGES, theil_sen_slope
+
+    n = EXACT_MAX_IMAGES + 1000
+    rng = np.random.default_rng(7)
+    h = 300.0 + drift_m_per_image * np.arange(n) + rng.normal(0.0, 0.5, n)
+    h[rng.integers(0, n, 60)] += 40.0  # outliers
+    slope, _, low, high = theilslopes(h, np.arange(n), alpha=0.95)
+    got = theil_sen_slope(h)
+    width = high - low
+    assert got == theil_sen_slope(h)
+    assert abs(got[0] - slope) < 0.1 * width
+    assert abs(got[1] - low) < 0.1 * width and abs(got[2] - high) < 0.1 * width
+    print(
+        f"\nn={n} drift {drift_m_per_image}: exact {slope:.6f} [{low:.6f}, {high:.6f}], "
+        f"sampled {got[0]:.6f} [{got[1]:.6f}, {got[2]:.6f}]"
+    )
+
+
+def test_a_long_drifting_flight_is_warned_and_a_level_one_is_not() -> None:
+    """20,000 shots of one flight (sampled estimator): 0.001 m per image of drift (20 m) warned."""
+    rng = np.random.default_rng(3)
+    n = 20_000
+    alt = 300.0 + rng.normal(0.0, 1.0, n)
+    level = [GpsFix(f"I{k:05d}", 2.0 * k, 10.0 * k, 0.0, float(alt[k])) for k in range(n)]
+    assert check_gps(level) == []
+    drifting = with_drift(level, 0.001)
+    (w,) = check_gps(drifting)
+    assert w.kind == "altitude_trend" and w.value == pytest.approx(20.0, rel=0.1)

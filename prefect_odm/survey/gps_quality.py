@@ -5,7 +5,10 @@ lands metres away from its neighbour. With the images sorted by capture time and
 flights at gaps longer than ``flight_gap_s``, three checks run per flight:
 
 * **altitude trend**: the Theil-Sen slope (robust to outliers; P. K. Sen, JASA 63:1379, 1968)
-  of the GPS altitude against the image number, minus the barometric relative altitude when
+  of the GPS altitude (exact up to ``EXACT_MAX_IMAGES`` images a flight; above, the same
+  median and interval ranks read from ``SAMPLED_PAIRS`` image pairs drawn uniformly with a seed
+  fixed by the flight's length: O(pairs) time and memory instead of O(n^2), see
+  :func:`theil_sen_slope`) against the image number, minus the barometric relative altitude when
   every image has one (DJI XMP ``RelativeAltitude``: then ``alt - rel_alt`` is the take-off height
   and must stay constant whatever the flight does); without it a constant-height flight is
   assumed. Warned when the drift over the flight exceeds ``max_altitude_drift_m`` and the 95 %
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 from numpy.typing import NDArray
@@ -40,10 +44,54 @@ __all__ = [
     "implausible_speeds",
     "jump_distances",
     "position_jumps",
+    "theil_sen_slope",
 ]
 
 FloatArray = NDArray[np.float64]
 NAMES_SHOWN = 8
+EXACT_MAX_IMAGES = 2000  # 2.0 M pairwise slopes, ~50 MiB in scipy's exact Theil-Sen
+SAMPLED_PAIRS = 1_000_000
+
+
+def theil_sen_slope(h: FloatArray, alpha: float = 0.95) -> tuple[float, float, float]:
+    """Theil-Sen slope of ``h`` against its index and Sen's (1968) interval of confidence ``alpha``.
+
+    Up to ``EXACT_MAX_IMAGES`` values this is ``scipy.stats.theilslopes(h, arange(n), alpha)``.
+    Above, the n(n-1)/2 pairwise slopes (O(n^2) time and memory: 37.5 s and 9.75 GiB at 20,000
+    images) are replaced by ``SAMPLED_PAIRS`` pairs drawn uniformly (seed = n, so the result is
+    deterministic), and the median and the interval are the sample's quantiles at the fractions
+    of the exact ranks (Sen's eq. 2.6, ties of ``h`` counted as scipy does). The sampling error
+    of a quantile, about 0.0005 in rank fraction, is small next to the interval's half-width,
+    about 1.3 / sqrt(n) in rank fraction (0.03 at 2,000 values).
+
+    Args:
+        h: values, shape ``(n,)``, n >= 2.
+        alpha: confidence degree of the interval.
+
+    Returns:
+        (slope, low, high), in units of ``h`` per index step.
+    """
+    n = len(h)
+    if n <= EXACT_MAX_IMAGES:
+        from scipy.stats import theilslopes  # ~0.3 s to import: only when a survey is checked
+
+        slope, _, low, high = theilslopes(h, np.arange(n), alpha=alpha)
+        return float(slope), float(low), float(high)
+    rng = np.random.default_rng(n)
+    i = rng.integers(0, n, SAMPLED_PAIRS)
+    j = rng.integers(0, n - 1, SAMPLED_PAIRS)
+    j += j >= i  # uniform over ordered pairs of distinct indices
+    slopes = (h[j] - h[i]) / (j - i).astype(np.float64)
+    z = NormalDist().inv_cdf((1.0 - max(alpha, 1.0 - alpha)) / 2.0)  # scipy.stats costs 2.6 s
+    _, counts = np.unique(h, return_counts=True)
+    reps = counts[counts > 1].astype(np.float64)
+    sigsq = (n * (n - 1) * (2 * n + 5) - float(np.sum(reps * (reps - 1) * (2 * reps + 5)))) / 18.0
+    nt = n * (n - 1) / 2
+    sigma = float(np.sqrt(sigsq))
+    upper = min(round((nt - z * sigma) / 2.0), nt - 1) / (nt - 1)
+    lower = max(round((nt + z * sigma) / 2.0) - 1, 0) / (nt - 1)
+    slope, low, high = np.quantile(slopes, [0.5, lower, upper])
+    return float(slope), float(low), float(high)
 
 
 @dataclass(frozen=True)
@@ -84,12 +132,10 @@ def _shown(names: Sequence[str]) -> str:
 
 def altitude_trend(flight: Sequence[GpsFix], options: GpsQualityOptions) -> GpsWarning | None:
     """The altitude drift warning for one flight (sorted by time), or None."""
-    from scipy.stats import theilslopes  # ~0.3 s to import: only when a survey is checked
-
     with_rel = all(f.relative_alt_m is not None for f in flight)
     h = np.array([f.alt_m - (f.relative_alt_m or 0.0) if with_rel else f.alt_m for f in flight])
-    slope, _, low, high = theilslopes(h, np.arange(len(h)), alpha=0.95)
-    drift = float(slope) * (len(h) - 1)
+    slope, low, high = theil_sen_slope(h)
+    drift = slope * (len(h) - 1)
     if abs(drift) <= options.max_altitude_drift_m or low <= 0.0 <= high:
         return None
     first, last = flight[0].name, flight[-1].name
