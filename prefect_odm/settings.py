@@ -13,6 +13,11 @@ else in the package reads ``os.environ`` for its own settings; Prefect's own var
 | ``PREFECT_ODM_SUBMODEL_DEPLOYMENT`` | ``submodel_deployment`` | run submodels as runs of this deployment |
 | ``PREFECT_ODM_URGENT_WORK_QUEUE`` | ``urgent_work_queue`` | work queue of ``priority="urgent"`` submodels |
 | ``PREFECT_ODM_ENGINE_FAULTS`` | ``engine_faults`` | fault injection for the built-in engine (tests) |
+| ``PREFECT_ODM_POD_NODE`` | ``pod_node`` | the processing node beside the flow in its pod (Kubernetes) |
+| ``PREFECT_ODM_SCALEODM_STAGING`` | ``scaleodm_staging`` | ``s3://`` prefix where ScaleODM tasks read and write |
+| ``PREFECT_ODM_SCALEODM_S3_ENDPOINT`` | ``scaleodm_s3_endpoint`` | S3 endpoint ScaleODM's workflows use |
+| ``PREFECT_ODM_SCALEODM_MEMORY_GIB`` | ``scaleodm_memory_gib`` | memory of one ScaleODM task, GiB |
+| ``PREFECT_ODM_SCALEODM_MAX_PARALLEL_TASKS`` | ``scaleodm_max_parallel_tasks`` | ScaleODM tasks at once |
 """
 
 from __future__ import annotations
@@ -62,6 +67,23 @@ class Settings(BaseSettings):
     )
     engine_faults: str | None = Field(
         None, description="JSON fault list for the built-in engine; tests only."
+    )
+    pod_node: str | None = Field(
+        None,
+        description="URL of the processing node in the flow's own pod (the Kubernetes job "
+        "template sets http://127.0.0.1:3000); used when a submodel run is given no nodes.",
+    )
+    scaleodm_staging: str | None = Field(
+        None, description="s3://bucket/prefix under which each ScaleODM task reads and writes."
+    )
+    scaleodm_s3_endpoint: str | None = Field(
+        None, description="S3 endpoint sent to ScaleODM as s3Endpoint (its default when unset)."
+    )
+    scaleodm_memory_gib: float = Field(
+        32.0, gt=0, description="Memory one ScaleODM task may use, GiB (its /info has none)."
+    )
+    scaleodm_max_parallel_tasks: int = Field(
+        4, ge=1, description="ScaleODM tasks this library runs at once per server."
     )
 
 

@@ -16,6 +16,7 @@ from contextvars import ContextVar
 from prefect_odm.blocks import load_pool_block
 
 from prefect_odm.nodes.cluster import Cluster, connect_nodes, embedded_engine, split_token
+from prefect_odm.settings import get_settings
 
 _shared: ContextVar[Cluster | None] = ContextVar("prefect_odm_shared_cluster", default=None)
 
@@ -39,13 +40,16 @@ def cluster_for(
     nodes: list[str] | None, pipeline: str, node_pool: str | None = None
 ) -> Iterator[Cluster]:
     """The nodes a submodel run uses: the pool block's, else ``nodes`` (the cluster a parent
-    shares when it has the same nodes, else connected here), else the built-in engine started
-    for the block.
+    shares when it has the same nodes, else connected here), else the node beside the flow in
+    its pod (``PREFECT_ODM_POD_NODE``, set by the Kubernetes job template), else the built-in
+    engine started for the block.
 
     Raises:
         InputError: no such pool block, or a node is not usable.
     """
     settings = None
+    if not nodes and not node_pool and get_settings().pod_node:
+        nodes = [str(get_settings().pod_node)]  # the node sidecar of a Kubernetes job
     if node_pool:
         nodes, settings = load_pool_block(node_pool)
     if nodes:

@@ -269,6 +269,30 @@ def build_parser() -> argparse.ArgumentParser:
             help="show Prefect's run logs on the console",
         )
 
+    k8s = sub.add_parser("k8s", help="Kubernetes manifests and the work-pool job template")
+    k8s_sub = k8s.add_subparsers(dest="k8s_command", required=True, parser_class=OneLineParser)
+    k8s_render = k8s_sub.add_parser("render", help="write the job template and the manifests")
+    k8s_render.add_argument("--out", required=True, help="folder to write into")
+    for flag, kind, default, what in (
+        ("--namespace", str, "prefect-odm", "Kubernetes namespace"),
+        ("--work-pool", str, "odm-k8s", "Prefect work pool of type kubernetes"),
+        ("--image", str, "prefecthq/prefect:3-python3.11", "image with prefect-odm installed"),
+        ("--node-image", str, "opendronemap/nodeodm:2.2.4", "processing node image"),
+        ("--fleet-cluster", str, "k8s-fleet", "the fleet's cluster name at the capacity endpoint"),
+        (
+            "--capacity-url",
+            str,
+            "http://prefect-odm-capacity.prefect-odm.svc:8080",
+            "capacity endpoint",
+        ),
+        ("--gib-per-pod", int, 16, "memory of one fleet pod, GiB (KEDA's target value)"),
+        ("--min-replicas", int, 0, "fewest fleet pods"),
+        ("--max-replicas", int, 10, "most fleet pods"),
+    ):
+        k8s_render.add_argument(
+            flag, type=kind, default=default, help=f"{what} (default {default})"
+        )
+
     eng = sub.add_parser("engine", help="the built-in NodeODM-compatible engine")
     eng.add_argument("engine_args", nargs=argparse.REMAINDER, help="e.g. serve --port 3000")
     return parser

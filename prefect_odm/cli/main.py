@@ -51,6 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _slots(args)
         if args.command == "merge":
             return _merge_existing(args)
+        if args.command == "k8s":
+            return _k8s_render(args)
     except (InputError, PlanningError) as exc:
         print(f"prefect-odm: error: {exc}", file=sys.stderr)
         return 2
@@ -69,6 +71,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"prefect-odm: error: {one_line}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _k8s_render(args: argparse.Namespace) -> int:
+    """``prefect-odm k8s render``: write the work-pool template and the manifests."""
+    from prefect_odm.k8s.render import RenderSettings, render
+
+    settings = RenderSettings(
+        namespace=args.namespace,
+        work_pool=args.work_pool,
+        image=args.image,
+        node_image=args.node_image,
+        fleet_cluster=args.fleet_cluster,
+        capacity_url=args.capacity_url.rstrip("/"),
+        gib_per_pod=args.gib_per_pod,
+        min_replicas=args.min_replicas,
+        max_replicas=args.max_replicas,
+    )
+    for path in render(Path(args.out), settings):
+        print(path)
     return 0
 
 

@@ -33,6 +33,7 @@ from prefect_odm.nodes.client import NodeClient, public_url
 from prefect_odm.nodes.messages import is_bad_token_error
 from prefect_odm.nodes.option_check import check_options, format_option_errors
 from prefect_odm.nodes.pool import NodePool, PoolNode
+from prefect_odm.nodes.scaleodm import ScaleODMClient, is_scaleodm_url
 from prefect_odm.settings import get_settings, prefect_odm_home
 
 logger = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ __all__ = [
     "check_embedded_options",
     "check_node_options",
     "connect_nodes",
+    "node_backend",
     "embedded_engine",
     "embedded_memory_gib",
     "split_token",
@@ -173,7 +175,7 @@ def connect_nodes(
     tokens: dict[str, str] | None = None,
     settings: dict[str, NodeSettings] | None = None,
     *,
-    client_factory: Callable[[str, str | None], NodeBackend] = NodeClient,
+    client_factory: Callable[[str, str | None], NodeBackend] | None = None,
     probe_timeout_seconds: float = PROBE_TIMEOUT_SECONDS,
     reprobe_interval_seconds: float = REPROBE_INTERVAL_SECONDS,
 ) -> Cluster:
@@ -188,7 +190,8 @@ def connect_nodes(
         urls: node URLs (``http://host:port``; a ``?token=`` is taken as that node's token).
         tokens: node public URL -> token, overriding the environment.
         settings: node public URL -> settings from a pool block (token, memory, task slots).
-        client_factory: ``(url, token) -> node``; the NodeODM HTTP client by default.
+        client_factory: ``(url, token) -> node``; :func:`node_backend` by default (ScaleODM
+            for ``scaleodm+http(s)://`` URLs, NodeODM's HTTP API otherwise).
         probe_timeout_seconds: how long to wait for all the ``/info`` answers.
         reprobe_interval_seconds: seconds between probes of a set-aside node.
 
@@ -203,6 +206,7 @@ def connect_nodes(
         InputError: a URL is malformed or listed twice, a node refuses the token or is not a
             NodeODM, or no node answers ``/info`` (one line naming each node and its problem).
     """
+    client_factory = client_factory or node_backend
     wanted: list[tuple[str, str | None, NodeSettings]] = []
     for raw in urls:
         url, url_token = split_token(raw)
@@ -242,6 +246,19 @@ def connect_nodes(
     if aside:
         _start_reprobe(cluster, aside, engines, reprobe_interval_seconds)
     return cluster
+
+
+def node_backend(url: str, token: str | None = None) -> NodeBackend:
+    """The backend of a node URL: :class:`~prefect_odm.nodes.scaleodm.ScaleODMClient` for
+    ``scaleodm+http(s)://host:port``, :class:`~prefect_odm.nodes.client.NodeClient` (NodeODM's
+    API: NodeODM, ClusterODM, the built-in engine) otherwise.
+
+    Raises:
+        ValueError: not a node URL; :class:`InputError` for a ScaleODM without a staging prefix.
+    """
+    if is_scaleodm_url(url):
+        return ScaleODMClient(url, token)
+    return NodeClient(url, token)
 
 
 def _pool_node(url: str, info: NodeInfo, given: NodeSettings) -> tuple[PoolNode, float | None]:

@@ -1,0 +1,1 @@
+"""Kubernetes manifests and the Prefect work-pool job template (templates as package data)."""
