@@ -34,8 +34,6 @@ from pydantic import Field, WithJsonSchema
 
 from prefect_odm import progress, storage
 from prefect_odm.align.report import AlignmentError
-from prefect_odm.errors import IncompleteRunError, InputError, MergeError
-
 from prefect_odm.errors import IncompleteRunError, InputError, MergeError, PlanningError
 from prefect_odm.fingerprints import merge_fingerprint
 from prefect_odm.layout import OutputLayout
