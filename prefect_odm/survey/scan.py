@@ -37,6 +37,7 @@ from prefect_odm.fingerprints import survey_fingerprint
 from prefect_odm.geo import project_lonlat, survey_utm_epsg
 from prefect_odm.models import ImageMetadata, ImageRecord, RejectedImage, RejectReason, Survey
 from prefect_odm.settings import prefect_odm_home
+from prefect_odm.storage import is_local, local_path
 from prefect_odm.survey.exif import RangeReader, file_range_reader, read_metadata
 from prefect_odm.survey.flight_checks import low_altitude_mask, position_outlier_mask
 from prefect_odm.survey.identity_cache import IdentityCache, open_default_cache
@@ -176,6 +177,33 @@ def check_local_images(images: str) -> None:
         if _is_image_name(path.relative_to(root).as_posix()) and path.is_file():
             return
     raise _no_images(images)
+
+
+def check_output_outside_images(images: str, output: str) -> None:
+    """Refuse an output location that is the images location or lies inside it.
+
+    The scan lists the images location recursively: an output inside it would make every rerun
+    scan the run's own products as rejected images (and change nothing but the time it takes).
+    Local paths are compared resolved (symbolic links, ``..``); URLs (``s3://bucket/prefix``)
+    by their text, a prefix ending at a ``/``.
+
+    Raises:
+        InputError: one line naming both locations.
+    """
+    inside: bool
+    if is_local(images) and is_local(output):
+        root = local_path(images).resolve()
+        out = local_path(output).resolve()
+        inside = out == root or root in out.parents
+    elif is_local(images) or is_local(output):
+        inside = False
+    else:
+        inside = (output.rstrip("/") + "/").startswith(images.rstrip("/") + "/")
+    if inside:
+        raise InputError(
+            f"{output}: the output is inside the images location {images} (the scan would read "
+            "the run's own products as images); choose an output outside it"
+        )
 
 
 def _local_folder(images: str) -> Path:
