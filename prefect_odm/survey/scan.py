@@ -10,6 +10,8 @@ identity: ``sha256:<hex>`` of the whole file for local files (remembered by path
 Rejection rules (each rejected file keeps its reason, :data:`prefect_odm.models.RejectReason`):
 
 * ``empty_file``, ``not_an_image``, ``truncated``, ``unreadable`` -- from the header read;
+  ``unreadable`` also for a local image whose pixels do not decode whole (Pillow, once per
+  content: the identity cache remembers images that decoded);
 * ``duplicate`` -- same identity as an image earlier in name order (the first is kept);
 * ``no_gps`` -- no GPS latitude/longitude in EXIF; ``gps_zero`` -- GPS at exactly (0, 0);
 * ``position_outlier`` -- far from the rest (:func:`~prefect_odm.survey.flight_checks.position_outlier_mask`);
@@ -129,9 +131,27 @@ def _scan_local_file(root: Path, path: Path, cache: IdentityCache | None) -> _Fi
             digest.update(chunk)
             res.identity_bytes += len(chunk)
     res.identity = f"sha256:{digest.hexdigest()}"
-    if cache is not None:
+    if res.reason is None:
+        _decode_whole(res, path)
+    if cache is not None and res.reason is None:  # only images that decoded whole are remembered
         cache.put(path, st, res.identity)
     return res
+
+
+def _decode_whole(res: _FileResult, path: Path) -> None:
+    """Decode every pixel of the image (Pillow): a file with an intact header, GPS and end
+    marker but scrambled data inside gets ``unreadable`` here, not in an engine stage later.
+
+    Run once per file content: an image that decoded whole is remembered in the identity cache
+    and not decoded again by a repeat scan.
+    """
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            image.load()
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        res.reason, res.detail = "unreadable", f"does not decode whole ({exc})"
 
 
 def _scan_remote_file(
