@@ -102,7 +102,7 @@ def main() -> None:
         f"identity {cstats.identity_bytes / n / 1024:6.1f} KiB/image; "
         f"ratio to the hashing scan {t / tc:.2f}x"
     )
-    decode_cost(args, n, t, ours_local)  # after the cache line: PREFECT_ODM_HOME is restored
+    decode_cost(args, n, t, ours_local)  # no identity cache in these runs
     tb, nb = best_of(args.repeat, lambda: naive_scan(paths, Path.read_bytes, args.workers))
     print(
         f"local  naive: {n / tb:8.0f} images/s  "
