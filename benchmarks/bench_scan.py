@@ -52,6 +52,24 @@ def best_of(repeat: int, fn):
     return best
 
 
+def decode_cost(args: argparse.Namespace, n: int, t_scan: float, ours_local) -> None:
+    """The whole-image decode's share of a first scan: the same scan with the decode skipped
+    (the named baseline, same process), and a repeat that the identity cache answers."""
+    import prefect_odm.survey.scan as scan
+
+    real = scan._decode_whole
+    scan._decode_whole = lambda res, path: None
+    try:
+        t_skip, _ = best_of(args.repeat, lambda: ours_local(False))
+    finally:
+        scan._decode_whole = real
+    print(
+        f"local  decode whole: first scan {t_scan:.2f} s, the same without decoding {t_skip:.2f} s"
+        f" (baseline): decode {1000 * (t_scan - t_skip) / n:.1f} ms/image, ratio"
+        f" {t_scan / t_skip:.2f}x; a repeat decodes nothing (identity cache, line above)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--survey", default="seneca_1200")
@@ -84,6 +102,7 @@ def main() -> None:
         f"identity {cstats.identity_bytes / n / 1024:6.1f} KiB/image; "
         f"ratio to the hashing scan {t / tc:.2f}x"
     )
+    decode_cost(args, n, t, ours_local)  # no identity cache in these runs
     tb, nb = best_of(args.repeat, lambda: naive_scan(paths, Path.read_bytes, args.workers))
     print(
         f"local  naive: {n / tb:8.0f} images/s  "

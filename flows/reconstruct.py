@@ -75,6 +75,7 @@ from prefect_odm.run_policy import (
     work_queue_for,
 )
 from prefect_odm.settings import DEFAULT_SPLIT, DEFAULT_SPLIT_OVERLAP_M
+from prefect_odm.survey.scan import check_output_outside_images
 
 # Parameter defaults with their UI descriptions (pydantic FieldInfo, typed Any like Field's).
 _SUBMODEL_DEPLOYMENT: Any = Field(
@@ -199,6 +200,7 @@ def reconstruct(
         MergeError: the merged result is empty or does not cover what the submodels cover.
     """
     refuse_credentials(nodes)
+    check_output_outside_images(images, output)
     timer = _StageTimer()
     with timer.stage("scan"):
         survey = _scan(images)

@@ -145,33 +145,55 @@ def memory_slots(
 ) -> Iterator[int]:
     """Hold ``slots_for(memory_gib)`` slots of limit ``name`` while the block runs.
 
+    The ledger entry is written once the slots are held and removed only after they were
+    released: a process that ends in between (the graceful stop's hard exit, a kill) leaves an
+    entry whose slots :func:`reclaim_dead_holders` releases at the next run on this machine.
+
     Raises:
         prefect.concurrency... errors: the limit does not exist (strict) or the wait timed out.
     """
     slots = slots_for(memory_gib)
     reclaim_dead_holders(name)
-    with concurrency(
-        name,
-        occupy=slots,
-        strict=True,
-        timeout_seconds=timeout_seconds,
-        lease_duration=lease_duration_seconds,
-    ):
-        directory = _ledger_dir(name)
-        directory.mkdir(parents=True, exist_ok=True)
-        me = psutil.Process()
-        path = directory / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(
-            json.dumps(
-                {"slots": slots, "pid": me.pid, "pid_started": me.create_time(), "what": what}
-            )
-        )
-        os.replace(tmp, path)
-        try:
-            yield slots
-        finally:
+    path: Path | None = None
+    body_error: BaseException | None = None
+    try:
+        with concurrency(
+            name,
+            occupy=slots,
+            strict=True,
+            timeout_seconds=timeout_seconds,
+            lease_duration=lease_duration_seconds,
+        ):
+            path = _write_ledger_entry(name, slots, what)
+            try:
+                yield slots
+            except BaseException as exc:
+                body_error = exc
+                raise
+    except BaseException as exc:
+        # The release itself failed (another exception than the body's): the entry stays, so
+        # that the next run on this machine releases the slots once this process is gone.
+        if exc is body_error and path is not None:
             path.unlink(missing_ok=True)
+        raise
+    # Only now that the slots are back: a process ended during the release (the graceful stop's
+    # hard exit) keeps its entry, and the next run releases its slots.
+    if path is not None:
+        path.unlink(missing_ok=True)
+
+
+def _write_ledger_entry(name: str, slots: int, what: str) -> Path:
+    """Record this process as a holder of ``slots`` of limit ``name`` (atomic rename)."""
+    directory = _ledger_dir(name)
+    directory.mkdir(parents=True, exist_ok=True)
+    me = psutil.Process()
+    path = directory / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(
+        json.dumps({"slots": slots, "pid": me.pid, "pid_started": me.create_time(), "what": what})
+    )
+    os.replace(tmp, path)
+    return path
 
 
 def slots_status(name: str) -> dict[str, Any]:

@@ -38,7 +38,9 @@ from prefect_odm.models import MergeOptions
 GpsPositions = Mapping[str, tuple[float, float, float]]
 
 
-def _camera_tables(shots: Mapping[str, str | None]) -> list[CameraTable] | None:
+def _camera_tables(
+    shots: Mapping[str, str | None], crs_epsg: int | None = None
+) -> list[CameraTable] | None:
     """Every submodel's camera table, or None when any submodel has no ``shots.geojson``.
 
     Raises:
@@ -54,7 +56,7 @@ def _camera_tables(shots: Mapping[str, str | None]) -> list[CameraTable] | None:
         except FileNotFoundError:
             return None
         try:
-            tables.append(read_shots_geojson(sid, raw))
+            tables.append(read_shots_geojson(sid, raw, crs_epsg))
         except (ValueError, KeyError, TypeError) as exc:
             raise InputError(f"{url}: not a readable shots.geojson ({exc})") from exc
     if any(len(t.names) == 0 for t in tables):
@@ -128,7 +130,7 @@ def build_alignment(
     """What :func:`align_submodels` does, without Prefect (same arguments, result, errors)."""
     if not options.align or len(products) < 2:
         return None
-    tables = _camera_tables({sid: shots.get(sid) for sid in products})
+    tables = _camera_tables({sid: shots.get(sid) for sid in products}, crs_epsg)
     from prefect_odm.merge.overlaps import align_from_products, ground_heights
 
     with tempfile.TemporaryDirectory(prefix="prefect-odm-align-") as tmp:

@@ -451,3 +451,45 @@ def test_plan_table_and_warnings_describe_the_plan_kept(brighton_images, tmp_pat
     # brighton's 18 cameras span about 84 x 84 m; each image covers about 60 x 34 m
     assert 8_000 < sm["area_m2"] < 25_000, sm["area_m2"]
     assert "survey.json" in proc.stdout.splitlines()[-1]
+
+
+@pytest.mark.parametrize("command", ["reconstruct", "plan"])
+@pytest.mark.parametrize("where", ["products", ".", "sub/../products"])
+def test_an_output_inside_the_images_folder_is_refused(command, where, brighton_images, tmp_path):
+    """The scan lists the images folder recursively: an output inside it would be read back as
+    rejected images at every rerun. Refused before anything is written, in one line."""
+    images = tmp_path / "survey"
+    images.mkdir()
+    names = sorted(p.name for p in brighton_images.glob("*.JPG"))[:3]
+    for name in names:
+        (images / name).symlink_to(brighton_images / name)
+    (images / "sub").mkdir()
+    out = images / where
+    proc = _run([command, str(images), "--output", str(out)], tmp_path)
+    line = _one_error_line(proc)
+    assert f"the output is inside the images location {images}" in line, line
+    assert sorted(p.name for p in images.iterdir()) == [*names, "sub"]  # nothing written
+
+
+def test_the_python_api_refuses_an_output_inside_the_images_before_the_scan(tmp_path):
+    from prefect_odm.flows import reconstruct
+
+    from prefect_odm.errors import InputError
+    from prefect_odm.survey.scan import check_output_outside_images
+
+    images = tmp_path / "survey"
+    images.mkdir()
+    with pytest.raises(InputError, match="the output is inside the images location"):
+        reconstruct.fn(images=str(images), output=str(images / "out"), nodes=None)
+    for images_url, output_url in [
+        ("s3://bucket/survey", "s3://bucket/survey/out"),
+        ("s3://bucket/survey/", "s3://bucket/survey"),
+    ]:
+        with pytest.raises(InputError, match=output_url):
+            check_output_outside_images(images_url, output_url)
+    # beside it, a sibling with the same prefix, or the images inside the output: accepted
+    check_output_outside_images(str(images), str(tmp_path / "out"))
+    check_output_outside_images(str(images), str(tmp_path / "survey-out"))
+    check_output_outside_images("s3://bucket/survey", "s3://bucket/survey-out")
+    check_output_outside_images("s3://bucket/survey", str(images / "out"))
+    check_output_outside_images(str(images), str(tmp_path))

@@ -382,6 +382,47 @@ def test_killed_holder_memory_slots_come_back(prefect_api, tmp_path, odm_home):
     assert status["active_slots"] == 0 and status["holders"] == []
 
 
+def test_a_hard_exit_during_the_release_leaves_the_slots_named_and_reclaimed(
+    prefect_api, tmp_path, odm_home
+):
+    """The graceful stop's hard exit (``os._exit``, what the 20 s timer of ``cli/process.py``
+    does) lands while the slots are being released: the ledger entry must still name them, and
+    the next holder on this machine releases them (before, the entry was removed first and the
+    slots stayed held with no holder for good)."""
+    from prefect_odm.tasks.admission import ensure_memory_limit, memory_slots, slots_status
+
+    name = "prefect-odm-test-slots-exit"
+    ensure_memory_limit(name, 10)
+    code = (
+        "import os\n"
+        "from contextlib import contextmanager\n"
+        "import prefect_odm.tasks.admission as admission\n"
+        "real = admission.concurrency\n"
+        "@contextmanager\n"
+        "def exit_during_release(*args, **kwargs):\n"
+        "    with real(*args, **kwargs):\n"
+        "        try:\n"
+        "            yield\n"
+        "        finally:\n"
+        "            os._exit(130)\n"
+        "admission.concurrency = exit_during_release\n"
+        f"with admission.memory_slots({name!r}, 3.5, what='interrupted'):\n"
+        "    raise KeyboardInterrupt\n"
+    )
+    env = dict(os.environ, PREFECT_API_URL=prefect_api)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, timeout=120)
+    assert proc.returncode == 130
+    status = slots_status(name)
+    assert status["active_slots"] == 4, status
+    assert [(h["slots"], h["what"], h["alive"]) for h in status["holders"]] == [
+        (4, "interrupted", False)
+    ]
+    with memory_slots(name, 10.0, what="next run"):  # every slot free again for the next run
+        assert slots_status(name)["active_slots"] == 10
+    status = slots_status(name)
+    assert status["active_slots"] == 0 and status["holders"] == []
+
+
 def test_changing_only_orthophoto_resolution_restarts_tasks_from_that_stage(
     prefect_api, brighton_images, tmp_path, odm_home
 ):

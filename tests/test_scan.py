@@ -258,3 +258,39 @@ def test_projection_of_scan(brighton_images: Path) -> None:
         survey.crs_epsg,
     )
     assert np.ptp(x) < 200 and np.ptp(y) < 200  # ~84 x 84 m survey
+
+
+def test_a_photo_that_does_not_decode_whole_is_set_aside_once_decoded_ok_ones_are_remembered(
+    tmp_path: Path, brighton_images: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Intact header, GPS and end marker, a stray start-of-frame marker inside the entropy-coded
+    data: Pillow raises ``OSError: broken data stream`` on ``load()``. The scan names the file;
+    a repeat scan decodes again only what it did not see decode whole."""
+    import prefect_odm.survey.scan as scan
+
+    monkeypatch.setenv("PREFECT_ODM_HOME", str(tmp_path / "home"))
+    root = tmp_path / "survey"
+    root.mkdir()
+    for src in sorted(brighton_images.glob("*.JPG")):
+        (root / src.name).symlink_to(src)
+    damaged = root / "DJI_0020.JPG"
+    data = bytearray(damaged.read_bytes())
+    damaged.unlink()
+    middle = len(data) // 2
+    data[middle : middle + 4] = b"\xff\xc0\x00\x02"
+    damaged.write_bytes(bytes(data))
+    with Image.open(damaged) as image, pytest.raises(OSError, match="broken data stream"):
+        image.load()
+
+    decoded: list[str] = []
+    real = scan._decode_whole
+    monkeypatch.setattr(
+        scan, "_decode_whole", lambda res, path: (decoded.append(path.name), real(res, path))
+    )
+    survey = scan_survey(str(root))
+    assert [(r.name, r.reason) for r in survey.rejected] == [("DJI_0020.JPG", "unreadable")]
+    assert "does not decode whole (broken data stream" in survey.rejected[0].detail
+    assert len(survey.images) == 17 and len(decoded) == 18
+    decoded.clear()
+    again = scan_survey(str(root))
+    assert again.fingerprint == survey.fingerprint and decoded == ["DJI_0020.JPG"]

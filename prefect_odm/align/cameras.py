@@ -13,7 +13,11 @@ feature per reconstructed image). Each feature's properties carry:
   3x3 matrix (what the built-in engine writes, ``prefect_odm.engine.products.write_shots_geojson``);
 * optionally ``epsg`` (the built-in engine) and ``capture_time`` (ODM, seconds).
 
-The feature geometry is WGS 84 and is not used: the projected ``translation`` is exact.
+The feature geometry is WGS 84 (longitude, latitude, altitude). Where ``translation`` is given it
+is used (exact, projected); ODM before 2.0 (``opendm/shots.py`` at ad891bf, May 2020) wrote no
+``translation``, and NodeODM's test mode returns those canned files to this day: there the
+camera centre is the geometry projected into the submodel's CRS (:func:`prefect_odm.geo.project_lonlat`),
+the altitude kept.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 from scipy.spatial.transform import Rotation
+
+from prefect_odm.geo import project_lonlat
 
 FloatArray = NDArray[np.float64]
 
@@ -76,18 +82,40 @@ def _rotation(values: Sequence[float], where: str) -> FloatArray:
     )
 
 
-def read_shots_geojson(submodel_id: str, document: str | bytes | Mapping[str, Any]) -> CameraTable:
+def _centre_from_geometry(
+    feature: Mapping[str, Any], crs_epsg: int | None, where: str
+) -> list[float]:
+    """The camera centre of a feature without ``translation``: its WGS 84 Point projected."""
+    geometry = feature.get("geometry") or {}
+    coords = geometry.get("coordinates")
+    if geometry.get("type") != "Point" or not isinstance(coords, list) or len(coords) != 3:
+        raise ValueError(f"{where}: needs 'translation' or a Point geometry [lon, lat, alt]")
+    if crs_epsg is None:
+        raise ValueError(f"{where}: no 'translation', and no CRS to project its geometry into")
+    lon, lat, alt = (float(v) for v in coords)
+    x, y = project_lonlat(lon, lat, crs_epsg)
+    return [float(x), float(y), alt]
+
+
+def read_shots_geojson(
+    submodel_id: str,
+    document: str | bytes | Mapping[str, Any],
+    crs_epsg: int | None = None,
+) -> CameraTable:
     """A :class:`CameraTable` from the text (or parsed JSON) of a ``shots.geojson``.
 
     Args:
         submodel_id: the submodel these cameras belong to.
         document: the FeatureCollection, as JSON text or already parsed.
+        crs_epsg: the submodel's projected CRS, into which the geometry of features without
+            ``translation`` (ODM before 2.0, NodeODM's test mode) is projected.
 
     Returns:
         the table, with rotations when every feature has one.
 
     Raises:
-        ValueError: not a FeatureCollection, a feature without ``filename`` or ``translation``,
+        ValueError: not a FeatureCollection, a feature without ``filename``, or without
+            ``translation`` and a Point geometry (or ``crs_epsg``) to take the centre from,
             a rotation of another size, or an image listed twice (ODM skips repeats; so do we only
             when the positions agree).
     """
@@ -101,9 +129,12 @@ def read_shots_geojson(submodel_id: str, document: str | bytes | Mapping[str, An
     for number, feature in enumerate(data.get("features", [])):
         props = feature.get("properties") or {}
         where = f"{submodel_id} shots.geojson feature {number}"
-        if "filename" not in props or "translation" not in props:
-            raise ValueError(f"{where}: needs 'filename' and 'translation'")
-        centre = [float(v) for v in props["translation"]]
+        if "filename" not in props:
+            raise ValueError(f"{where}: needs 'filename'")
+        if "translation" in props:
+            centre = [float(v) for v in props["translation"]]
+        else:
+            centre = _centre_from_geometry(feature, crs_epsg, where)
         if len(centre) != 3:
             raise ValueError(f"{where}: translation must be [x, y, z]")
         if props["filename"] in names:

@@ -96,9 +96,10 @@ def _k8s_render(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     """``prefect-odm plan``: scan and plan, write the plan files, print the plan table."""
-    from prefect_odm.survey.scan import check_local_images
+    from prefect_odm.survey.scan import check_local_images, check_output_outside_images
 
     check_local_images(args.images)  # before the planning imports (SciPy, Matplotlib): < 1 s
+    check_output_outside_images(args.images, args.output)
     from prefect_odm.cli.reconstruct import check_output_writable
 
     check_output_writable(args.output)  # a file in the way, or a place no folder can be made

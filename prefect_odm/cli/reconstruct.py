@@ -215,9 +215,10 @@ def reconstruct_command(args: argparse.Namespace) -> int:
     Raises:
         InputError: the images do not exist, an option is bad, or the output is not writable.
     """
-    from prefect_odm.survey.scan import check_local_images
+    from prefect_odm.survey.scan import check_local_images, check_output_outside_images
 
     check_local_images(args.images)
+    check_output_outside_images(args.images, args.output)
     args.nodes = _tokens_out_of_urls(args.nodes or [])
     options = processing_options(args)
     if not args.nodes:

@@ -163,11 +163,14 @@ def _turned(camera: CameraPose, turn_deg: int) -> CameraPose:
 
 def _grey_small(path: Path, scale: int) -> NDArray[np.float32]:
     """The image in grey at 1/``scale`` size (JPEG DCT scaling, then a box filter)."""
-    with Image.open(path) as image:
-        size = (max(2, image.width // scale), max(2, image.height // scale))
-        image.draft("L", (size[0] * 4, size[1] * 4))
-        small = image.convert("L").resize(size, Image.Resampling.BOX)
-        return np.asarray(small, dtype=np.float32)
+    try:
+        with Image.open(path) as image:
+            size = (max(2, image.width // scale), max(2, image.height // scale))
+            image.draft("L", (size[0] * 4, size[1] * 4))
+            small = image.convert("L").resize(size, Image.Resampling.BOX)
+            return np.asarray(small, dtype=np.float32)
+    except (OSError, SyntaxError, ValueError) as exc:  # Pillow's errors never name the file
+        raise OSError(f"{path.name}: cannot decode the image ({exc})") from exc
 
 
 def _pair_ncc(

@@ -268,5 +268,8 @@ def load_rgb(path: Path) -> NDArray[np.uint8]:
     """An image file as ``(rows, cols, 3)`` uint8 RGB."""
     from PIL import Image
 
-    with Image.open(path) as image:
-        return np.asarray(image.convert("RGB"))
+    try:
+        with Image.open(path) as image:
+            return np.asarray(image.convert("RGB"))
+    except (OSError, SyntaxError, ValueError) as exc:  # Pillow's errors never name the file
+        raise OSError(f"{path.name}: cannot decode the image ({exc})") from exc

@@ -29,8 +29,11 @@ SELECTION_BLOCK = 16
 
 
 def _load_rgb(path: Path) -> NDArray[np.uint8]:
-    with Image.open(path) as image:
-        return np.asarray(image.convert("RGB"))
+    try:
+        with Image.open(path) as image:
+            return np.asarray(image.convert("RGB"))
+    except (OSError, SyntaxError, ValueError) as exc:  # Pillow's errors never name the file
+        raise OSError(f"{path.name}: cannot decode the image ({exc})") from exc
 
 
 def _bilinear(

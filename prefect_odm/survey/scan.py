@@ -10,6 +10,8 @@ identity: ``sha256:<hex>`` of the whole file for local files (remembered by path
 Rejection rules (each rejected file keeps its reason, :data:`prefect_odm.models.RejectReason`):
 
 * ``empty_file``, ``not_an_image``, ``truncated``, ``unreadable`` -- from the header read;
+  ``unreadable`` also for a local image whose pixels do not decode whole (Pillow, once per
+  content: the identity cache remembers images that decoded);
 * ``duplicate`` -- same identity as an image earlier in name order (the first is kept);
 * ``no_gps`` -- no GPS latitude/longitude in EXIF; ``gps_zero`` -- GPS at exactly (0, 0);
 * ``position_outlier`` -- far from the rest (:func:`~prefect_odm.survey.flight_checks.position_outlier_mask`);
@@ -37,6 +39,7 @@ from prefect_odm.fingerprints import survey_fingerprint
 from prefect_odm.geo import project_lonlat, survey_utm_epsg
 from prefect_odm.models import ImageMetadata, ImageRecord, RejectedImage, RejectReason, Survey
 from prefect_odm.settings import prefect_odm_home
+from prefect_odm.storage import is_local, local_path
 from prefect_odm.survey.exif import RangeReader, file_range_reader, read_metadata
 from prefect_odm.survey.flight_checks import low_altitude_mask, position_outlier_mask
 from prefect_odm.survey.identity_cache import IdentityCache, open_default_cache
@@ -128,9 +131,27 @@ def _scan_local_file(root: Path, path: Path, cache: IdentityCache | None) -> _Fi
             digest.update(chunk)
             res.identity_bytes += len(chunk)
     res.identity = f"sha256:{digest.hexdigest()}"
-    if cache is not None:
+    if res.reason is None:
+        _decode_whole(res, path)
+    if cache is not None and res.reason is None:  # only images that decoded whole are remembered
         cache.put(path, st, res.identity)
     return res
+
+
+def _decode_whole(res: _FileResult, path: Path) -> None:
+    """Decode every pixel of the image (Pillow): a file with an intact header, GPS and end
+    marker but scrambled data inside gets ``unreadable`` here, not in an engine stage later.
+
+    Run once per file content: an image that decoded whole is remembered in the identity cache
+    and not decoded again by a repeat scan.
+    """
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            image.load()
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        res.reason, res.detail = "unreadable", f"does not decode whole ({exc})"
 
 
 def _scan_remote_file(
@@ -176,6 +197,33 @@ def check_local_images(images: str) -> None:
         if _is_image_name(path.relative_to(root).as_posix()) and path.is_file():
             return
     raise _no_images(images)
+
+
+def check_output_outside_images(images: str, output: str) -> None:
+    """Refuse an output location that is the images location or lies inside it.
+
+    The scan lists the images location recursively: an output inside it would make every rerun
+    scan the run's own products as rejected images (and change nothing but the time it takes).
+    Local paths are compared resolved (symbolic links, ``..``); URLs (``s3://bucket/prefix``)
+    by their text, a prefix ending at a ``/``.
+
+    Raises:
+        InputError: one line naming both locations.
+    """
+    inside: bool
+    if is_local(images) and is_local(output):
+        root = local_path(images).resolve()
+        out = local_path(output).resolve()
+        inside = out == root or root in out.parents
+    elif is_local(images) or is_local(output):
+        inside = False
+    else:
+        inside = (output.rstrip("/") + "/").startswith(images.rstrip("/") + "/")
+    if inside:
+        raise InputError(
+            f"{output}: the output is inside the images location {images} (the scan would read "
+            "the run's own products as images); choose an output outside it"
+        )
 
 
 def _local_folder(images: str) -> Path:

@@ -1,0 +1,70 @@
+"""A whole reconstruction on two real NodeODM 2.2.4 nodes in test mode, one failing every task,
+through the merge: the products NodeODM returns (ODM's older ``shots.geojson`` without
+``translation``, its canned GeoTIFFs and LAZ) are accepted."""
+
+from __future__ import annotations
+
+import peers
+import pytest
+
+from prefect_odm.models import ProcessingOptions
+
+pytestmark = pytest.mark.integration
+
+
+def test_two_real_nodeodm_nodes_one_failing_complete_through_the_merge(
+    prefect_api, brighton_images, tmp_path, odm_home
+):
+    from prefect_odm.flows import reconstruct
+
+    peers.require_node()
+    failing = peers.start_nodeodm(tmp_path / "failing", ["--test_fail_tasks"])
+    healthy = peers.start_nodeodm(tmp_path / "healthy")
+    try:
+        manifest = reconstruct(
+            images=str(brighton_images),
+            output=str(tmp_path / "out"),
+            nodes=[failing.url, healthy.url],
+            options=ProcessingOptions(),
+            split=9,
+            split_overlap_m=20,
+        )
+    finally:
+        failing.stop()
+        healthy.stop()
+    assert {r.status for r in manifest.submodels} == {"completed"}
+    assert len(manifest.submodels) >= 2
+    assert {"orthophoto", "dsm"} <= set(manifest.products)
+
+
+def test_the_same_on_the_embedded_api_from_the_command_line(brighton_images, tmp_path):
+    """``prefect-odm reconstruct --nodes`` with no ``PREFECT_API_URL`` (Prefect's temporary
+    server in the command's process) on the same two real nodes."""
+    import json
+    import os
+    import subprocess
+
+    from odm_server import reconstruct_command
+
+    peers.require_node()
+    failing = peers.start_nodeodm(tmp_path / "failing", ["--test_fail_tasks"])
+    healthy = peers.start_nodeodm(tmp_path / "healthy")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(tmp_path / "ph"), PREFECT_ODM_HOME=str(tmp_path / "home"))
+    out = tmp_path / "out"
+    try:
+        proc = subprocess.run(
+            reconstruct_command(brighton_images, out, "--nodes", failing.url, healthy.url),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=540,
+        )
+    finally:
+        failing.stop()
+        healthy.stop()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [manifest_path] = out.glob("*/manifest.json")
+    manifest = json.loads(manifest_path.read_text())
+    assert {s["status"] for s in manifest["submodels"]} == {"completed"}
+    assert {"orthophoto", "dsm"} <= set(manifest["products"])
