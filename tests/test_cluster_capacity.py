@@ -1,6 +1,7 @@
 """``prefect-odm capacity serve`` and ``prefect-odm clusters`` against a real ``prefect server``
-and a real built-in engine node: the figures equal a count made directly through Prefect's REST
-API, and ``/health`` answers within 1 s while 100 submodel runs wait."""
+backed by a real PostgreSQL, and a real built-in engine node: the figures equal a count made
+directly through Prefect's REST API and one made in PostgreSQL itself, and ``/health`` answers
+within 1 s while 100 submodel runs wait."""
 
 from __future__ import annotations
 
@@ -9,13 +10,15 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from odm_server import free_port, stop_group
+from odm_server import free_port, prefect_server_process, stop_group
+from postgres_server import Postgres, start_postgres
 from prefect_odm.blocks import ClusterDirectoryBlock
 
 from prefect_odm.clusters.directory import ClusterSpec
@@ -57,6 +60,48 @@ def _filter_runs(api: str, queue: str, states: list[str]) -> list[dict[str, Any]
         runs += page
         if len(page) < 200:
             return runs
+
+
+@pytest.fixture(scope="module")
+def pg_prefect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Postgres]]:
+    """A ``prefect server`` on a fresh PostgreSQL (its API URL, and the database to count in);
+    this module's in-process clients talk to it."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    root = tmp_path_factory.mktemp("capacity-pg")
+    with start_postgres(root / "pg") as pg:
+        pg.sql("postgres", "CREATE DATABASE prefect")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+        env.update(
+            {
+                "PREFECT_HOME": str(root / "prefect-home"),
+                "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                "PREFECT_UI_ENABLED": "false",
+                "PREFECT_API_DATABASE_CONNECTION_URL": pg.url("prefect"),
+            }
+        )
+        with prefect_server_process(root / "prefect-home", env) as api_url:
+            with temporary_settings({PREFECT_API_URL: api_url}):
+                yield api_url, pg
+
+
+@pytest.fixture(scope="module")
+def prefect_api(pg_prefect: tuple[str, Postgres]) -> str:
+    return pg_prefect[0]
+
+
+def _sql_waiting(pg: Postgres, queue: str) -> tuple[int, float]:
+    """Waiting runs of ``queue`` and the age of the oldest (s), counted in PostgreSQL itself."""
+    row = pg.sql(
+        "prefect",
+        "SELECT count(*), coalesce(extract(epoch FROM now() - min(fr.expected_start_time)), 0) "
+        "FROM flow_run fr JOIN work_queue wq ON fr.work_queue_id = wq.id "
+        "JOIN work_pool wp ON wq.work_pool_id = wp.id "
+        f"WHERE wp.name = '{POOL}' AND wq.name = '{queue}' "
+        "AND fr.state_type IN ('SCHEDULED', 'PENDING')",
+    )
+    count, age = row.split("|")
+    return int(count), float(age)
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +189,10 @@ def _env(prefect_api: str) -> dict[str, str]:
 
 
 def test_capacity_serve_figures_equal_a_direct_count_and_health_is_fast(
-    prefect_api: str, waiting_runs: dict[str, Any], tmp_path: Path
+    pg_prefect: tuple[str, Postgres],
+    prefect_api: str,
+    waiting_runs: dict[str, Any],
+    tmp_path: Path,
 ) -> None:
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     ClusterDirectoryBlock(
@@ -160,6 +208,9 @@ def test_capacity_serve_figures_equal_a_direct_count_and_health_is_fast(
         running_a = _count(prefect_api, "cap-a", ["RUNNING"])
         assert waiting_a == WAITING and running_a == RUNNING  # the setup is what it says
         assert a["queue_depth"] == waiting_a
+        sql_depth, sql_age = _sql_waiting(pg_prefect[1], "cap-a")
+        assert sql_depth == a["queue_depth"]
+        assert 120 <= a["oldest_waiting_seconds"] <= sql_age + 1e-3
         assert a["wanted_memory_gib"] == pytest.approx(waiting_runs["wanted_gib"], abs=1e-3)
         assert a["running_memory_gib"] == pytest.approx(waiting_runs["running_gib"], abs=1e-3)
         runs = _filter_runs(prefect_api, "cap-a", ["SCHEDULED", "PENDING"])
