@@ -259,6 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
     from prefect_odm.cli.ops import add_parsers as _add_ops_parsers
 
     ops = _add_ops_parsers(sub)  # setup, automations create
+    from prefect_odm.cli.clusters import add_parsers as _add_cluster_parsers
+
+    ops += _add_cluster_parsers(sub)  # clusters, capacity serve
 
     for command in (rec, plan, mrg, slots, *ops):  # -v after the command too; absent: the top's
         command.add_argument(

@@ -47,6 +47,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from prefect_odm.cli.ops import run as _run_ops
 
             return _run_ops(args)
+        if args.command in ("clusters", "capacity"):
+            from prefect_odm.cli.clusters import run as _run_clusters
+
+            return _run_clusters(args)
         if args.command == "slots":
             return _slots(args)
         if args.command == "merge":
