@@ -40,6 +40,7 @@ from prefect_odm.layout import OutputLayout
 from prefect_odm.models import (
     Manifest,
     MergeOptions,
+    NodeHealthRecord,
     ProcessingOptions,
     SplitPlan,
     SubmodelResult,
@@ -333,7 +334,7 @@ def _process(
     force: bool,
     submodel_deployment: str | None,
     priority: str,
-) -> tuple[dict[str, SubmodelResult], list[dict[str, object]]]:
+) -> tuple[dict[str, SubmodelResult], list[NodeHealthRecord]]:
     """Every submodel's result: stored ones reused (a ``Cached`` task run each), the pending
     ones run as deployment runs when a submodel deployment is configured, else as concurrent
     inline subflows sharing one placement pool; and each node's health record when they ran

@@ -321,6 +321,25 @@ class SubmodelResult(BaseModel):
     )
 
 
+class NodeHealthRecord(BaseModel):
+    """One node's record in a run, as the manifest and ``report.md`` show it.
+
+    ``health`` is the node's circuit-breaker state at the end of the run (``healthy``,
+    ``suspected``, ``probing``: :class:`prefect_odm.nodes.health.Health`); the counts are
+    this run's tasks on the node and its failed requests.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    url: str
+    health: Literal["healthy", "suspected", "probing"]
+    tasks_completed: int = 0
+    tasks_failed: int = 0
+    tasks_failed_fast: int = 0
+    request_failures: int = 0
+    last_error: str = ""
+
+
 class Manifest(BaseModel):
     """Written last, next to the merged products: what this run produced and from what."""
 
@@ -337,7 +356,7 @@ class Manifest(BaseModel):
     rejected_images: list[RejectedImage] = Field(default_factory=list)
     coverage: dict[str, float] = Field(default_factory=dict)
     timings_seconds: dict[str, float] = Field(default_factory=dict)
-    node_health: list[dict[str, Any]] = Field(default_factory=list)
+    node_health: list[NodeHealthRecord] = Field(default_factory=list)
     """Each node's record in this run (``HealthBook.report()``: state, tasks completed and
     failed, fast failures, request failures, last error); empty when no submodel ran here."""
     alignment: AlignmentReport | None = Field(

@@ -16,7 +16,14 @@ from typing import Any
 from prefect_odm import __version__, progress, storage
 from prefect_odm.errors import StorageError
 from prefect_odm.layout import OutputLayout
-from prefect_odm.models import Manifest, SplitPlan, Submodel, SubmodelResult, Survey
+from prefect_odm.models import (
+    Manifest,
+    NodeHealthRecord,
+    SplitPlan,
+    Submodel,
+    SubmodelResult,
+    Survey,
+)
 from prefect_odm.registry import PRODUCTS
 from prefect_odm.settings import get_settings
 
@@ -138,7 +145,7 @@ def run_manifest(
     failed: dict[str, str],
     merge_reports: Mapping[str, Any],
     timings_seconds: Mapping[str, float],
-    node_health: Sequence[Mapping[str, Any]] = (),
+    node_health: Sequence[NodeHealthRecord] = (),
 ) -> Manifest:
     """The manifest of a run: its inputs' fingerprints, products, every planned submodel's
     result (plan order), the failed ones with their reasons, rejected images, the coverage
@@ -158,7 +165,7 @@ def run_manifest(
         rejected_images=survey.rejected,
         coverage={k: float(v) for k, v in coverage.items() if isinstance(v, int | float)},
         timings_seconds={k: round(v, 3) for k, v in timings_seconds.items()},
-        node_health=[dict(record) for record in node_health],
+        node_health=list(node_health),
         alignment=merge_reports.get("alignment"),
     )
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from prefect_odm.layout import OutputLayout
 from prefect_odm.merge.alignment_figures import ALIGNMENT_PNG, alignment_lines, alignment_png
 from prefect_odm.merge.existing import ExistingMerge
 from prefect_odm.merge.reports import MergeReports, OrthoMergeReport
-from prefect_odm.models import Manifest, SplitPlan, SubmodelResult, Survey
+from prefect_odm.models import Manifest, NodeHealthRecord, SplitPlan, SubmodelResult, Survey
 
 
 def _key(prefix: str, fingerprint: str) -> str:
@@ -108,7 +108,7 @@ def seam_lines(ortho: OrthoMergeReport) -> list[str]:
     return lines
 
 
-def node_lines(records: list[dict[str, Any]]) -> list[str]:
+def node_lines(records: Sequence[NodeHealthRecord]) -> list[str]:
     """The report's node table: each node's health and task record (empty without records)."""
     if not records:
         return []
@@ -120,10 +120,10 @@ def node_lines(records: list[dict[str, Any]]) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     for r in records:
-        error = str(r.get("last_error") or "-").replace("|", "/").replace("\n", " ")
+        error = (r.last_error or "-").replace("|", "/").replace("\n", " ")
         lines.append(
-            f"| {r['url']} | {r['health']} | {r['tasks_completed']} | {r['tasks_failed']} "
-            f"| {r['tasks_failed_fast']} | {r['request_failures']} | {error} |"
+            f"| {r.url} | {r.health} | {r.tasks_completed} | {r.tasks_failed} "
+            f"| {r.tasks_failed_fast} | {r.request_failures} | {error} |"
         )
     return lines
 

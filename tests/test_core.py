@@ -147,7 +147,7 @@ def test_pool_places_on_a_suspected_node_last():
                 pass
     pool.record(lambda b: b.task_completed(bad.key))
     assert book.health(bad.key) is Health.HEALTHY
-    assert [r["url"] for r in book.report()] == [bad.key, good.key]
+    assert [r.url for r in book.report()] == [bad.key, good.key]
 
 
 def test_pool_waits_for_memory_then_places():

@@ -132,9 +132,9 @@ def test_report_names_each_node(clock: Clock) -> None:
     health.task_completed(B)
     health.task_failed(A, 1, "exit 1")
     report = health.report()
-    assert [r["url"] for r in report] == [A, B]
-    assert report[0]["health"] == "suspected" and report[0]["tasks_failed_fast"] == 1
-    assert report[1]["health"] == "healthy" and report[1]["tasks_completed"] == 1
+    assert [r.url for r in report] == [A, B]
+    assert report[0].health == "suspected" and report[0].tasks_failed_fast == 1
+    assert report[1].health == "healthy" and report[1].tasks_completed == 1
 
 
 def test_placement_key_orders_health_then_load_then_url() -> None:

@@ -222,9 +222,9 @@ def test_health_book_moves_work_off_a_failing_node(start_node: NodeFactory) -> N
         "http://1-healthy",
         "http://1-healthy",
     ]
-    report = {r["url"]: r for r in book.report()}
-    assert report["http://0-failing"]["health"] == "suspected"
-    assert report["http://1-healthy"]["tasks_completed"] == 3
+    report = {r.url: r for r in book.report()}
+    assert report["http://0-failing"].health == "suspected"
+    assert report["http://1-healthy"].tasks_completed == 3
 
 
 def _run_one(client: NodeClient) -> TaskState:

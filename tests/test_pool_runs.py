@@ -517,16 +517,16 @@ def test_a_node_that_fails_every_task_leaves_the_survey_to_the_healthy_one(
     bad, good = NodeClient(broken.url).url, NodeClient(healthy.url).url
     assert {r.status for r in manifest.submodels} == {"completed"}
     assert {r.node_url for r in manifest.submodels} == {good}
-    records = {r["url"]: r for r in manifest.node_health}
-    assert records[good]["tasks_completed"] == len(manifest.submodels)
-    assert records[bad]["tasks_failed_fast"] == tried_on_broken >= 1
-    assert records[bad]["health"] in ("suspected", "probing")
+    records = {r.url: r for r in manifest.node_health}
+    assert records[good].tasks_completed == len(manifest.submodels)
+    assert records[bad].tasks_failed_fast == tried_on_broken >= 1
+    assert records[bad].health in ("suspected", "probing")
     # Each submodel that failed on the broken node was retried once, on the healthy one.
     assert sum(r.attempts for r in manifest.submodels) == len(manifest.submodels) + tried_on_broken
     report = (
         tmp_path / "out" / manifest.survey_fingerprint[:16] / "report" / "report.md"
     ).read_text()
-    assert f"| {bad} | {records[bad]['health']} | 0 |" in report
+    assert f"| {bad} | {records[bad].health} | 0 |" in report
     assert f"| {good} | healthy | {len(manifest.submodels)} |" in report
 
 

@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from prefect_odm.models import NodeHealthRecord
+
 
 class Health(StrEnum):
     """A node's state in its circuit breaker."""
@@ -95,17 +97,17 @@ class NodeRecord:
     tasks_placed: int = 0
     last_error: str = ""
 
-    def summary(self) -> dict[str, object]:
-        """The record as the run report shows it (JSON-ready)."""
-        return {
-            "url": self.url,
-            "health": str(self.health),
-            "tasks_completed": self.tasks_completed,
-            "tasks_failed": self.tasks_failed,
-            "tasks_failed_fast": self.tasks_failed_fast,
-            "request_failures": self.request_failures,
-            "last_error": self.last_error,
-        }
+    def summary(self) -> NodeHealthRecord:
+        """The record as the manifest and the run report show it."""
+        return NodeHealthRecord(
+            url=self.url,
+            health=self.health.value,
+            tasks_completed=self.tasks_completed,
+            tasks_failed=self.tasks_failed,
+            tasks_failed_fast=self.tasks_failed_fast,
+            request_failures=self.request_failures,
+            last_error=self.last_error,
+        )
 
 
 @dataclass
@@ -205,7 +207,7 @@ class HealthBook:
             return False
         return any(self.health(other) is Health.HEALTHY for other in self.records if other != url)
 
-    def report(self) -> list[dict[str, object]]:
+    def report(self) -> list[NodeHealthRecord]:
         """Every node's record, sorted by URL, for the run report."""
         for url in self.records:
             self.health(url)
