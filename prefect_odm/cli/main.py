@@ -51,6 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _slots(args)
         if args.command == "merge":
             return _merge_existing(args)
+        if args.command == "stac":
+            return _stac(args)
     except (InputError, PlanningError) as exc:
         print(f"prefect-odm: error: {exc}", file=sys.stderr)
         return 2
@@ -69,6 +71,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"prefect-odm: error: {one_line}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _stac(args: argparse.Namespace) -> int:
+    """``prefect-odm stac``: write a finished run's STAC catalogue, print its collection.json."""
+    from prefect_odm.publish.stac import write_stac
+
+    print(write_stac(args.run_folder))
     return 0
 
 
