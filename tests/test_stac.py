@@ -142,3 +142,42 @@ def test_stac_command_refuses_a_folder_without_a_manifest(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(tmp_path) in err[0] and "manifest.json" in err[0]
     assert not (tmp_path / "stac").exists()
+
+
+def test_report_opens_with_a_product_summary_read_from_the_products(direct_run):
+    import re
+
+    manifest, run_dir = direct_run
+    report_dir = run_dir / "report"
+    text = (report_dir / "report.md").read_text()
+    summary = text[text.index("## Product summary") : text.index("## Products\n")]
+    print("\n" + summary)
+    # paths relative to the report, and each one opens from there
+    links = re.findall(r"\]\(([^)]+)\)", summary)
+    assert {Path(link).name for link in links} == {Path(u).name for u in manifest.products.values()}
+    assert all(not link.startswith("/") and (report_dir / link).is_file() for link in links)
+    with rasterio.open(manifest.products["orthophoto"]) as ds:
+        gsd_cm = 100 * ds.res[0]
+        area_m2 = int(np.count_nonzero(ds.read(4))) * ds.res[0] * ds.res[1]  # alpha band
+    assert f"{gsd_cm:.1f} cm per pixel" in summary
+    assert f"{area_m2:,.0f} m²" in summary
+    cloud = laspy.read(manifest.products["point_cloud"])
+    assert (
+        f"{cloud.header.point_count:,} points, {cloud.header.point_count / area_m2:.1f} points"
+        in summary
+    )
+    # measured DSM share: cells with a point, counted here with a 2-D histogram of all points
+    with rasterio.open(manifest.products["dsm"]) as ds:
+        valid = ds.read_masks(1) > 0
+        left, top, res = ds.bounds.left, ds.bounds.top, ds.res[0]
+        counts, _, _ = np.histogram2d(
+            (top - np.asarray(cloud.y)) / res,
+            (np.asarray(cloud.x) - left) / res,
+            bins=[ds.height, ds.width],
+            range=[[0, ds.height], [0, ds.width]],
+        )
+    measured = 100 * np.count_nonzero((counts > 0) & valid) / np.count_nonzero(valid)
+    assert f"{measured:.1f} % of its valid cells are measured" in summary
+    assert f"{100 - measured:.1f} % are filled" in summary
+    planned = manifest.coverage["coverage_of_planned"]
+    assert f"covers {100 * planned:.0f} % of the planned footprint" in summary
