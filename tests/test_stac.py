@@ -38,7 +38,9 @@ def direct_run(prefect_api, brighton_images, tmp_path_factory):
     return manifest, out / manifest.survey_fingerprint[:16]
 
 
-def _check_catalogue(collection: pystac.Collection, manifest, open_binary) -> list[str]:
+def _check_catalogue(
+    collection: pystac.Collection, manifest, open_binary, pipeline: str | None = "direct"
+) -> list[str]:
     """Every asset of every Item opened through ``open_binary``; the fields equal the file's.
     Returns the product hrefs checked."""
     items = {item.id: item for item in collection.get_items()}
@@ -49,7 +51,7 @@ def _check_catalogue(collection: pystac.Collection, manifest, open_binary) -> li
     for item in items.values():
         assert item.properties["prefect_odm:survey_fingerprint"] == manifest.survey_fingerprint
         assert item.properties["prefect_odm:merge_fingerprint"] == manifest.merge_fingerprint
-        assert item.properties["prefect_odm:options"]["pipeline"] == "direct"
+        assert item.properties["prefect_odm:options"].get("pipeline") == pipeline
         for name, asset in item.assets.items():
             href = asset.get_absolute_href()
             assert href is not None
@@ -181,3 +183,21 @@ def test_report_opens_with_a_product_summary_read_from_the_products(direct_run):
     assert f"{100 - measured:.1f} % are filled" in summary
     planned = manifest.coverage["coverage_of_planned"]
     assert f"covers {100 * planned:.0f} % of the planned footprint" in summary
+
+
+def test_stac_command_describes_a_merge_of_outputs_made_elsewhere(direct_run, tmp_path):
+    from prefect_odm.flows.merge_existing import merge_existing
+
+    _, run_dir = direct_run
+    merged = merge_existing(
+        inputs=[str(run_dir / "submodels")],
+        output=str(tmp_path / "merged"),
+        plan=str(run_dir / "plan" / "plan.json"),
+    )
+    assert main(["stac", str(tmp_path / "merged")]) == 0
+    found = list((tmp_path / "merged").glob("*/stac/collection.json"))
+    collection = pystac.Collection.from_file(str(found[0]))
+    checked = _check_catalogue(collection, merged, lambda href: open(href, "rb"), pipeline=None)
+    # the merged products lie in the folder (relative hrefs), the submodels' where they were read
+    outside = [h for h in checked if not Path(h).is_relative_to(found[0].parents[1])]
+    assert outside and all(Path(h).is_relative_to(run_dir / "submodels") for h in outside)

@@ -157,7 +157,10 @@ def write_stac(run_folder: str, manifest: Manifest | None = None) -> str:
         if result.status == "failed":
             continue
         products: dict[str, str] = {
-            p: layout.submodel_product(result.submodel_id, result.fingerprint, p)
+            p: _in_folder_or_stored(
+                layout.submodel_product(result.submodel_id, result.fingerprint, p),
+                result.products[p],
+            )
             for p in PRODUCTS
             if p in result.products
         }
@@ -182,6 +185,12 @@ def write_stac(run_folder: str, manifest: Manifest | None = None) -> str:
     collection.make_asset_hrefs_relative()  # the Collection's own (manifest, report)
     collection.save(pystac.CatalogType.SELF_CONTAINED, stac_io=FsspecStacIO())
     return join(stac_root, "collection.json")
+
+
+def _in_folder_or_stored(in_folder: str, stored: str) -> str:
+    """The product's path in the run folder when it is there, else the manifest's URL (``prefect-odm
+    merge`` reads submodels from ODM projects elsewhere: their Items link to them absolutely)."""
+    return in_folder if storage.exists(in_folder) else stored
 
 
 def _common_options(manifest: Manifest) -> dict[str, Any]:
