@@ -63,6 +63,7 @@ from prefect_odm.nodes.refs import (
 from prefect_odm.ownership import Ownership
 from prefect_odm.plan.checks import plan_gps_refusal
 from prefect_odm.progress import SubmodelBoard
+from prefect_odm.publish.stac import write_stac
 from prefect_odm.run_policy import (
     MIN_SURVEY_IMAGES,
     asked_products,
@@ -231,6 +232,7 @@ def reconstruct(
     )
     table.publish()
     publish_report(manifest, plan, survey, layout, reports, table.board.table())
+    write_stac(layout.survey_dir, manifest)  # stac/collection.json, for a STAC portal
     storage.write_json_atomic(layout.manifest, manifest.model_dump(mode="json"))
     progress.emit("stage", name="done")
     return manifest

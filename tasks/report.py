@@ -21,6 +21,9 @@ from prefect_odm.merge.existing import ExistingMerge
 from prefect_odm.merge.reports import MergeReports, OrthoMergeReport
 from prefect_odm.models import Manifest, NodeHealthRecord, SplitPlan, SubmodelResult, Survey
 
+from prefect_odm.models import Manifest, SplitPlan, SubmodelResult, Survey
+from prefect_odm.publish.summary import product_summary_lines
+
 
 def _key(prefix: str, fingerprint: str) -> str:
     return f"{prefix}-{fingerprint[:12]}".lower()
@@ -177,6 +180,7 @@ def report_markdown(
         f"Survey `{manifest.survey_fingerprint[:16]}`, EPSG:{manifest.crs_epsg}, "
         f"{len(plan.submodels)} submodels, prefect-odm {manifest.version}.",
         "",
+        *product_summary_lines(manifest),  # how big, how sharp, how complete (issue 36)
         "## Products",
         "",
     ]

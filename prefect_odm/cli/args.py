@@ -256,6 +256,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--reset", action="store_true", help="set active slots to 0 (nothing may be running)"
     )
 
+    stac = sub.add_parser(
+        "stac", help="write the STAC catalogue of a finished run (stac/collection.json)"
+    )
+    stac.add_argument(
+        "run_folder",
+        help="the run's folder (holding manifest.json) or its output root; path or URL",
+    )
+
     from prefect_odm.cli.ops import add_parsers as _add_ops_parsers
 
     ops = _add_ops_parsers(sub)  # setup, automations create

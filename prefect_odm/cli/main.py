@@ -57,6 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _merge_existing(args)
         if args.command == "k8s":
             return _k8s_render(args)
+
+        if args.command == "stac":
+            return _stac(args)
     except (InputError, PlanningError) as exc:
         print(f"prefect-odm: error: {exc}", file=sys.stderr)
         return 2
@@ -95,6 +98,12 @@ def _k8s_render(args: argparse.Namespace) -> int:
     )
     for path in render(Path(args.out), settings):
         print(path)
+
+def _stac(args: argparse.Namespace) -> int:
+    """``prefect-odm stac``: write a finished run's STAC catalogue, print its collection.json."""
+    from prefect_odm.publish.stac import write_stac
+
+    print(write_stac(args.run_folder))
     return 0
 
 

@@ -1,0 +1,1 @@
+"""Publishing a finished run's products: a STAC catalogue (:mod:`prefect_odm.publish.stac`)."""
