@@ -20,8 +20,6 @@ from prefect_odm.merge.alignment_figures import ALIGNMENT_PNG, alignment_lines, 
 from prefect_odm.merge.existing import ExistingMerge
 from prefect_odm.merge.reports import MergeReports, OrthoMergeReport
 from prefect_odm.models import Manifest, NodeHealthRecord, SplitPlan, SubmodelResult, Survey
-
-from prefect_odm.models import Manifest, SplitPlan, SubmodelResult, Survey
 from prefect_odm.publish.summary import product_summary_lines
 
 

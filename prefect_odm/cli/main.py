@@ -57,7 +57,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _merge_existing(args)
         if args.command == "k8s":
             return _k8s_render(args)
-
         if args.command == "stac":
             return _stac(args)
     except (InputError, PlanningError) as exc:
@@ -98,6 +97,8 @@ def _k8s_render(args: argparse.Namespace) -> int:
     )
     for path in render(Path(args.out), settings):
         print(path)
+    return 0
+
 
 def _stac(args: argparse.Namespace) -> int:
     """``prefect-odm stac``: write a finished run's STAC catalogue, print its collection.json."""
