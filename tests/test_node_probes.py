@@ -7,6 +7,7 @@ completes on the live node, and a set-aside node that comes up later is taken in
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ import pytest
 from prefect_odm.engine.launch import free_port, start_engine
 from prefect_odm.errors import InputError
 from prefect_odm.models import ProcessingOptions
+from prefect_odm.nodes import cluster as cluster_module
 from prefect_odm.nodes.client import NodeClient
 from prefect_odm.nodes.cluster import connect_nodes
 from prefect_odm.plan.planning import memory_model_for
@@ -38,8 +40,31 @@ def dead_url() -> str:
     return f"http://127.0.0.1:{free_port()}"
 
 
+class _Said(logging.Handler):
+    """Keeps what one logger says; caplog's root handler is lost when Prefect configures logging
+    (dictConfig replaces the root's handlers) during the test, which depends on test order."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def cluster_said() -> Iterator[list[str]]:
+    handler = _Said()
+    cluster_logger = logging.getLogger(cluster_module.__name__)
+    cluster_logger.addHandler(handler)
+    try:
+        yield handler.messages
+    finally:
+        cluster_logger.removeHandler(handler)
+
+
 def test_dead_and_hung_nodes_are_set_aside_within_the_probe_timeout(
-    tmp_path: Path, dead_url: str, hung_url: str, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, dead_url: str, hung_url: str, cluster_said: list[str]
 ) -> None:
     with start_engine(tmp_path / "live", method="direct") as live:
         started = time.monotonic()
@@ -58,7 +83,7 @@ def test_dead_and_hung_nodes_are_set_aside_within_the_probe_timeout(
     # The hung node's request goes on in the background; the start does not wait for it
     # (a generous bound: the client's own request time-out is 30 s).
     assert waited < PROBE_TIMEOUT_SECONDS + 10
-    said = [r.getMessage() for r in caplog.records if "set aside" in r.getMessage()]
+    said = [m for m in cluster_said if "set aside" in m]
     assert any(dead_url in m for m in said)
     assert any(hung_url in m and f"within {PROBE_TIMEOUT_SECONDS:g} s" in m for m in said)
 
