@@ -12,6 +12,7 @@ elsewhere; :class:`~prefect_odm.errors.OutOfMemoryError`;
 
 from __future__ import annotations
 
+import time
 import uuid as uuidlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, Required, TypedDict, Unpack
 
-from prefect_odm.errors import NodeError
+from prefect_odm.errors import NodeError, TransientNodeError
 
 QUEUED, RUNNING, FAILED, COMPLETED, CANCELED = 10, 20, 30, 40, 50
 """NodeODM task status codes."""
@@ -149,6 +150,73 @@ def next_poll_seconds(state: TaskState, interval_seconds: float) -> float:
     longest = min(max(interval, POLL_SHARE_OF_PROCESSING * elapsed_seconds), LONGEST_POLL_SECONDS)
     left_seconds = elapsed_seconds * max(100.0 - state.progress, 0.0) / state.progress
     return min(longest, max(SHORTEST_POLL_SECONDS, left_seconds / 4.0))
+
+
+def poll_until_done(
+    uuid: str,
+    *,
+    node_url: str,
+    task_state: Callable[[str], TaskState | None],
+    classify_failure: Callable[[TaskState], NodeError],
+    poll_interval_seconds: float,
+    max_wait_seconds: float,
+    max_poll_errors: int,
+    on_progress: Callable[[TaskState], None] | None = None,
+) -> TaskState:
+    """Poll a task until it ends; a poll error is transient, never the task's failure.
+
+    The one wait loop of every :class:`NodeBackend` (NodeODM and ScaleODM differ only in how they
+    read a task's state and classify its failure). Polls at :func:`next_poll_seconds`; a failed
+    poll waits ``poll_interval_seconds`` times the errors in a row (at most 10 s).
+
+    Args:
+        uuid: the task's UUID.
+        node_url: the node's public URL, for errors.
+        task_state: reads the task's state; None when the node no longer knows the task; raises
+            :class:`~prefect_odm.errors.TransientNodeError` when the node does not answer.
+        classify_failure: the error for a FAILED or CANCELED state.
+        poll_interval_seconds: the caller's poll interval, seconds.
+        max_wait_seconds: how long the task may run before the wait gives up, seconds.
+        max_poll_errors: failed polls in a row before the node counts as gone.
+        on_progress: called with every state read.
+
+    Returns:
+        The COMPLETED state.
+
+    Raises:
+        NodeError: what ``classify_failure`` gives for a failed or cancelled task.
+        TransientNodeError: the node stopped answering (``max_poll_errors`` polls in a row),
+            forgot the task, or ``max_wait_seconds`` passed.
+    """
+    deadline = time.monotonic() + max_wait_seconds
+    errors = 0
+    while True:
+        try:
+            state = task_state(uuid)
+            errors = 0
+        except TransientNodeError:
+            errors += 1
+            if errors >= max_poll_errors:
+                raise
+            time.sleep(min(10.0, poll_interval_seconds * errors))
+            continue
+        if state is None:
+            raise TransientNodeError(
+                "the node no longer knows the task", node_url=node_url, task_uuid=uuid
+            )
+        if on_progress is not None:
+            on_progress(state)
+        if state.status == COMPLETED:
+            return state
+        if state.status in (FAILED, CANCELED):
+            raise classify_failure(state)
+        if time.monotonic() > deadline:
+            raise TransientNodeError(
+                f"task still running after {max_wait_seconds:.0f} s",
+                node_url=node_url,
+                task_uuid=uuid,
+            )
+        time.sleep(next_poll_seconds(state, poll_interval_seconds))
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ from prefect_odm.nodes.backend import (
     NodeInfo,
     NodeOption,
     TaskState,
-    next_poll_seconds,
+    poll_until_done,
     task_uuid,
 )
 from prefect_odm.nodes.messages import is_unknown_task_error
@@ -364,35 +364,16 @@ class NodeClient:
             TransientNodeError: the node stopped answering (``max_poll_errors`` polls in a row),
                 forgot the task, or ``max_wait_seconds`` passed.
         """
-        deadline = time.monotonic() + max_wait_seconds
-        errors = 0
-        while True:
-            try:
-                state = self.task_state(uuid)
-                errors = 0
-            except TransientNodeError:
-                errors += 1
-                if errors >= max_poll_errors:
-                    raise
-                time.sleep(min(10.0, poll_interval_seconds * errors))
-                continue
-            if state is None:
-                raise TransientNodeError(
-                    "the node no longer knows the task", node_url=self.url, task_uuid=uuid
-                )
-            if on_progress is not None:
-                on_progress(state)
-            if state.status == COMPLETED:
-                return state
-            if state.status in (FAILED, CANCELED):
-                raise self.classify_failure(state)
-            if time.monotonic() > deadline:
-                raise TransientNodeError(
-                    f"task still running after {max_wait_seconds:.0f} s",
-                    node_url=self.url,
-                    task_uuid=uuid,
-                )
-            time.sleep(next_poll_seconds(state, poll_interval_seconds))
+        return poll_until_done(
+            uuid,
+            node_url=self.url,
+            task_state=self.task_state,
+            classify_failure=self.classify_failure,
+            poll_interval_seconds=poll_interval_seconds,
+            max_wait_seconds=max_wait_seconds,
+            max_poll_errors=max_poll_errors,
+            on_progress=on_progress,
+        )
 
     def classify_failure(self, state: TaskState) -> NodeError:
         """The error for a FAILED or CANCELED task, with the node's last output lines."""

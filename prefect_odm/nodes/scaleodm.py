@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,13 +44,11 @@ from prefect_odm.errors import (
 )
 from prefect_odm.nodes.backend import (
     CANCELED,
-    COMPLETED,
-    FAILED,
     NewTask,
     NodeInfo,
     NodeOption,
     TaskState,
-    next_poll_seconds,
+    poll_until_done,
 )
 from prefect_odm.nodes.refs import public_url
 from prefect_odm.settings import get_settings
@@ -330,35 +327,16 @@ class ScaleODMClient:
             TransientNodeError: ScaleODM stopped answering or forgot the task, or
                 ``max_wait_seconds`` passed.
         """
-        deadline = time.monotonic() + max_wait_seconds
-        errors = 0
-        while True:
-            try:
-                state = self.task_state(uuid)
-                errors = 0
-            except TransientNodeError:
-                errors += 1
-                if errors >= max_poll_errors:
-                    raise
-                time.sleep(min(10.0, poll_interval_seconds * errors))
-                continue
-            if state is None:
-                raise TransientNodeError(
-                    "ScaleODM no longer knows the task", node_url=self.url, task_uuid=uuid
-                )
-            if on_progress is not None:
-                on_progress(state)
-            if state.status == COMPLETED:
-                return state
-            if state.status in (FAILED, CANCELED):
-                raise self.classify_failure(state)
-            if time.monotonic() > deadline:
-                raise TransientNodeError(
-                    f"task still running after {max_wait_seconds:.0f} s",
-                    node_url=self.url,
-                    task_uuid=uuid,
-                )
-            time.sleep(next_poll_seconds(state, poll_interval_seconds))
+        return poll_until_done(
+            uuid,
+            node_url=self.url,
+            task_state=self.task_state,
+            classify_failure=self.classify_failure,
+            poll_interval_seconds=poll_interval_seconds,
+            max_wait_seconds=max_wait_seconds,
+            max_poll_errors=max_poll_errors,
+            on_progress=on_progress,
+        )
 
     def classify_failure(self, state: TaskState) -> NodeError:
         """Out of memory when Argo or ODM says so, else a processing failure."""
