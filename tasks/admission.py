@@ -34,6 +34,7 @@ from prefect.client.schemas.actions import (
 )
 from prefect.concurrency.sync import concurrency
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+from prefect.settings import get_current_settings
 
 from prefect_odm.settings import prefect_odm_home
 
@@ -82,6 +83,8 @@ class LedgerEntry:
     pid: int
     pid_started: float
     what: str
+    held: bool
+    """False while the holder waits for its slots (the entry is written before it asks)."""
 
     @property
     def alive(self) -> bool:
@@ -105,6 +108,7 @@ def ledger(name: str) -> list[LedgerEntry]:
                     int(data["pid"]),
                     float(data["pid_started"]),
                     str(data["what"]),
+                    bool(data.get("held", True)),
                 )
             )
         except (OSError, ValueError, KeyError):
@@ -112,25 +116,55 @@ def ledger(name: str) -> list[LedgerEntry]:
     return out
 
 
+def on_temporary_server() -> bool:
+    """True when no ``PREFECT_API_URL`` is set: the run talks to Prefect's temporary server, whose
+    database (under ``PREFECT_HOME``) only processes of this machine use."""
+    return not get_current_settings().api.url
+
+
 def reclaim_dead_holders(name: str) -> int:
-    """Release the slots of ledger entries whose process is gone; returns the slots released."""
+    """Give back slots that no living process holds; returns the slots released.
+
+    Entries of processes that are gone are removed; those that held their slots (``held``) have
+    them released. On Prefect's temporary server every holder is a process of this machine with
+    a ledger entry (written *before* it asks for slots), so slots counted by the server beyond
+    what the living entries name belong to nobody (a holder killed between the server granting
+    them and its entry saying so, or a dead entry of a release that did happen): they are released
+    too. On a shared server the lease expiry gives those back instead.
+    """
     released = 0
-    dead = [e for e in ledger(name) if not e.alive]
-    if not dead:
+    entries = ledger(name)
+    dead = [e for e in entries if not e.alive]
+    living_slots = sum(e.slots for e in entries if e.alive)
+    temporary = on_temporary_server()
+    if not dead and not temporary:
         return 0
     with get_client(sync_client=True) as client:
         for entry in dead:
-            # A limit that no longer exists answers with an empty list: nothing to release.
-            client.release_concurrency_slots([name], entry.slots, occupancy_seconds=1.0)
+            if entry.held and not temporary:
+                # A limit that no longer exists answers with an empty list: nothing to release.
+                client.release_concurrency_slots([name], entry.slots, occupancy_seconds=1.0)
+                released += entry.slots
+                logger.info(
+                    "released %d slots of %s left by dead process %d (%s)",
+                    entry.slots,
+                    name,
+                    entry.pid,
+                    entry.what,
+                )
             entry.path.unlink(missing_ok=True)
-            released += entry.slots
-            logger.info(
-                "released %d slots of %s left by dead process %d (%s)",
-                entry.slots,
-                name,
-                entry.pid,
-                entry.what,
-            )
+        if temporary:
+            try:
+                active = client.read_global_concurrency_limit_by_name(name).active_slots
+            except ObjectNotFound:
+                return released
+            orphaned = active - living_slots
+            if orphaned > 0:
+                client.release_concurrency_slots([name], orphaned, occupancy_seconds=1.0)
+                released += orphaned
+                logger.info(
+                    "released %d slots of %s that no process on this machine holds", orphaned, name
+                )
     return released
 
 
@@ -154,7 +188,8 @@ def memory_slots(
     """
     slots = slots_for(memory_gib)
     reclaim_dead_holders(name)
-    path: Path | None = None
+    path = _write_ledger_entry(name, slots, what, held=False)
+    granted = False
     body_error: BaseException | None = None
     try:
         with concurrency(
@@ -164,34 +199,46 @@ def memory_slots(
             timeout_seconds=timeout_seconds,
             lease_duration=lease_duration_seconds,
         ):
-            path = _write_ledger_entry(name, slots, what)
+            granted = True
+            _write_ledger_entry(name, slots, what, held=True, path=path)
             try:
                 yield slots
             except BaseException as exc:
                 body_error = exc
                 raise
     except BaseException as exc:
-        # The release itself failed (another exception than the body's): the entry stays, so
-        # that the next run on this machine releases the slots once this process is gone.
-        if exc is body_error and path is not None:
+        # Never granted (a time-out, a missing limit), or the body's own error after the
+        # release: the entry goes. Another exception is the release failing: the entry stays,
+        # so that the next run on this machine releases the slots once this process is gone.
+        if not granted or exc is body_error:
             path.unlink(missing_ok=True)
         raise
     # Only now that the slots are back: a process ended during the release (the graceful stop's
     # hard exit) keeps its entry, and the next run releases its slots.
-    if path is not None:
-        path.unlink(missing_ok=True)
+    path.unlink(missing_ok=True)
 
 
-def _write_ledger_entry(name: str, slots: int, what: str) -> Path:
-    """Record this process as a holder of ``slots`` of limit ``name`` (atomic rename)."""
+def _write_ledger_entry(
+    name: str, slots: int, what: str, *, held: bool, path: Path | None = None
+) -> Path:
+    """Record this process as a holder of ``slots`` of limit ``name`` (atomic rename).
+
+    ``held`` is False while the process still waits for the slots; ``path`` rewrites an entry.
+    """
     directory = _ledger_dir(name)
     directory.mkdir(parents=True, exist_ok=True)
     me = psutil.Process()
-    path = directory / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
+    if path is None:
+        path = directory / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(
-        json.dumps({"slots": slots, "pid": me.pid, "pid_started": me.create_time(), "what": what})
-    )
+    record = {
+        "slots": slots,
+        "pid": me.pid,
+        "pid_started": me.create_time(),
+        "what": what,
+        "held": held,
+    }
+    tmp.write_text(json.dumps(record))
     os.replace(tmp, path)
     return path
 
@@ -209,7 +256,8 @@ def slots_status(name: str) -> dict[str, Any]:
         except ObjectNotFound:
             server = {"limit": None, "active_slots": None, "active": False}
     holders = [
-        {"pid": e.pid, "slots": e.slots, "what": e.what, "alive": e.alive} for e in ledger(name)
+        {"pid": e.pid, "slots": e.slots, "what": e.what, "alive": e.alive, "held": e.held}
+        for e in ledger(name)
     ]
     return {"name": name, **server, "holders": holders}
 

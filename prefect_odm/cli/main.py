@@ -232,6 +232,18 @@ def _slots(args: argparse.Namespace) -> int:
         return 0
     print(f"{args.name}: {status['active_slots']} of {status['limit']} GiB slots in use")
     for h in status["holders"]:
-        state = "running" if h["alive"] else "dead (released at the next run)"
+        if h["alive"]:
+            state = "running" if h["held"] else "waiting for its slots"
+        else:
+            state = "dead (released at the next run)"
         print(f"  pid {h['pid']}: {h['slots']} slots for {h['what']} [{state}]")
+    named = sum(h["slots"] for h in status["holders"] if h["held"] or not h["alive"])
+    unnamed = (status["active_slots"] or 0) - named
+    if unnamed > 0:
+        where = (
+            "released at the next run on this machine"
+            if not os.environ.get("PREFECT_API_URL")
+            else "held from another machine, or until their lease expires"
+        )
+        print(f"  {unnamed} slots held by no process on this machine [{where}]")
     return 0
