@@ -267,3 +267,41 @@ def test_layout_outcomes_by_overlap(data_dir: Path) -> None:
     with pytest.raises(PlanningError):
         plan_submodels(survey, split=100, split_overlap_m=10, merge_options=CAMERAS_ONLY)
     plan_submodels(survey, split=100, split_overlap_m=50, merge_options=CAMERAS_ONLY)
+
+
+# ----------------------------------------------------------------------------- the command line
+
+
+@pytest.fixture(scope="module")
+def two_groups(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """brighton with its eastern 9 images moved 600 m east: two groups whose footprints do not
+    meet, so no overlap lets the alignment tie them."""
+    from exif_gps_edit import split_copy
+
+    folder = tmp_path_factory.mktemp("two-groups") / "images"
+    assert len(split_copy(data_dir / "brighton_beach_1600" / "images", folder, 600.0)) == 9
+    return folder
+
+
+def _refusal_lines(capsys: pytest.CaptureFixture[str]) -> list[str]:
+    printed = capsys.readouterr()
+    return [ln for ln in (printed.out + printed.err).splitlines() if "the alignment needs" in ln]
+
+
+@pytest.mark.parametrize("command", ["plan", "reconstruct"])
+def test_a_split_that_cannot_be_aligned_stops_at_the_plan(
+    two_groups: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """``prefect-odm plan`` and ``prefect-odm reconstruct`` (the flow) refuse, exit 2, in one
+    line naming the pair, before anything is written or processed."""
+    from prefect_odm.cli import main
+
+    out = tmp_path / "out"
+    args = [command, str(two_groups), "--output", str(out), "--split", "9"]
+    code = main([*args, "--split-overlap-m", "20"])
+    lines = _refusal_lines(capsys)
+    assert code == 2
+    assert len(lines) == 1
+    assert "submodel-000 / submodel-001 share 0 images; the alignment needs 3" in lines[0]
+    assert "use a larger --split" in lines[0]
+    assert not list(out.rglob("plan.json")) and not list(out.rglob("submodels/*/*"))
