@@ -24,6 +24,7 @@ def grid_survey(
     height_m: float = 100.0,
     focal_length_35mm: float = 24.0,
     jitter_m: float = 0.5,
+    gap_m: float = 0.0,
     seed: int = 7,
 ) -> Survey:
     """A lawnmower grid of nadir images, ``lines x per_line`` positions (600 by default, issue
@@ -31,7 +32,8 @@ def grid_survey(
 
     Positions carry a seeded jitter (a flown grid is never exact, and an exact one is
     degenerate for the Voronoi core areas); the ground footprint follows ``height_m`` (as DJI's
-    RelativeAltitude) and ``focal_length_35mm`` (150 m wide by default). No files exist.
+    RelativeAltitude) and ``focal_length_35mm`` (150 m wide by default). ``gap_m`` moves the
+    eastern half of the lines that much further east (two blocks). No files exist.
     """
     rng = np.random.default_rng(seed)
     to_lonlat = Transformer.from_crs(GRID_EPSG, 4326, always_xy=True)
@@ -40,7 +42,8 @@ def grid_survey(
         for shot in range(per_line):
             k = line * per_line + shot
             along = shot if line % 2 == 0 else per_line - 1 - shot
-            x = 500_000.0 + line * line_spacing_m + rng.normal(0.0, jitter_m)
+            gap = gap_m if line >= lines // 2 else 0.0
+            x = 500_000.0 + line * line_spacing_m + gap + rng.normal(0.0, jitter_m)
             y = 4_995_000.0 + along * shot_spacing_m + rng.normal(0.0, jitter_m)
             lon, lat = to_lonlat.transform(x, y)
             name = f"grid_{k:04d}.jpg"
