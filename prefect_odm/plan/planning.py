@@ -27,6 +27,11 @@ The algorithm, in the plan's projected CRS (one UTM zone for the whole survey, m
    (:func:`~prefect_odm.plan.partition.rebalanced_sizes`) and steps 3-5 run again, up to
    :data:`REBALANCE_ROUNDS` times; inner cores shrink and edge cores grow.
 
+7. **Neighbours the alignment can tie** (:mod:`prefect_odm.plan.neighbours`, on a survey): each
+   pair of submodels whose core areas share a boundary is measured (shared images, footprint
+   overlap) and judged with the merge's alignment thresholds; an unset overlap is widened until
+   every pair is tied, a set one that leaves a submodel untied is refused.
+
 This module runs the steps on raw positions (:func:`plan_from_positions`) and on a scanned survey
 (:func:`plan_submodels`, which adds memory estimates, fingerprints and GeoJSON geometry). Holes in
 the coverage are found by :mod:`prefect_odm.plan.coverage_gaps`. Nothing here imports Prefect or does
@@ -38,19 +43,17 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import shapely
 from numpy.typing import ArrayLike, NDArray
-from shapely.geometry import mapping
 from shapely.geometry.base import BaseGeometry
 
 from prefect_odm.errors import PlanningError
-from prefect_odm.fingerprints import fingerprint, submodel_fingerprint
+from prefect_odm.fingerprints import submodel_fingerprint
 from prefect_odm.geo import half_footprint_m, project_lonlat
 from prefect_odm.models import (
-    CameraPosition,
     ImageRecord,
     MergeOptions,
     NeighbourPair,
@@ -70,17 +73,23 @@ from prefect_odm.plan.partition import (
     rebalanced_sizes,
     target_sizes,
 )
+from prefect_odm.plan.plan_records import camera_positions, plan_fingerprint, round_geometry
 from prefect_odm.plan.position_plan import PositionPlan, merge_duplicate_parts
 from prefect_odm.settings import DEFAULT_SPLIT, DEFAULT_SPLIT_OVERLAP_M
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PositionPlan", "merge_duplicate_parts", "plan_from_positions", "plan_submodels"]
+__all__ = [
+    "BUILTIN_ENGINE_PREFIXES",
+    "PositionPlan",
+    "memory_model_for",
+    "merge_duplicate_parts",
+    "plan_from_positions",
+    "plan_submodels",
+]
 
 #: Engine identities (lower-case prefixes) whose memory is estimated with the built-in model.
 BUILTIN_ENGINE_PREFIXES = ("builtin", "prefect-odm-engine", "prefect-odm ")
-#: Decimal places of coordinates written to the plan (millimetres).
-COORD_DECIMALS = 3
 #: Core sizes are rebalanced when the largest submodel processes more than this times the mean.
 REBALANCE_TRIGGER = 1.1
 #: Most rebalancing rounds (each a bisection, core areas and overlap: 0.03-0.06 s at 1,800
@@ -161,22 +170,6 @@ def plan_from_positions(
     labels[order] = labels_sorted
     members = [np.sort(order[m]) for m in members_sorted]
     return PositionPlan(labels=labels, members=members, core_areas=areas, clip=clip)
-
-
-def _round_geometry(geom: BaseGeometry) -> dict[str, Any]:
-    if geom.is_empty:
-        return {"type": "Polygon", "coordinates": []}
-    rounded = shapely.set_precision(geom, 10.0**-COORD_DECIMALS)
-    gj = mapping(rounded)
-
-    def _clean(obj: Any) -> Any:
-        if isinstance(obj, (list, tuple)):
-            if obj and isinstance(obj[0], float):
-                return [round(float(v), COORD_DECIMALS) for v in obj]
-            return [_clean(o) for o in obj]
-        return obj
-
-    return {"type": gj["type"], "coordinates": _clean(gj["coordinates"])}
 
 
 def memory_model_for(engine_identity: str) -> MemoryModel:
@@ -357,8 +350,8 @@ def _submodels(
                 image_names=sorted(im.name for im in member_images),
                 core_image_names=sorted(im.name for im in core_images),
                 overlap_image_count=len(member_images) - len(core_images),
-                core_area=_round_geometry(area),
-                footprint=_round_geometry(footprint),
+                core_area=round_geometry(area),
+                footprint=round_geometry(footprint),
                 area_m2=round(float(shapely.intersection(area, survey_footprint).area), 2),
                 estimated_memory_gib=memory,
                 fingerprint=submodel_fingerprint(
@@ -367,55 +360,6 @@ def _submodels(
             )
         )
     return submodels
-
-
-def _cameras(
-    images: Sequence[ImageRecord],
-    x: NDArray[np.float64],
-    y: NDArray[np.float64],
-    labels: NDArray[np.int32],
-    ids: Sequence[str],
-) -> list[CameraPosition]:
-    """Every camera's plan position (millimetres) and core submodel, sorted by image name."""
-    cameras = [
-        CameraPosition(
-            name=im.name,
-            x_m=round(float(x[i]), COORD_DECIMALS),
-            y_m=round(float(y[i]), COORD_DECIMALS),
-            z_m=None if im.altitude_m is None else round(float(im.altitude_m), COORD_DECIMALS),
-            submodel_id=ids[int(labels[i])],
-        )
-        for i, im in enumerate(images)
-    ]
-    cameras.sort(key=lambda c: c.name)
-    return cameras
-
-
-def _plan_fingerprint(plan: SplitPlan, images: Sequence[ImageRecord]) -> str:
-    """The plan's identity: its partition of image *contents*.
-
-    File names (and so renaming the inputs) do not enter it; the submodel fingerprints already
-    cover images and options.
-    """
-    identity = {im.name: im.identity for im in images}
-    content = plan.model_dump(
-        mode="json",
-        exclude={
-            "fingerprint": True,
-            "gps_warnings": True,
-            "neighbours": True,
-            "split_overlap_asked_m": True,
-            "cameras": True,
-            "submodels": {"__all__": {"image_names", "core_image_names"}},
-        },
-    )
-    content["cameras"] = sorted(
-        (identity[c.name], c.x_m, c.y_m, c.z_m, c.submodel_id) for c in plan.cameras
-    )
-    content["core_images"] = {
-        sm.id: sorted(identity[n] for n in sm.core_image_names) for sm in plan.submodels
-    }
-    return fingerprint(content)
 
 
 def plan_submodels(
@@ -520,7 +464,7 @@ def plan_submodels(
         options=options,
         engine_identity=engine_identity,
         submodels=submodels,
-        cameras=_cameras(images, x, y, pplan.labels, ids),
+        cameras=camera_positions(images, x, y, pplan.labels, ids),
         fingerprint="",
     )
     gps, lines = gps_warnings([(im.name, im) for im in images], x, y)
@@ -530,4 +474,4 @@ def plan_submodels(
         "neighbours": pairs,
         "split_overlap_asked_m": decision.widened_from_m,
     }
-    return plan.model_copy(update={"fingerprint": _plan_fingerprint(plan, images), **extra})
+    return plan.model_copy(update={"fingerprint": plan_fingerprint(plan, images), **extra})
