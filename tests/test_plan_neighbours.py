@@ -305,3 +305,20 @@ def test_a_split_that_cannot_be_aligned_stops_at_the_plan(
     assert "submodel-000 / submodel-001 share 0 images; the alignment needs 3" in lines[0]
     assert "use a larger --split" in lines[0]
     assert not list(out.rglob("plan.json")) and not list(out.rglob("submodels/*/*"))
+
+
+def test_plan_report_lists_the_seams(grid: Survey) -> None:
+    from prefect_odm.plan.picture import plan_markdown
+
+    plan = plan_submodels(grid, split=25, split_overlap_m=10)
+    md = plan_markdown(plan, grid)
+    rows = [ln for ln in md.splitlines() if re.match(r"\| submodel-\d{3} / submodel-\d{3} \|", ln)]
+    assert len(rows) == len(plan.neighbours)
+    first = plan.neighbours[0]
+    assert rows[0] == (
+        f"| {first.first} / {first.second} | {first.shared_images} | "
+        f"{first.footprint_overlap_m2:,.0f} | products |"
+    )
+    sparse = grid_survey(10, 12, line_spacing_m=80.0, shot_spacing_m=60.0)
+    widened = plan_submodels(sparse, split=12, merge_options=CAMERAS_ONLY)
+    assert "widened from 50 m to" in plan_markdown(widened, sparse)
