@@ -24,7 +24,9 @@ from prefect_odm.models import MergeOptions, NeighbourPair, ProcessingOptions, S
 from prefect_odm.plan.neighbours import (
     MAX_SPLIT_OVERLAP_M,
     OVERLAP_STEP_M,
+    WIDEN_PATIENCE_STEPS,
     AlignmentNeeds,
+    OverlapDecision,
     settle_overlap,
     untied_submodels,
 )
@@ -120,6 +122,26 @@ def test_settle_asks_for_a_larger_split_when_no_overlap_ties() -> None:
     assert "(or overlapping products)" in decision.refusal
     assert f"no split overlap up to {MAX_SPLIT_OVERLAP_M:g} m" in decision.refusal
     assert max(calls) == MAX_SPLIT_OVERLAP_M  # bounded
+
+
+def test_widening_gives_up_on_a_gap_the_merge_accepts() -> None:
+    """Every submodel tied, one pair never (a gap no overlap bridges): the planner stops after
+    WIDEN_PATIENCE_STEPS steps without a newly tied pair and keeps the asked overlap."""
+    needs = AlignmentNeeds(3, by_products=False)
+    ids = ["submodel-000", "submodel-001", "submodel-002"]
+    gap = NeighbourPair(
+        first="submodel-000", second="submodel-002", shared_images=0,
+        footprint_overlap_m2=0.0, tied_by="none",
+    )  # fmt: skip
+    calls: list[float] = []
+
+    def pairs_at(width_m: float) -> tuple[list[NeighbourPair], list[str]]:
+        calls.append(width_m)
+        return [*_pairs([5, 5]), gap], ids
+
+    decision, _ = settle_overlap(pairs_at, 50.0, given=False, needs=needs)
+    assert decision == OverlapDecision(50.0)
+    assert calls == [50.0, 55.0, 60.0, 65.0][: 1 + WIDEN_PATIENCE_STEPS]
 
 
 def test_untied_is_the_gates_rule() -> None:

@@ -44,6 +44,9 @@ MAX_DSM_CELL_M = 1.0
 OVERLAP_STEP_M = 5.0
 #: Widest split overlap the planner tries, metres (then it refuses and asks for a larger split).
 MAX_SPLIT_OVERLAP_M = 200.0
+#: Steps without a newly tied pair after which the planner stops widening an overlap that the
+#: merge would already accept (every submodel tied): a gap no overlap bridges costs 3 plans, not 30.
+WIDEN_PATIENCE_STEPS = 3
 #: Shortest shared boundary (metres) that makes two core areas neighbours (not a corner).
 MIN_BORDER_M = 1e-3
 
@@ -206,17 +209,33 @@ def _refusal(
     return f"{head}; the alignment needs {what}: {way}"
 
 
+def _untied_pairs(pairs: Sequence[NeighbourPair], ids: Sequence[str]) -> int:
+    """How many pairs of neighbours nothing ties."""
+    return sum(p.tied_by == "none" for p in pairs)
+
+
 def _first_overlap(
-    pairs_at: PairsAt, start_m: float, ok: Callable[[list[NeighbourPair], list[str]], bool]
+    pairs_at: PairsAt,
+    start_m: float,
+    unmet: Callable[[list[NeighbourPair], list[str]], int],
+    patience: int | None = None,
+    start_unmet: float = math.inf,
 ) -> tuple[float, list[NeighbourPair]] | None:
     """The first overlap above ``start_m`` on the :data:`OVERLAP_STEP_M` grid (up to
-    :data:`MAX_SPLIT_OVERLAP_M`) whose plan satisfies ``ok``, with its pairs; None: none."""
+    :data:`MAX_SPLIT_OVERLAP_M`) whose plan leaves ``unmet`` at zero, with its pairs; None:
+    none, or ``patience`` steps in a row without an ``unmet`` below ``start_unmet`` and every
+    earlier step's (when given)."""
     step = math.floor(start_m / OVERLAP_STEP_M) + 1
+    best, stale = start_unmet, 0
     while step * OVERLAP_STEP_M <= MAX_SPLIT_OVERLAP_M:
         width = step * OVERLAP_STEP_M
         pairs, ids = pairs_at(width)
-        if ok(pairs, ids):
+        count = unmet(pairs, ids)
+        if count == 0:
             return width, pairs
+        best, stale = (count, 0) if count < best else (best, stale + 1)
+        if patience is not None and stale >= patience:
+            return None
         step += 1
     return None
 
@@ -236,7 +255,9 @@ def settle_overlap(
         given: the operator set it (``--split-overlap-m``): then it is kept, or the split is
             refused when a submodel could not be aligned; else the planner widens it by
             :data:`OVERLAP_STEP_M` (up to :data:`MAX_SPLIT_OVERLAP_M`) until every pair of
-            neighbours is tied, or at least every submodel (what the gates judge).
+            neighbours is tied (giving up after :data:`WIDEN_PATIENCE_STEPS` steps without
+            progress when every submodel is tied already), or at least every submodel (what
+            the gates judge).
         needs: the alignment's thresholds; None (alignment off or accepted up front): kept.
 
     Returns:
@@ -250,28 +271,31 @@ def settle_overlap(
     if not untied and (given or every_pair):
         return OverlapDecision(split_overlap_m), pairs
 
-    def all_tied(p: list[NeighbourPair], i: list[str]) -> bool:
-        return not untied_submodels(p, i)
+    def untied_count(p: list[NeighbourPair], i: list[str]) -> int:
+        return len(untied_submodels(p, i))
 
     if not given:
-        found = _first_overlap(
-            pairs_at, split_overlap_m, lambda p, i: all(q.tied_by != "none" for q in p)
-        )
+        # Every pair tied, for every seam; when the merge would already accept the split, the
+        # search stops after WIDEN_PATIENCE_STEPS steps that tie no more pairs (a gap in the
+        # survey that no overlap bridges).
+        patience = None if untied else WIDEN_PATIENCE_STEPS
+        now = _untied_pairs(pairs, ids)
+        found = _first_overlap(pairs_at, split_overlap_m, _untied_pairs, patience, now)
+        goal = "every pair of neighbouring submodels"
         if found is None and untied:
-            found = _first_overlap(pairs_at, split_overlap_m, all_tied)
+            found = _first_overlap(pairs_at, split_overlap_m, untied_count)
+            goal = "every submodel to a neighbour"
         if found is not None:
             width, wider = found
             note = (
                 f"split overlap widened from {split_overlap_m:g} m to {width:g} m so that the "
-                "alignment can tie every pair of neighbouring submodels (it needs "
-                f"{_what(needs)} shared images)"
+                f"alignment can tie {goal} (it needs {_what(needs)} shared images)"
             )
             return OverlapDecision(width, split_overlap_m, note), wider
         if not untied:
             return OverlapDecision(split_overlap_m), pairs
-        return OverlapDecision(
-            split_overlap_m, refusal=_refusal(pairs, untied[0], needs, None)
-        ), pairs
-    needed = _first_overlap(pairs_at, split_overlap_m, all_tied)
+        refusal = _refusal(pairs, untied[0], needs, None)
+        return OverlapDecision(split_overlap_m, refusal=refusal), pairs
+    needed = _first_overlap(pairs_at, split_overlap_m, untied_count)
     refusal = _refusal(pairs, untied[0], needs, None if needed is None else needed[0])
     return OverlapDecision(split_overlap_m, refusal=refusal), pairs
