@@ -289,7 +289,8 @@ def settle_overlap(
             width, wider = found
             note = (
                 f"split overlap widened from {split_overlap_m:g} m to {width:g} m so that the "
-                f"alignment can tie {goal} (it needs {_what(needs)} shared images)"
+                f"alignment can tie {goal} (it needs {needs.min_shared_images} shared images"
+                f"{' or overlapping products' if needs.by_products else ''})"
             )
             return OverlapDecision(width, split_overlap_m, note), wider
         if not untied:
