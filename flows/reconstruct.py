@@ -76,7 +76,7 @@ from prefect_odm.run_policy import (
     stored_merge_reports,
     work_queue_for,
 )
-from prefect_odm.settings import DEFAULT_SPLIT, DEFAULT_SPLIT_OVERLAP_M
+from prefect_odm.settings import DEFAULT_SPLIT
 from prefect_odm.survey.scan import check_output_outside_images
 
 # Parameter defaults with their UI descriptions (pydantic FieldInfo, typed Any like Field's).
@@ -158,7 +158,7 @@ def reconstruct(
     output: str,
     nodes: list[str] | None = _NODES,
     split: SplitParameter = _SPLIT,
-    split_overlap_m: float = Field(DEFAULT_SPLIT_OVERLAP_M, ge=0),
+    split_overlap_m: float | None = Field(None, ge=0),
     options: ProcessingOptions | None = None,
     allow_partial: bool = False,
     force: bool = False,
@@ -177,7 +177,10 @@ def reconstruct(
             loopback port. Tokens come from a ``NodeODMPool`` block or
             ``PREFECT_ODM_NODE_TOKEN(S)``, never from a parameter.
         split: target images per submodel (core images), or "auto" from node memory.
-        split_overlap_m: overlap between neighbouring submodels, metres.
+        split_overlap_m: overlap between neighbouring submodels, metres; None: the default
+            (``DEFAULT_SPLIT_OVERLAP_M``), widened by the plan until the alignment can tie
+            every pair of neighbours. When set, a split whose submodels could not be aligned
+            is refused at the plan (``PlanningError``), before anything is uploaded.
         options: processing options sent to every node (ODM names).
         allow_partial: merge what finished and list failed submodels, instead of failing.
         force: process every submodel again even when stored results exist.
@@ -208,7 +211,8 @@ def reconstruct(
         survey = _scan(images)
     nodes, cluster = _connect(nodes, node_pool, options)
     with timer.stage("plan"):
-        plan, layout = _plan(survey, output, split, split_overlap_m, options, cluster)
+        asked = (split, split_overlap_m, options, merge_options)
+        plan, layout = _plan(survey, output, asked, cluster)
     with timer.stage("process"):
         table = LiveSubmodelTable(SubmodelBoard([s.id for s in plan.submodels]), key=_key(plan))
         mode = (force, submodel_deployment, priority)
@@ -290,12 +294,17 @@ def _connect(
 def _plan(
     survey: Survey,
     output: str,
-    split: int | Literal["auto"],
-    split_overlap_m: float,
-    options: ProcessingOptions | None,
+    asked: tuple[
+        int | Literal["auto"], float | None, ProcessingOptions | None, MergeOptions | None
+    ],
     cluster: Cluster | None,
 ) -> tuple[SplitPlan, OutputLayout]:
-    """Plan the submodels for the nodes' memory and publish the plan beside the outputs."""
+    """Plan the submodels for the nodes' memory and publish the plan beside the outputs.
+
+    ``asked`` is ``(split, split_overlap_m, options, merge_options)``. A split whose submodels
+    the merge could not align raises ``PlanningError`` before the plan is published.
+    """
+    split, split_overlap_m, options, merge_options = asked
     identity = cluster.engine_identity if cluster else EMBEDDED_ENGINE_IDENTITY
     if cluster is None:
         memory = [embedded_memory_gib()]
@@ -305,7 +314,9 @@ def _plan(
         memory = cluster.node_memory_gib
     progress.emit("stage", name="plan")
     options = options or ProcessingOptions()
-    plan: SplitPlan = plan_submodels(survey, split, split_overlap_m, options, identity, memory)
+    plan: SplitPlan = plan_submodels(
+        survey, split, split_overlap_m, options, identity, memory, merge_options
+    )
     layout = OutputLayout(output, survey.fingerprint)
     publish_plan(plan, survey, layout)
     refusal = plan_gps_refusal(plan, survey)

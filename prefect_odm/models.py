@@ -255,6 +255,30 @@ class Submodel(BaseModel):
     fingerprint: str
 
 
+class NeighbourPair(BaseModel):
+    """What the alignment will have to tie two neighbouring submodels with (issue 30).
+
+    Neighbours are submodels whose core areas share a boundary (the seams of the merge). Figures
+    come from the plan, before any compute (:mod:`prefect_odm.plan.neighbours`).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    first: str = Field(description="The first submodel id (the smaller).")
+    second: str = Field(description="The second submodel id.")
+    shared_images: int = Field(description="Images processed by both submodels.")
+    footprint_overlap_m2: float = Field(
+        description="Area where the two submodels' ground footprints overlap (each its cameras' "
+        "hull buffered by half an image footprint), m^2: where their DSMs and orthophotos can "
+        "overlap."
+    )
+    tied_by: Literal["cameras", "products", "none"] = Field(
+        description="What the alignment can tie the pair with: 'cameras' when they share at "
+        "least AlignmentOptions.min_shared_cameras images, else 'products' when the refinement "
+        "from DSMs and orthophotos runs and the footprints overlap, else 'none'."
+    )
+
+
 class SplitPlan(BaseModel):
     """The partition of a survey into submodels, in one projected CRS."""
 
@@ -272,6 +296,17 @@ class SplitPlan(BaseModel):
         default_factory=list,
         description="What the camera GPS shows wrong before compute (gps_quality.check_gps): "
         "altitude trends, implausible speeds, jumping positions. Not in the fingerprint.",
+    )
+    neighbours: list[NeighbourPair] = Field(
+        default_factory=list,
+        description="Every pair of neighbouring submodels with what the alignment will have to "
+        "tie it (shared images, footprint overlap). Not in the fingerprint.",
+    )
+    split_overlap_asked_m: float | None = Field(
+        None,
+        description="The split overlap asked for when the planner widened it so that every "
+        "pair of neighbours can be aligned (None: not widened; split_overlap_m is the one "
+        "used). Not in the fingerprint.",
     )
     warnings: list[str] = Field(default_factory=list, exclude=True)
     """What the planner found wasteful (overlap, merged duplicate submodels); not stored in

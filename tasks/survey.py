@@ -8,7 +8,7 @@ from typing import Literal
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from prefect_odm.models import ProcessingOptions, SplitPlan, Survey
+from prefect_odm.models import MergeOptions, ProcessingOptions, SplitPlan, Survey
 
 
 @task(name="scan_survey", cache_policy=NO_CACHE, task_run_name="scan_survey")
@@ -23,16 +23,19 @@ def scan_survey(images: str, policy: Literal["exclude", "fail"] = "exclude") -> 
 def plan_submodels(
     survey: Survey,
     split: int | Literal["auto"],
-    split_overlap_m: float,
+    split_overlap_m: float | None,
     options: ProcessingOptions,
     engine_identity: str,
     node_memory_gib: Sequence[float] = (),
+    merge_options: MergeOptions | None = None,
 ) -> SplitPlan:
     """Split the survey into submodels (see :func:`prefect_odm.plan.planning.plan_submodels`).
 
     Each of the plan's warnings (wasteful overlap, merged duplicates, GPS problems seen before
     compute) is sent as a ``warning`` progress event, which the command line prints as
-    ``warning: ...`` before any submodel runs (the flow logs them to the run).
+    ``warning: ...`` before any submodel runs (the flow logs them to the run). ``split_overlap_m``
+    None lets the planner widen the default overlap; a split the merge's alignment
+    (``merge_options``) could not tie raises ``PlanningError`` before anything is uploaded.
     """
     from prefect_odm import progress
     from prefect_odm.plan.planning import plan_submodels as _plan
@@ -44,6 +47,7 @@ def plan_submodels(
         options=options,
         engine_identity=engine_identity,
         node_memory_gib=node_memory_gib,
+        merge_options=merge_options,
     )
     for warning in plan.warnings:
         progress.emit("warning", text=warning)

@@ -88,3 +88,29 @@ def drifted_copy(source: Path, dest: Path, drift_m: float) -> None:
             count=1,
         )
         (dest / meta.name).write_bytes(data)
+
+
+def split_copy(source: Path, dest: Path, east_m: float) -> list[str]:
+    """``source``'s images in ``dest``, the eastern half of them (by longitude) moved ``east_m``
+    metres east in their EXIF GPS: two groups of cameras with a gap between their footprints.
+
+    Returns:
+        The names of the moved images.
+    """
+    import math
+
+    from prefect_odm.engine.camera import read_images
+
+    images = sorted(read_images(source), key=lambda m: (m.longitude, m.name))
+    moved = images[len(images) // 2 :]
+    dest.mkdir(parents=True)
+    for meta in images:
+        data = (source / meta.name).read_bytes()
+        if meta in moved:
+            assert meta.latitude is not None and meta.longitude is not None
+            assert meta.altitude_m is not None
+            metres_per_degree = 111_320.0 * math.cos(math.radians(meta.latitude))
+            longitude = meta.longitude + east_m / metres_per_degree
+            data = set_gps(data, meta.latitude, longitude, meta.altitude_m)
+        (dest / meta.name).write_bytes(data)
+    return [m.name for m in moved]

@@ -84,8 +84,10 @@ def _add_split_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--split-overlap-m",
         type=_overlap_value,
-        default=DEFAULT_SPLIT_OVERLAP_M,
-        help=f"overlap between submodels in metres (default {DEFAULT_SPLIT_OVERLAP_M:g})",
+        default=None,
+        help="overlap between submodels in metres (default "
+        f"{DEFAULT_SPLIT_OVERLAP_M:g}, widened by the plan until every pair of neighbouring "
+        "submodels can be aligned; when set, a split that cannot be aligned is refused)",
     )
 
 

@@ -240,8 +240,32 @@ def _md_escape(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def _neighbour_lines(plan: SplitPlan) -> list[str]:
+    """The plan's pairs of neighbours: what the alignment will tie each seam with (issue 30)."""
+    if not plan.neighbours:
+        return []
+    lines = ["", "## Neighbours (what the alignment ties each seam with)", ""]
+    if plan.split_overlap_asked_m is not None:
+        lines += [
+            f"The split overlap was widened from {plan.split_overlap_asked_m:g} m to "
+            f"{plan.split_overlap_m:g} m so that the alignment can tie every pair.",
+            "",
+        ]
+    lines += [
+        "| submodels | shared images | footprint overlap (m²) | tied by |",
+        "|---|---:|---:|---|",
+    ]
+    lines += [
+        f"| {p.first} / {p.second} | {p.shared_images} | {p.footprint_overlap_m2:,.0f} | "
+        f"{p.tied_by} |"
+        for p in plan.neighbours
+    ]
+    return lines
+
+
 def plan_markdown(plan: SplitPlan, survey: Survey) -> str:
-    """A markdown report of the plan: submodel table, rejected images with reasons, cameras."""
+    """A markdown report of the plan: submodel table, the pairs of neighbours with what the
+    alignment will tie them with, cameras, rejected images with reasons, coverage gaps."""
     lines = [
         f"# Split plan `{plan.fingerprint[:12]}`",
         "",
@@ -259,6 +283,7 @@ def plan_markdown(plan: SplitPlan, survey: Survey) -> str:
             f"| {row['submodel']} | {row['images']} | {row['overlap_images']} | "
             f"{row['area_m2']:,.0f} | {row['estimated_memory_gib']:.2f} |"
         )
+    lines += _neighbour_lines(plan)
     lines += ["", "## Cameras", ""]
     if survey.cameras:
         lines += ["| camera | images |", "|---|---:|"]

@@ -27,6 +27,11 @@ The algorithm, in the plan's projected CRS (one UTM zone for the whole survey, m
    (:func:`~prefect_odm.plan.partition.rebalanced_sizes`) and steps 3-5 run again, up to
    :data:`REBALANCE_ROUNDS` times; inner cores shrink and edge cores grow.
 
+7. **Neighbours the alignment can tie** (:mod:`prefect_odm.plan.neighbours`, on a survey): each
+   pair of submodels whose core areas share a boundary is measured (shared images, footprint
+   overlap) and judged with the merge's alignment thresholds; an unset overlap is widened until
+   every pair is tied, a set one that leaves a submodel untied is refused.
+
 This module runs the steps on raw positions (:func:`plan_from_positions`) and on a scanned survey
 (:func:`plan_submodels`, which adds memory estimates, fingerprints and GeoJSON geometry). Holes in
 the coverage are found by :mod:`prefect_odm.plan.coverage_gaps`. Nothing here imports Prefect or does
@@ -38,34 +43,29 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import shapely
 from numpy.typing import ArrayLike, NDArray
-from shapely.geometry import mapping
 from shapely.geometry.base import BaseGeometry
 
 from prefect_odm.errors import PlanningError
-from prefect_odm.fingerprints import fingerprint, submodel_fingerprint
+from prefect_odm.fingerprints import submodel_fingerprint
 from prefect_odm.geo import half_footprint_m, project_lonlat
 from prefect_odm.models import (
-    CameraPosition,
     ImageRecord,
+    MergeOptions,
+    NeighbourPair,
     ProcessingOptions,
     SplitPlan,
     Submodel,
     Survey,
 )
-from prefect_odm.plan.checks import (
-    find_duplicate_submodels,
-    gps_warnings,
-    kept_submodel_of,
-    overlap_warning,
-)
+from prefect_odm.plan.checks import gps_warnings
 from prefect_odm.plan.core_areas import core_areas, multipoint, overlap_members
 from prefect_odm.plan.memory import MemoryModel, estimate_peak_memory_gib, max_images_within
+from prefect_odm.plan.neighbours import AlignmentNeeds, neighbour_pairs, settle_overlap
 from prefect_odm.plan.partition import (
     canonical_order,
     default_min_submodel_images,
@@ -73,14 +73,23 @@ from prefect_odm.plan.partition import (
     rebalanced_sizes,
     target_sizes,
 )
+from prefect_odm.plan.plan_records import camera_positions, plan_fingerprint, round_geometry
+from prefect_odm.plan.position_plan import PositionPlan, merge_duplicate_parts
 from prefect_odm.settings import DEFAULT_SPLIT, DEFAULT_SPLIT_OVERLAP_M
 
 logger = logging.getLogger(__name__)
 
+__all__ = [
+    "BUILTIN_ENGINE_PREFIXES",
+    "PositionPlan",
+    "memory_model_for",
+    "merge_duplicate_parts",
+    "plan_from_positions",
+    "plan_submodels",
+]
+
 #: Engine identities (lower-case prefixes) whose memory is estimated with the built-in model.
 BUILTIN_ENGINE_PREFIXES = ("builtin", "prefect-odm-engine", "prefect-odm ")
-#: Decimal places of coordinates written to the plan (millimetres).
-COORD_DECIMALS = 3
 #: Core sizes are rebalanced when the largest submodel processes more than this times the mean.
 REBALANCE_TRIGGER = 1.1
 #: Most rebalancing rounds (each a bisection, core areas and overlap: 0.03-0.06 s at 1,800
@@ -89,33 +98,6 @@ REBALANCE_ROUNDS = 8
 #: Rebalancing stops once the largest submodel processes at most this times the mean (or after
 #: two rounds without a smaller largest submodel).
 REBALANCE_GOOD = 1.05
-
-
-@dataclass(frozen=True)
-class PositionPlan:
-    """A split of raw positions (indices refer to the input arrays, coordinates are absolute).
-
-    Attributes:
-        labels: ``(n,)`` core part of each input position, parts numbered in spatial order.
-        members: per part, sorted input indices of everything it processes (core + overlap).
-        core_areas: per part, its core area in the input CRS (None when not computed).
-        clip: the buffered camera hull the core areas are clipped to.
-    """
-
-    labels: NDArray[np.int32]
-    members: list[NDArray[np.intp]]
-    core_areas: list[BaseGeometry] | None
-    clip: BaseGeometry | None
-
-    @property
-    def k(self) -> int:
-        return len(self.members)
-
-    def core_counts(self) -> NDArray[np.int64]:
-        return np.bincount(self.labels, minlength=self.k)
-
-    def overlap_counts(self) -> NDArray[np.int64]:
-        return np.array([len(m) for m in self.members]) - self.core_counts()
 
 
 def plan_from_positions(
@@ -188,22 +170,6 @@ def plan_from_positions(
     labels[order] = labels_sorted
     members = [np.sort(order[m]) for m in members_sorted]
     return PositionPlan(labels=labels, members=members, core_areas=areas, clip=clip)
-
-
-def _round_geometry(geom: BaseGeometry) -> dict[str, Any]:
-    if geom.is_empty:
-        return {"type": "Polygon", "coordinates": []}
-    rounded = shapely.set_precision(geom, 10.0**-COORD_DECIMALS)
-    gj = mapping(rounded)
-
-    def _clean(obj: Any) -> Any:
-        if isinstance(obj, (list, tuple)):
-            if obj and isinstance(obj[0], float):
-                return [round(float(v), COORD_DECIMALS) for v in obj]
-            return [_clean(o) for o in obj]
-        return obj
-
-    return {"type": gj["type"], "coordinates": _clean(gj["coordinates"])}
 
 
 def memory_model_for(engine_identity: str) -> MemoryModel:
@@ -384,8 +350,8 @@ def _submodels(
                 image_names=sorted(im.name for im in member_images),
                 core_image_names=sorted(im.name for im in core_images),
                 overlap_image_count=len(member_images) - len(core_images),
-                core_area=_round_geometry(area),
-                footprint=_round_geometry(footprint),
+                core_area=round_geometry(area),
+                footprint=round_geometry(footprint),
                 area_m2=round(float(shapely.intersection(area, survey_footprint).area), 2),
                 estimated_memory_gib=memory,
                 fingerprint=submodel_fingerprint(
@@ -396,63 +362,17 @@ def _submodels(
     return submodels
 
 
-def _cameras(
-    images: Sequence[ImageRecord],
-    x: NDArray[np.float64],
-    y: NDArray[np.float64],
-    labels: NDArray[np.int32],
-    ids: Sequence[str],
-) -> list[CameraPosition]:
-    """Every camera's plan position (millimetres) and core submodel, sorted by image name."""
-    cameras = [
-        CameraPosition(
-            name=im.name,
-            x_m=round(float(x[i]), COORD_DECIMALS),
-            y_m=round(float(y[i]), COORD_DECIMALS),
-            z_m=None if im.altitude_m is None else round(float(im.altitude_m), COORD_DECIMALS),
-            submodel_id=ids[int(labels[i])],
-        )
-        for i, im in enumerate(images)
-    ]
-    cameras.sort(key=lambda c: c.name)
-    return cameras
-
-
-def _plan_fingerprint(plan: SplitPlan, images: Sequence[ImageRecord]) -> str:
-    """The plan's identity: its partition of image *contents*.
-
-    File names (and so renaming the inputs) do not enter it; the submodel fingerprints already
-    cover images and options.
-    """
-    identity = {im.name: im.identity for im in images}
-    content = plan.model_dump(
-        mode="json",
-        exclude={
-            "fingerprint": True,
-            "gps_warnings": True,
-            "cameras": True,
-            "submodels": {"__all__": {"image_names", "core_image_names"}},
-        },
-    )
-    content["cameras"] = sorted(
-        (identity[c.name], c.x_m, c.y_m, c.z_m, c.submodel_id) for c in plan.cameras
-    )
-    content["core_images"] = {
-        sm.id: sorted(identity[n] for n in sm.core_image_names) for sm in plan.submodels
-    }
-    return fingerprint(content)
-
-
 def plan_submodels(
     survey: Survey,
     *,
     split: int | Literal["auto"] = DEFAULT_SPLIT,
-    split_overlap_m: float = DEFAULT_SPLIT_OVERLAP_M,
+    split_overlap_m: float | None = None,
     min_submodel_images: int | None = None,
     options: ProcessingOptions | None = None,
     engine_identity: str = "unknown",
     node_memory_gib: Sequence[float] = (),
     memory_model: MemoryModel | None = None,
+    merge_options: MergeOptions | None = None,
 ) -> SplitPlan:
     """Partition a scanned survey into submodels.
 
@@ -461,7 +381,10 @@ def plan_submodels(
         split: average core images per submodel, or ``"auto"`` to choose it from the memory model
             and the largest of ``node_memory_gib``.
         split_overlap_m: overlap width in metres; every camera within it of a submodel's core area
-            is processed by that submodel too.
+            is processed by that submodel too. None (not set by the operator): the default
+            (:data:`~prefect_odm.settings.DEFAULT_SPLIT_OVERLAP_M`), widened by the planner until
+            the alignment can tie every pair of neighbours
+            (:func:`~prefect_odm.plan.neighbours.settle_overlap`).
         min_submodel_images: smallest submodel (default ``max(5, split // 4)``).
         options: processing options (fingerprints, memory estimate).
         engine_identity: engine name/version, part of each submodel fingerprint.
@@ -469,17 +392,23 @@ def plan_submodels(
             estimated peak exceeds every node is an error.
         memory_model: memory anchor table (default ``"builtin"`` when ``engine_identity`` starts
             with one of :data:`BUILTIN_ENGINE_PREFIXES`, else ``"odm"``).
+        merge_options: the merge the run will make (its alignment's thresholds; defaults when
+            None): what ties a pair of neighbours (:class:`~prefect_odm.plan.neighbours.AlignmentNeeds`).
 
     Returns:
         The :class:`~prefect_odm.models.SplitPlan` in ``survey.crs_epsg``; identical (byte for
-        byte as JSON) for shuffled input; with :func:`~prefect_odm.plan.checks.gps_warnings`.
+        byte as JSON) for shuffled input; with :func:`~prefect_odm.plan.checks.gps_warnings`
+        and the figures of every pair of neighbours (``neighbours``).
 
     Raises:
-        PlanningError: no images, a bad ``split``, ``"auto"`` without node memory, or a submodel
-            larger than any node.
+        PlanningError: no images, a bad ``split``, ``"auto"`` without node memory, a submodel
+            larger than any node, or (``split_overlap_m`` set) a submodel the merge's alignment
+            could not tie to any neighbour: one line naming the pair and the overlap needed.
     """
     options = options or ProcessingOptions.model_validate({})
-    if not (split_overlap_m >= 0 and math.isfinite(split_overlap_m)):
+    given = split_overlap_m is not None
+    asked_m = DEFAULT_SPLIT_OVERLAP_M if split_overlap_m is None else float(split_overlap_m)
+    if not (asked_m >= 0 and math.isfinite(asked_m)):
         raise PlanningError(f"split_overlap_m must be finite and >= 0, got {split_overlap_m}")
     if memory_model is None:
         memory_model = memory_model_for(engine_identity)
@@ -488,23 +417,40 @@ def plan_submodels(
         raise PlanningError(f"{survey.source}: no accepted image to plan")
     x, y = _positions(images, survey.crs_epsg)
     megapixels = float(np.mean([im.width * im.height / 1e6 for im in images]))
-    split_n = _split_size(
-        split, options, node_memory_gib, megapixels, split_overlap_m, memory_model
-    )
+    split_n = _split_size(split, options, node_memory_gib, megapixels, asked_m, memory_model)
     min_size = default_min_submodel_images(split_n)
     if min_submodel_images is not None:
         min_size = int(min_submodel_images)
     half_fp = _half_footprint(images)
-    pplan = plan_from_positions(
-        x,
-        y,
-        split=split_n,
-        split_overlap_m=split_overlap_m,
-        min_submodel_images=min_size,
-        tie_rank=np.arange(len(images)),
-        clip_buffer_m=max(3.0 * half_fp, 2.0 * split_overlap_m, 50.0),
-    )
-    pplan, warnings = merge_duplicate_parts(pplan, split_overlap_m)
+    needs = AlignmentNeeds.of(merge_options)
+    plans: dict[float, tuple[PositionPlan, list[str]]] = {}
+
+    def plan_at(width_m: float) -> tuple[PositionPlan, list[str]]:
+        if width_m not in plans:
+            pplan = plan_from_positions(
+                x, y, split=split_n, split_overlap_m=width_m, min_submodel_images=min_size,
+                tie_rank=np.arange(len(images)),
+                clip_buffer_m=max(3.0 * half_fp, 2.0 * width_m, 50.0),
+            )  # fmt: skip
+            plans[width_m] = merge_duplicate_parts(pplan, width_m)
+        return plans[width_m]
+
+    def pairs_at(width_m: float) -> tuple[list[NeighbourPair], list[str]]:
+        pplan = plan_at(width_m)[0]
+        ids = [f"submodel-{i:03d}" for i in range(pplan.k)]
+        assert pplan.core_areas is not None
+        judge = needs or AlignmentNeeds.of(MergeOptions())
+        assert judge is not None
+        return neighbour_pairs(x, y, pplan.members, pplan.core_areas, ids, half_fp, judge), ids
+
+    decision, pairs = settle_overlap(pairs_at, asked_m, given=given, needs=needs)
+    if decision.refusal is not None:
+        raise PlanningError(f"{survey.source}: {decision.refusal}")
+    overlap_m = decision.split_overlap_m
+    pplan, warnings = plan_at(overlap_m)
+    warnings = ([decision.note] if decision.note else []) + warnings
+    for text in warnings:
+        logger.warning("%s", text)
     ids = [f"submodel-{i:03d}" for i in range(pplan.k)]
     submodels = _submodels(
         images, x, y, pplan, ids, half_fp, options, engine_identity, node_memory_gib, memory_model
@@ -513,72 +459,19 @@ def plan_submodels(
         survey_fingerprint=survey.fingerprint,
         crs_epsg=survey.crs_epsg,
         split=split_n,
-        split_overlap_m=float(split_overlap_m),
+        split_overlap_m=float(overlap_m),
         min_submodel_images=min_size,
         options=options,
         engine_identity=engine_identity,
         submodels=submodels,
-        cameras=_cameras(images, x, y, pplan.labels, ids),
+        cameras=camera_positions(images, x, y, pplan.labels, ids),
         fingerprint="",
     )
     gps, lines = gps_warnings([(im.name, im) for im in images], x, y)
-    extra = {"warnings": warnings + lines, "gps_warnings": gps}
-    return plan.model_copy(update={"fingerprint": _plan_fingerprint(plan, images), **extra})
-
-
-@dataclass(frozen=True)
-class _Part:
-    """A part of a position plan as :mod:`prefect_odm.plan.checks` reads it."""
-
-    id: str
-    image_names: tuple[str, ...]
-
-
-def merge_duplicate_parts(
-    pplan: PositionPlan, split_overlap_m: float
-) -> tuple[PositionPlan, list[str]]:
-    """``pplan`` with every group of parts that process the same positions made one part, and
-    the warnings about the overlap.
-
-    With a split overlap wider than the parts, several parts can hold exactly the same images
-    (brighton, 18 images, ``--split 6``, 50 m: three parts of all 18, issue 13). The first part
-    of each group is kept (:func:`~prefect_odm.plan.checks.kept_submodel_of`); it takes the
-    others' core positions (labels) and core areas, so ownership still covers every camera, and
-    the later parts are renumbered in order. A plan without such groups is returned as it is.
-
-    Returns:
-        The plan, and the warnings: each image processed more than
-        :data:`~prefect_odm.plan.checks.MAX_DUPLICATION_FACTOR` times (measured on the parts
-        kept, so it agrees with the plan's table), and how many parts were merged.
-    """
-    parts = [_Part(str(p), tuple(str(i) for i in m)) for p, m in enumerate(pplan.members)]
-    duplication = find_duplicate_submodels(parts)
-    kept_of = {int(d): int(k) for d, k in kept_submodel_of(duplication).items()}
-    kept = find_duplicate_submodels([part for p, part in enumerate(parts) if p not in kept_of])
-    warning = overlap_warning(kept, split_overlap_m)
-    warnings = [] if warning is None else [warning]
-    if kept_of:
-        warnings.append(
-            f"{len(kept_of)} submodel(s) held the same images as another one and were merged "
-            f"into it ({pplan.k} planned, {pplan.k - len(kept_of)} kept)"
-        )
-    for text in warnings:
-        logger.warning("%s", text)
-    if not kept_of:
-        return pplan, warnings
-    survivors = [p for p in range(pplan.k) if p not in kept_of]
-    new_index = {old: new for new, old in enumerate(survivors)}
-    relabel = np.array([new_index[kept_of.get(p, p)] for p in range(pplan.k)], dtype=np.int32)
-    areas = None
-    if pplan.core_areas is not None:
-        grouped: list[list[BaseGeometry]] = [[] for _ in survivors]
-        for p, area in enumerate(pplan.core_areas):
-            grouped[relabel[p]].append(area)
-        areas = [g[0] if len(g) == 1 else shapely.union_all(g) for g in grouped]
-    merged = PositionPlan(
-        labels=relabel[pplan.labels],
-        members=[pplan.members[p] for p in survivors],
-        core_areas=areas,
-        clip=pplan.clip,
-    )
-    return merged, warnings
+    extra = {
+        "warnings": warnings + lines,
+        "gps_warnings": gps,
+        "neighbours": pairs,
+        "split_overlap_asked_m": decision.widened_from_m,
+    }
+    return plan.model_copy(update={"fingerprint": plan_fingerprint(plan, images), **extra})
