@@ -46,5 +46,5 @@ def plan_submodels(
         node_memory_gib=node_memory_gib,
     )
     for warning in plan.warnings:
-        progress.emit("warning", text=warning)
+        progress.emit(progress.WarningEvent(text=warning))
     return plan

@@ -165,7 +165,9 @@ class SubmodelRunner:
             stored = load_stored_result(self.layout, submodel)
             if stored is not None:
                 self.log(f"{submodel_id}: reused stored result {submodel.fingerprint[:12]}")
-                progress.emit("submodel", id=submodel_id, state="reused", fraction=1.0)
+                progress.emit(
+                    progress.SubmodelEvent(submodel_id=submodel_id, state="reused", fraction=1.0)
+                )
                 return stored.model_copy(update={"status": "reused"})
         start = time.monotonic()
         options: Options = self.plan.options.to_nodeodm()
@@ -332,7 +334,7 @@ class SubmodelRunner:
         clock: PhaseClock,
     ) -> SubmodelResult:
         """The failed result: the last error's first line and the node's last output lines."""
-        progress.emit("submodel", id=submodel.id, state="failed", fraction=1.0)
+        progress.emit(progress.SubmodelEvent(submodel_id=submodel.id, state="failed", fraction=1.0))
         return SubmodelResult(
             submodel_id=submodel.id,
             fingerprint=submodel.fingerprint,
@@ -402,7 +404,11 @@ class SubmodelRunner:
                 self.log(
                     f"{sid}: restarting task {previous.task_uuid} on {client.url} from {stage}"
                 )
-                progress.emit("submodel", id=sid, state=f"rerun from {stage}", fraction=0.1)
+                progress.emit(
+                    progress.SubmodelEvent(
+                        submodel_id=sid, state=f"rerun from {stage}", fraction=0.1
+                    )
+                )
                 if not client.restart(previous.task_uuid, {**options, "rerun-from": stage}):
                     return None
                 self._wait(client, submodel, previous.task_uuid, clock)
@@ -458,7 +464,9 @@ class SubmodelRunner:
             self.layout.submodel_result(submodel.id, submodel.fingerprint),
             result.model_dump(mode="json"),
         )
-        progress.emit("submodel", id=submodel.id, state="completed", fraction=1.0)
+        progress.emit(
+            progress.SubmodelEvent(submodel_id=submodel.id, state="completed", fraction=1.0)
+        )
         return result
 
     def _locate(self, uuid: str, excluded: Sequence[str]) -> str | None:
@@ -518,7 +526,11 @@ class SubmodelRunner:
             self._mark_upload(client, submodel, uuid)
             by_name = {img.name: img.url for img in self.survey.images}
             files = [by_name[name] for name in submodel.image_names]
-            progress.emit("submodel", id=sid, state="uploading", fraction=0.0, node=client.url)
+            progress.emit(
+                progress.SubmodelEvent(
+                    submodel_id=sid, state="uploading", fraction=0.0, node=client.url
+                )
+            )
             self.log(f"{sid}: uploading {len(files)} images to {client.url} as task {uuid}")
             client.create_task(
                 uuid,
@@ -528,7 +540,7 @@ class SubmodelRunner:
                 outputs=OUTPUTS,
                 deadline_seconds=self.upload_deadline_seconds,
                 progress=lambda done, total: progress.emit(
-                    "submodel", id=sid, state="uploading", fraction=0.1 * done / total
+                    progress.SubmodelEvent(sid, state="uploading", fraction=0.1 * done / total)
                 ),
             )
         elif state.status == COMPLETED:
@@ -584,7 +596,9 @@ class SubmodelRunner:
                 raise RunCancelledError(f"{sid}: run cancelled")
             fraction = 0.1 + 0.85 * s.progress / 100.0
             progress.emit(
-                "submodel", id=sid, state="processing", fraction=fraction, node=client.url
+                progress.SubmodelEvent(
+                    submodel_id=sid, state="processing", fraction=fraction, node=client.url
+                )
             )
 
         with clock.phase("processing"):
@@ -597,7 +611,7 @@ class SubmodelRunner:
     ) -> dict[str, str]:
         """Download, verify and store a completed task's products; product -> URL."""
         sid = submodel.id
-        progress.emit("submodel", id=sid, state="downloading", fraction=0.95)
+        progress.emit(progress.SubmodelEvent(submodel_id=sid, state="downloading", fraction=0.95))
         with tempfile.TemporaryDirectory(prefix=f"prefect-odm-{sid}-") as tmp:
             with clock.phase("download"):
                 extracted = client.download(uuid, Path(tmp))
