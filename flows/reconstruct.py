@@ -36,6 +36,7 @@ from prefect_odm import progress, storage
 from prefect_odm.align.report import AlignmentError
 from prefect_odm.errors import IncompleteRunError, InputError, MergeError, PlanningError
 from prefect_odm.fingerprints import merge_fingerprint
+from prefect_odm.geo import GeoJSONGeometry
 from prefect_odm.layout import OutputLayout
 from prefect_odm.merge.reports import MergeReports
 from prefect_odm.models import (
@@ -525,9 +526,16 @@ def merge_command(layout: OutputLayout, merged: list[SubmodelResult]) -> str:
     )
 
 
-def _planned_footprint(plan: SplitPlan) -> dict[str, Any] | None:
+def _planned_footprint(plan: SplitPlan) -> GeoJSONGeometry | None:
+    """The union of the submodels' footprints (the planned area, in the plan's CRS); None
+    without footprints, or when they enclose no area."""
     from shapely.geometry import mapping, shape
     from shapely.ops import unary_union
 
     shapes = [shape(s.footprint) for s in plan.submodels if s.footprint]
-    return dict(mapping(unary_union(shapes))) if shapes else None
+    if not shapes:
+        return None
+    union = mapping(unary_union(shapes))
+    if union["type"] not in ("Polygon", "MultiPolygon"):
+        return None  # an empty union is an empty collection: nothing was planned to cover
+    return GeoJSONGeometry(type=union["type"], coordinates=union["coordinates"])

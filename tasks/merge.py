@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, Unpack
+from typing import TYPE_CHECKING, NotRequired, TypedDict, Unpack
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -20,6 +20,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect_odm import progress, storage
 from prefect_odm.align.report import AlignmentReport
 from prefect_odm.errors import MergeError
+from prefect_odm.geo import GeoJSONGeometry
 from prefect_odm.merge.existing import ExistingOutput
 from prefect_odm.merge.reports import (
     CoverageReport,
@@ -140,7 +141,7 @@ def check_coverage(
     merged_orthophoto: Path,
     inputs: Mapping[str, str],
     work: Path,
-    planned_footprint: dict[str, Any] | None,
+    planned_footprint: GeoJSONGeometry | None,
     alignment: AlignmentReport | None = None,
 ) -> CoverageReport:
     """Coverage of the merged orthophoto against the inputs and the planned footprint.
@@ -266,7 +267,7 @@ class MergeKeywords(TypedDict):
 
     ownership: Ownership | None
     crs_epsg: int | None
-    planned_footprint: dict[str, Any] | None
+    planned_footprint: GeoJSONGeometry | None
     options: NotRequired[MergeOptions | None]
     alignment: NotRequired[AlignmentReport | None]
 

@@ -10,9 +10,8 @@ read their typed fields.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from prefect_odm.align.report import AlignmentReport
 from prefect_odm.merge.balance import GainOffset
@@ -228,7 +227,7 @@ class MergeReports(_Report):
         """The coverage check's numeric figures (the manifest's ``coverage``); empty without one."""
         return self.coverage.figures() if self.coverage is not None else {}
 
-    def json_dict(self) -> dict[str, Any]:
+    def json_dict(self) -> dict[str, JsonValue]:
         """Product (or ``coverage``) -> its report as JSON-ready data; products not merged are
         left out (the layout of ``merge.json``)."""
         return {
