@@ -351,7 +351,7 @@ class SubmodelRunner:
             phase_seconds=clock.rounded(),
         )
 
-    def _early_fingerprint(self, submodel: Submodel, options: Mapping[str, object]) -> str:
+    def _early_fingerprint(self, submodel: Submodel, options: Options) -> str:
         identity = {img.name: img.identity for img in self.survey.images}
         return submodel_fingerprint(
             [identity[n] for n in submodel.image_names],
