@@ -392,10 +392,11 @@ def embedded_engine(method: str | None = None) -> Iterator[Cluster]:
         except BlockingIOError:
             data_dir = base / f"data-{os.getpid()}"
             logger.info("embedded engine data folder is in use; using %s", data_dir)
-        kwargs: dict[str, Any] = {"max_parallel_tasks": EMBEDDED_MAX_PARALLEL_TASKS}
-        if method:
-            kwargs["method"] = method
-        engine = stack.enter_context(start_engine(data_dir, **kwargs))
+        engine = stack.enter_context(
+            start_engine(
+                data_dir, max_parallel_tasks=EMBEDDED_MAX_PARALLEL_TASKS, method=method or None
+            )
+        )
         client = NodeClient(engine.url)
         node = PoolNode(
             key=client.url,
