@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Literal, cast
 
 from prefect import flow, get_run_logger
@@ -26,8 +26,8 @@ from prefect_odm.tasks.deployment import (
     SubmodelChildren,
     show_child_history,
 )
-from prefect_odm.tasks.merge import merge_all
-from prefect_odm.tasks.report import publish_plan, publish_report
+from prefect_odm.tasks.merge import MergedProducts, merge_products
+from prefect_odm.tasks.report import publish_plan, publish_report, stored_merge_reports
 from prefect_odm.tasks.submodels import run_submodel
 from prefect_odm.tasks.survey import plan_submodels, scan_survey
 from pydantic import Field, WithJsonSchema
@@ -36,7 +36,9 @@ from prefect_odm import progress, storage
 from prefect_odm.align.report import AlignmentError
 from prefect_odm.errors import IncompleteRunError, InputError, MergeError, PlanningError
 from prefect_odm.fingerprints import merge_fingerprint
+from prefect_odm.geo import GeoJSONGeometry
 from prefect_odm.layout import OutputLayout
+from prefect_odm.merge.reports import MergeReports
 from prefect_odm.models import (
     Manifest,
     MergeOptions,
@@ -73,7 +75,6 @@ from prefect_odm.run_policy import (
     reused_and_pending,
     run_manifest,
     stored_manifest,
-    stored_merge_reports,
     work_queue_for,
 )
 from prefect_odm.settings import DEFAULT_SPLIT
@@ -230,7 +231,8 @@ def reconstruct(
         products=products,
         results=results,
         failed=failed,
-        merge_reports=reports,
+        coverage=reports.coverage_figures(),
+        alignment=reports.alignment,
         timings_seconds=timer.finish(),
         node_health=health,
     )
@@ -238,13 +240,13 @@ def reconstruct(
     publish_report(manifest, plan, survey, layout, reports, table.board.table())
     write_stac(layout.survey_dir, manifest)  # stac/collection.json, for a STAC portal
     storage.write_json_atomic(layout.manifest, manifest.model_dump(mode="json"))
-    progress.emit("stage", name="done")
+    progress.emit(progress.StageEvent(name="done"))
     return manifest
 
 
 def _scan(images: str) -> Survey:
     """Scan the images, refuse a survey too small, and name the run after the survey."""
-    progress.emit("stage", name="scan")
+    progress.emit(progress.StageEvent(name="scan"))
     survey: Survey = scan_survey(images)
     _check_survey(survey, images)
     rename_this_run(survey_run_name(images, survey.fingerprint))
@@ -312,7 +314,7 @@ def _plan(
         memory = memory_for_auto_split(cluster.memory_by_node)
     else:
         memory = cluster.node_memory_gib
-    progress.emit("stage", name="plan")
+    progress.emit(progress.StageEvent(name="plan"))
     options = options or ProcessingOptions()
     plan: SplitPlan = plan_submodels(
         survey, split, split_overlap_m, options, identity, memory, merge_options
@@ -322,7 +324,7 @@ def _plan(
     refusal = plan_gps_refusal(plan, survey)
     if refusal is not None:
         raise PlanningError(f"{survey.source}: {refusal}")
-    progress.emit("plan", submodels=[s.id for s in plan.submodels])
+    progress.emit(progress.PlanEvent(submodels=tuple(s.id for s in plan.submodels)))
     get_run_logger().info("planned %d submodels", len(plan.submodels))
     for warning in plan.warnings:
         get_run_logger().warning("plan: %s", warning)
@@ -364,7 +366,7 @@ def _process(
         show_child_history(live)  # a retried parent: its children's tries so far
     if not pending:
         return results, []
-    progress.emit("stage", name="process")
+    progress.emit(progress.StageEvent(name="process"))
     if deployment is not None:
         queue = work_queue_for(priority)
         children = SubmodelChildren(deployment, queue, nodes.urls, nodes.pool_block, force)
@@ -400,20 +402,16 @@ def _run_inline(
     """
     cluster.check_options(plan.options.to_nodeodm())
 
-    def follow(event: dict[str, Any]) -> None:
-        if event.get("id") not in pending:
-            return
-        if event.get("kind") == "submodel_run":
-            if live.board.update(str(event["id"]), runs=int(event["runs"])):
+    def follow(event: progress.ProgressEvent) -> None:
+        if isinstance(event, progress.SubmodelRunEvent) and event.submodel_id in pending:
+            if live.board.update(event.submodel_id, runs=event.runs):
                 live.publish()
-            return
-        if event.get("kind") != "submodel":
-            return
-        row = live.board.rows.get(str(event["id"]))
-        before = row.state if row else None
-        live.board.apply({**event, "node": "built-in engine" if builtin else event.get("node")})
-        if row is not None and row.state != before:
-            live.publish()
+        elif isinstance(event, progress.SubmodelEvent) and event.submodel_id in pending:
+            row = live.board.rows.get(event.submodel_id)
+            before = row.state if row else None
+            live.board.apply(replace(event, node="built-in engine" if builtin else event.node))
+            if row is not None and row.state != before:
+                live.publish()
 
     unsubscribe = progress.subscribe(follow)
     # As many submodels in flight as the pool has task slots (the flow's own runner would hold
@@ -468,9 +466,10 @@ def _merge_or_reuse(
     layout: OutputLayout,
     force: bool,
     merge_options: MergeOptions | None,
-) -> tuple[str, dict[str, str], dict[str, Any]]:
+) -> tuple[str, dict[str, str], MergeReports]:
     """(merge fingerprint, product -> URL, merge reports): the stored merge when its inputs are
-    the same (the manifest and report still describe this run), else a new merge.
+    the same and its ``merge.json`` reads back (the manifest and report still describe this
+    run), else a new merge.
 
     Raises:
         MergeError: no submodel finished.
@@ -482,19 +481,20 @@ def _merge_or_reuse(
         [(r.submodel_id, r.fingerprint) for r in merged], plan.fingerprint, options
     )
     stored = None if force else stored_manifest(layout, merge_fp)
-    if stored is not None:
+    stored_reports = None if stored is None else stored_merge_reports(layout)
+    if stored is not None and stored_reports is not None:
         get_run_logger().info("merge reused (fingerprint %s)", merge_fp[:12])
         reuse_stored("merge", merge_fp)
-        progress.emit("stage", name="merge reused")
-        return merge_fp, stored.products, stored_merge_reports(layout)
-    progress.emit("stage", name="merge")
-    products, reports = _merge(plan, merged, layout, options)
-    return merge_fp, products, reports
+        progress.emit(progress.StageEvent(name="merge reused"))
+        return merge_fp, stored.products, stored_reports
+    progress.emit(progress.StageEvent(name="merge"))
+    merged_products = _merge(plan, merged, layout, options)
+    return merge_fp, merged_products.stored, merged_products.reports
 
 
 def _merge(
     plan: SplitPlan, merged: list[SubmodelResult], layout: OutputLayout, options: MergeOptions
-) -> tuple[dict[str, str], dict[str, Any]]:
+) -> MergedProducts:
     """Align the finished submodels, then merge every product they have; store the products
     under ``layout.merged_dir``."""
     ids = [r.submodel_id for r in merged]
@@ -516,7 +516,7 @@ def _merge(
     # The products are about to be replaced: a manifest describing the earlier ones would lie
     # if this merge is stopped half-way ("no manifest" is what an unfinished run looks like).
     storage.remove_if_present(layout.manifest)
-    return merge_all(
+    return merge_products(
         products,
         layout.merged_product,
         ownership=ownership,
@@ -537,9 +537,16 @@ def merge_command(layout: OutputLayout, merged: list[SubmodelResult]) -> str:
     )
 
 
-def _planned_footprint(plan: SplitPlan) -> dict[str, Any] | None:
+def _planned_footprint(plan: SplitPlan) -> GeoJSONGeometry | None:
+    """The union of the submodels' footprints (the planned area, in the plan's CRS); None
+    without footprints, or when they enclose no area."""
     from shapely.geometry import mapping, shape
     from shapely.ops import unary_union
 
     shapes = [shape(s.footprint) for s in plan.submodels if s.footprint]
-    return dict(mapping(unary_union(shapes))) if shapes else None
+    if not shapes:
+        return None
+    union = mapping(unary_union(shapes))
+    if union["type"] not in ("Polygon", "MultiPolygon"):
+        return None  # an empty union is an empty collection: nothing was planned to cover
+    return GeoJSONGeometry(type=union["type"], coordinates=union["coordinates"])

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from functools import lru_cache
+from typing import Any, TypedDict
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -19,6 +21,15 @@ from pyproj import Transformer
 from prefect_odm.errors import InputError
 
 logger = logging.getLogger(__name__)
+
+
+class GeoJSONGeometry(TypedDict):
+    """A GeoJSON geometry object (RFC 7946, section 3.1) in a projected CRS, as shapely's
+    ``mapping`` writes a polygon: ``type`` (``Polygon``, ``MultiPolygon``) and ``coordinates``
+    (nested sequences of ``(x, y)`` positions, CRS units)."""
+
+    type: str
+    coordinates: Sequence[Any]
 
 
 def utm_zone_number(longitude_deg: float) -> int:

@@ -1,8 +1,9 @@
 """In-process progress events (the command line listens, flows and tasks emit) and the board of
 submodel states both the command line and the live submodel table show (pure).
 
-Events are small dictionaries (``kind`` plus fields); emitting with no listener costs nothing.
-A listener that raises is dropped from nothing and breaks nothing: its error is logged.
+Events are small frozen records, one class per kind (:data:`ProgressEvent` is their union), so
+mypy checks every producer's fields and every consumer's reads; emitting with no listener costs
+nothing. A listener that raises is dropped from nothing and breaks nothing: its error is logged.
 """
 
 from __future__ import annotations
@@ -12,11 +13,74 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict, Unpack
 
 logger = logging.getLogger(__name__)
 
-Listener = Callable[[dict[str, Any]], None]
+
+@dataclass(frozen=True)
+class StageEvent:
+    """The run entered a stage (``scan``, ``plan``, ``process``, ``merge``, ``merge reused``,
+    ``done``)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class PlanEvent:
+    """The plan is known: its submodel ids, in plan order."""
+
+    submodels: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SubmodelEvent:
+    """A submodel's state changed or its node reported progress.
+
+    Attributes:
+        submodel_id: e.g. ``submodel-003``.
+        state: lower-case state in words (``uploading``, ``processing``, ``reused``,
+            ``rerun from openmvs``, ...).
+        fraction: its progress, 0 to 1.
+        node: the node it runs on, as shown (``None``: not said by this event).
+    """
+
+    submodel_id: str
+    state: str
+    fraction: float
+    node: str | None = None
+
+
+@dataclass(frozen=True)
+class SubmodelRunEvent:
+    """A flow run of a submodel started: ``runs`` runs so far (the UI's Retry adds one)."""
+
+    submodel_id: str
+    runs: int
+
+
+@dataclass(frozen=True)
+class MergeEvent:
+    """The merge of ``product`` has done ``done`` of ``total`` blocks (or points chunks)."""
+
+    product: str
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
+class WarningEvent:
+    """A warning for the operator before compute (bad GPS, heavy overlap)."""
+
+    text: str
+
+
+ProgressEvent = (
+    StageEvent | PlanEvent | SubmodelEvent | SubmodelRunEvent | MergeEvent | WarningEvent
+)
+"""Every kind of progress event."""
+
+Listener = Callable[[ProgressEvent], None]
 
 _lock = threading.Lock()
 _listeners: list[Listener] = []
@@ -35,16 +99,15 @@ def subscribe(listener: Listener) -> Callable[[], None]:
     return unsubscribe
 
 
-def emit(kind: str, **fields: Any) -> None:
-    """Send an event to every listener (e.g. ``emit("submodel", id="submodel-001", state="running")``)."""
+def emit(event: ProgressEvent) -> None:
+    """Send an event to every listener (e.g. ``emit(StageEvent("merge"))``)."""
     with _lock:
         listeners = list(_listeners)
-    event = {"kind": kind, **fields}
     for listener in listeners:
         try:
             listener(event)
         except Exception:  # a broken progress bar must not break a reconstruction
-            logger.exception("progress listener failed on %s", kind)
+            logger.exception("progress listener failed on %s", type(event).__name__)
 
 
 DONE_STATES = frozenset({"completed", "cached"})
@@ -117,6 +180,32 @@ class BoardCounts:
         return 100.0 * self.done / self.planned if self.planned else 100.0
 
 
+class RowFields(TypedDict, total=False):
+    """Fields of a :class:`SubmodelRow` a caller may set (see there)."""
+
+    state: str
+    node: str
+    fraction: float
+    runs: int
+    attempts: int
+    seconds: float | None
+    history: list[str]
+    error: str
+
+
+class TableRow(TypedDict):
+    """One row of the live submodel table artifact (:meth:`SubmodelBoard.table`)."""
+
+    submodel: str
+    state: str
+    node: str
+    runs: int
+    attempts: int
+    seconds: float | str
+    history: str
+    error: str
+
+
 class SubmodelBoard:
     """The state of every planned submodel of a run, fed by progress events or by the caller.
 
@@ -127,7 +216,7 @@ class SubmodelBoard:
         self._lock = threading.Lock()
         self.rows: dict[str, SubmodelRow] = {sid: SubmodelRow(sid) for sid in planned}
 
-    def update(self, submodel_id: str, **fields: Any) -> bool:
+    def update(self, submodel_id: str, **fields: Unpack[RowFields]) -> bool:
         """Set fields of a submodel's row (unknown ids are added); returns whether it changed.
 
         A state leaving the waiting states starts the row's clock.
@@ -142,18 +231,15 @@ class SubmodelBoard:
                 row.started = time.monotonic()
             return vars(row) != before
 
-    def apply(self, event: dict[str, Any]) -> bool:
-        """Apply a ``submodel`` progress event (``id``, ``state``, ``fraction``, ``node``); a
-        ``reused`` submodel shows as ``cached``."""
-        if event.get("kind") != "submodel":
-            return False
-        state = str(event.get("state", "running"))
-        fields: dict[str, Any] = {"state": "cached" if state == "reused" else state}
-        if "fraction" in event:
-            fields["fraction"] = float(event["fraction"])
-        if event.get("node"):
-            fields["node"] = str(event["node"])
-        return self.update(str(event["id"]), **fields)
+    def apply(self, event: SubmodelEvent) -> bool:
+        """Apply a submodel event (its state, fraction and node when it names one); returns
+        whether the row changed. A ``reused`` submodel shows as ``cached``."""
+        state = "cached" if event.state == "reused" else event.state
+        if event.node:
+            return self.update(
+                event.submodel_id, state=state, fraction=event.fraction, node=event.node
+            )
+        return self.update(event.submodel_id, state=state, fraction=event.fraction)
 
     def counts(self) -> BoardCounts:
         """How many submodels are in each kind of state."""
@@ -178,7 +264,7 @@ class SubmodelBoard:
         stopped = DONE_STATES | FAILED_STATES | WAITING_STATES
         return [r for r in rows if r.state not in stopped]
 
-    def table(self) -> list[dict[str, Any]]:
+    def table(self) -> list[TableRow]:
         """One dictionary per submodel, for a table artifact (history joined with ``; ``)."""
         with self._lock:
             rows = list(self.rows.values())

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
 
 from prefect_odm import __version__, progress, storage
+from prefect_odm.align.report import AlignmentReport
 from prefect_odm.errors import StorageError
 from prefect_odm.layout import OutputLayout
 from prefect_odm.models import (
@@ -70,7 +70,7 @@ def reused_and_pending(
         stored = None if force else load_stored_result(layout, sm)
         if stored is not None:
             reused[sm.id] = stored.model_copy(update={"status": "reused"})
-            progress.emit("submodel", id=sm.id, state="reused", fraction=1.0)
+            progress.emit(progress.SubmodelEvent(submodel_id=sm.id, state="reused", fraction=1.0))
         else:
             pending.append(sm.id)
     return reused, pending
@@ -125,15 +125,6 @@ def stored_manifest(layout: OutputLayout, merge_fingerprint: str) -> Manifest | 
     return manifest
 
 
-def stored_merge_reports(layout: OutputLayout) -> dict[str, Any]:
-    """The merge reports a previous run stored beside the products (empty when missing)."""
-    try:
-        reports = storage.read_json(layout.merge_report)
-    except (FileNotFoundError, OSError, ValueError):
-        return {}
-    return reports if isinstance(reports, dict) else {}
-
-
 def run_manifest(
     *,
     source: str,
@@ -143,14 +134,15 @@ def run_manifest(
     products: dict[str, str],
     results: Mapping[str, SubmodelResult],
     failed: dict[str, str],
-    merge_reports: Mapping[str, Any],
+    coverage: Mapping[str, float],
+    alignment: AlignmentReport | None,
     timings_seconds: Mapping[str, float],
     node_health: Sequence[NodeHealthRecord] = (),
 ) -> Manifest:
     """The manifest of a run: its inputs' fingerprints, products, every planned submodel's
-    result (plan order), the failed ones with their reasons, rejected images, the coverage
-    figures of the merge reports and the stage timings (seconds, rounded to ms)."""
-    coverage = merge_reports.get("coverage", {})
+    result (plan order), the failed ones with their reasons, rejected images, the merge's
+    coverage figures (``MergeReports.coverage_figures``) and alignment, and the stage timings
+    (seconds, rounded to ms)."""
     return Manifest(
         version=__version__,
         created=datetime.now(UTC),
@@ -163,10 +155,10 @@ def run_manifest(
         submodels=[results[s.id] for s in plan.submodels],
         failed_submodels=failed,
         rejected_images=survey.rejected,
-        coverage={k: float(v) for k, v in coverage.items() if isinstance(v, int | float)},
+        coverage=dict(coverage),
         timings_seconds={k: round(v, 3) for k, v in timings_seconds.items()},
         node_health=list(node_health),
-        alignment=merge_reports.get("alignment"),
+        alignment=alignment,
     )
 
 

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import psutil
 from prefect.client.orchestration import get_client
@@ -243,23 +243,54 @@ def _write_ledger_entry(
     return path
 
 
-def slots_status(name: str) -> dict[str, Any]:
+class SlotHolder(TypedDict):
+    """One ledger entry of :func:`slots_status`: a process holding slots on this machine."""
+
+    pid: int
+    slots: int
+    what: str
+    alive: bool
+    held: bool
+    """False while the process still waits for its slots."""
+
+
+class SlotsStatus(TypedDict):
+    """A memory limit's state (:func:`slots_status`).
+
+    Attributes:
+        name: the global concurrency limit's name.
+        limit, active_slots: its size and the slots in use, GiB (None: no such limit).
+        active: whether the server applies it.
+        holders: this machine's ledger.
+    """
+
+    name: str
+    limit: int | None
+    active_slots: int | None
+    active: bool
+    holders: list[SlotHolder]
+
+
+def slots_status(name: str) -> SlotsStatus:
     """The limit's size and active slots on the server, and this machine's ledger."""
     with get_client(sync_client=True) as client:
         try:
             limit = client.read_global_concurrency_limit_by_name(name)
-            server: dict[str, int | bool | None] = {
-                "limit": limit.limit,
-                "active_slots": limit.active_slots,
-                "active": limit.active,
-            }
         except ObjectNotFound:
-            server = {"limit": None, "active_slots": None, "active": False}
+            limit = None
     holders = [
-        {"pid": e.pid, "slots": e.slots, "what": e.what, "alive": e.alive, "held": e.held}
+        SlotHolder(pid=e.pid, slots=e.slots, what=e.what, alive=e.alive, held=e.held)
         for e in ledger(name)
     ]
-    return {"name": name, **server, "holders": holders}
+    if limit is None:
+        return SlotsStatus(name=name, limit=None, active_slots=None, active=False, holders=holders)
+    return SlotsStatus(
+        name=name,
+        limit=limit.limit,
+        active_slots=limit.active_slots,
+        active=limit.active,
+        holders=holders,
+    )
 
 
 def reset_slots(name: str) -> None:

@@ -119,7 +119,10 @@ class LiveSubmodelTable:
         rows = board.table()
         self._last = json.dumps(rows)
         self.table_id = cast(
-            UUID, create_table_artifact(table=rows, key=key, description=self._description())
+            UUID,
+            create_table_artifact(
+                table=[dict(r) for r in rows], key=key, description=self._description()
+            ),
         )
         self.progress_id = cast(
             UUID,
@@ -178,18 +181,16 @@ def submodel_progress(submodel_id: str) -> Iterator[None]:
     artifact_id = new_progress(f"{submodel_id}: starting")
     last_time, last_state = 0.0, ""
 
-    def listen(event: dict[str, object]) -> None:
+    def listen(event: progress.ProgressEvent) -> None:
         nonlocal last_time, last_state
-        if event.get("kind") != "submodel" or event.get("id") != submodel_id:
+        if not isinstance(event, progress.SubmodelEvent) or event.submodel_id != submodel_id:
             return
         now = time.monotonic()
-        state = str(event.get("state", ""))
+        state = event.state
         if state == last_state and now - last_time < PROGRESS_UPDATE_SECONDS:
             return
         last_time, last_state = now, state
-        # Submodel events carry their fraction (0 to 1) as a float (prefect_odm.progress).
-        fraction = float(cast(float, event.get("fraction", 0.0)))
-        set_progress(artifact_id, round(100.0 * fraction, 1), f"{submodel_id}: {state}")
+        set_progress(artifact_id, round(100.0 * event.fraction, 1), f"{submodel_id}: {state}")
 
     unsubscribe = progress.subscribe(listen)
     try:

@@ -46,7 +46,7 @@ from prefect_odm.errors import DeploymentRunError
 from prefect_odm.layout import OutputLayout
 from prefect_odm.models import SplitPlan, SubmodelResult
 from prefect_odm.nodes.refs import submodel_run_name
-from prefect_odm.progress import SubmodelBoard
+from prefect_odm.progress import RowFields, SubmodelBoard
 from prefect_odm.run_policy import load_stored_result
 
 SUBMODEL_DEPLOYMENT = "process_submodel/process-submodel"
@@ -377,7 +377,7 @@ class ChildRunFeed:
         history = run_history(client, run)
         state = board_state(run.state)
         failed = state in ("failed", "crashed", "cancelled")
-        fields: dict[str, Any] = {
+        fields: RowFields = {
             "state": state,
             "runs": max(run.run_count, len(history)),
             "seconds": run.total_run_time.total_seconds() if run.run_count else None,
@@ -450,7 +450,9 @@ class SubmodelChildren:
         def on_final(sid: str, run: FlowRun) -> None:
             state = run.state.name if run.state and run.state.name else "?"
             logger.info("%s: deployment run %s ended %s", sid, run.name, state)
-            progress.emit("submodel", id=sid, state=state.lower(), fraction=1.0)
+            progress.emit(
+                progress.SubmodelEvent(submodel_id=sid, state=state.lower(), fraction=1.0)
+            )
 
         feed = ChildRunFeed(table.board, table.publish)
         runs = wait_for_runs(run_ids, on_final=on_final, on_poll=feed)

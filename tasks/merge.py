@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, Unpack
+from typing import TYPE_CHECKING, NotRequired, TypedDict, Unpack
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -20,6 +20,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect_odm import progress, storage
 from prefect_odm.align.report import AlignmentReport
 from prefect_odm.errors import MergeError
+from prefect_odm.geo import GeoJSONGeometry
 from prefect_odm.merge.existing import ExistingOutput
 from prefect_odm.merge.reports import (
     CoverageReport,
@@ -27,6 +28,7 @@ from prefect_odm.merge.reports import (
     MergeReports,
     OrthoMergeReport,
     PointCloudMergeReport,
+    ProductMergeReport,
 )
 from prefect_odm.models import MergeOptions
 from prefect_odm.ownership import Ownership
@@ -46,7 +48,7 @@ def _local_inputs(inputs: Mapping[str, str], work: Path, product: str) -> dict[s
 
 def _on_progress(product: str) -> Callable[[int, int], None]:
     def callback(done: int, total: int) -> None:
-        progress.emit("merge", product=product, done=done, total=total)
+        progress.emit(progress.MergeEvent(product=product, done=done, total=total))
 
     return callback
 
@@ -139,7 +141,7 @@ def check_coverage(
     merged_orthophoto: Path,
     inputs: Mapping[str, str],
     work: Path,
-    planned_footprint: dict[str, Any] | None,
+    planned_footprint: GeoJSONGeometry | None,
     alignment: AlignmentReport | None = None,
 ) -> CoverageReport:
     """Coverage of the merged orthophoto against the inputs and the planned footprint.
@@ -181,21 +183,23 @@ class MergedProducts:
 
 @dataclass
 class _MergeRun:
-    """One merge's context and its staged outputs."""
+    """One merge's context, its staged outputs and their reports (product name -> each)."""
 
     context: MergeContext
-    staged: dict[str, Path] = field(default_factory=dict)
-    reports: dict[str, Any] = field(default_factory=dict)
+    staged: dict[ProductName, Path] = field(default_factory=dict)
+    reports: dict[ProductName, ProductMergeReport] = field(default_factory=dict)
 
     def merge(self, name: ProductName, method: MergeMethod, inputs: Mapping[str, str]) -> None:
         """Merge one product into the staging folder with its registry method."""
         out = self.context.work / PRODUCTS[name].file_name
+        report: ProductMergeReport
         if method == "orthophoto":
-            self.reports[name] = merge_orthophotos(inputs, out, self.context)
+            report = merge_orthophotos(inputs, out, self.context)
         elif method == "dem":
-            self.reports[name] = merge_dems(inputs, out, self.context, product=name)
+            report = merge_dems(inputs, out, self.context, product=name)
         else:
-            self.reports[name] = merge_point_clouds(inputs, out, self.context)
+            report = merge_point_clouds(inputs, out, self.context)
+        self.reports[name] = report
         self.staged[name] = out
 
 
@@ -249,7 +253,7 @@ def _shared_seamlines(
 
 
 class MergeKeywords(TypedDict):
-    """The keywords of :func:`merge_products` and :func:`merge_all`.
+    """The keywords of :func:`merge_products`.
 
     Attributes:
         ownership: who owns which ground position; ``None``: from each input's footprint (its
@@ -263,7 +267,7 @@ class MergeKeywords(TypedDict):
 
     ownership: Ownership | None
     crs_epsg: int | None
-    planned_footprint: dict[str, Any] | None
+    planned_footprint: GeoJSONGeometry | None
     options: NotRequired[MergeOptions | None]
     alignment: NotRequired[AlignmentReport | None]
 
@@ -302,14 +306,13 @@ def merge_products(
             work, ownership, crs_epsg, options, alignment=alignment, seamlines=seamlines
         )
         run = _MergeRun(context)
-        if alignment is not None:
-            run.reports["alignment"] = alignment
         for name, product in PRODUCTS.items():
             inputs = _inputs_of(products, name)
             if inputs:
                 run.merge(name, product.merge, inputs)
+        coverage = None
         if "orthophoto" in run.staged:
-            run.reports["coverage"] = check_coverage(
+            coverage = check_coverage(
                 run.staged["orthophoto"],
                 _inputs_of(products, "orthophoto"),
                 work,
@@ -322,18 +325,5 @@ def merge_products(
             storage.put_file(path, stored[staged])
             # the report names the stored product, not the staging file deleted below
             run.reports[staged] = run.reports[staged].model_copy(update={"path": stored[staged]})
-    return MergedProducts(stored=stored, reports=MergeReports(**run.reports))
-
-
-def merge_all(
-    products: Mapping[str, Mapping[str, str]],
-    layout_merged: Callable[[str], str],
-    **kw: Unpack[MergeKeywords],
-) -> tuple[dict[str, str], dict[str, Any]]:
-    """:func:`merge_products`, with the reports as JSON data (the layout of ``merge.json``).
-
-    Returns:
-        (product name -> stored URL, product or ``coverage`` -> report data).
-    """
-    merged = merge_products(products, layout_merged, **kw)
-    return merged.stored, merged.reports.json_dict()
+    reports = MergeReports.of_products(run.reports, coverage=coverage, alignment=alignment)
+    return MergedProducts(stored=stored, reports=reports)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -20,6 +19,7 @@ from prefect_odm.merge.alignment_figures import ALIGNMENT_PNG, alignment_lines, 
 from prefect_odm.merge.existing import ExistingMerge
 from prefect_odm.merge.reports import MergeReports, OrthoMergeReport
 from prefect_odm.models import Manifest, NodeHealthRecord, SplitPlan, SubmodelResult, Survey
+from prefect_odm.progress import TableRow
 from prefect_odm.publish.summary import product_summary_lines
 
 
@@ -77,15 +77,19 @@ def _write_plan_files(
     storage.write_json_atomic(layout.plan_json, plan.model_dump(mode="json"))
 
 
-def as_merge_reports(merge_reports: MergeReports | Mapping[str, Any]) -> MergeReports:
-    """The typed reports of a merge, from the reports or their JSON data (``merge.json``).
+def stored_merge_reports(layout: OutputLayout) -> MergeReports | None:
+    """The merge reports a previous run stored beside its products (``report/merge.json``),
+    validated: the one place a stored ``merge.json`` becomes :class:`MergeReports` again (keys
+    it no longer knows are ignored, so older files read).
 
-    Raises:
-        pydantic.ValidationError: data that is not a merge report.
+    Returns:
+        The reports; ``None`` when the file is missing, unreadable or not a merge report (the
+        stored merge cannot be described, so it is not reused).
     """
-    if isinstance(merge_reports, MergeReports):
-        return merge_reports
-    return MergeReports.model_validate(dict(merge_reports))
+    try:
+        return MergeReports.model_validate(storage.read_json(layout.merge_report))
+    except (OSError, ValueError):  # pydantic's ValidationError and JSON errors are ValueErrors
+        return None
 
 
 def seam_lines(ortho: OrthoMergeReport) -> list[str]:
@@ -129,9 +133,7 @@ def node_lines(records: Sequence[NodeHealthRecord]) -> list[str]:
     return lines
 
 
-def submodel_lines(
-    manifest: Manifest, plan: SplitPlan, rows: list[dict[str, Any]] | None
-) -> list[str]:
+def submodel_lines(manifest: Manifest, plan: SplitPlan, rows: list[TableRow] | None) -> list[str]:
     """The report's submodel table: the live table's rows when given (state, node, runs,
     attempts, seconds, history of the tries), else the manifest's results."""
     lines = ["", "## Submodels", ""]
@@ -166,12 +168,11 @@ def submodel_lines(
 def report_markdown(
     manifest: Manifest,
     plan: SplitPlan,
-    merge_reports: MergeReports | Mapping[str, Any],
-    submodel_rows: list[dict[str, Any]] | None = None,
+    reports: MergeReports,
+    submodel_rows: list[TableRow] | None = None,
 ) -> str:
     """The run report as markdown: products, submodels, coverage, seams, rejected images,
     timings (the pictures are added by :func:`publish_report`)."""
-    reports = as_merge_reports(merge_reports)
     lines = [
         f"# Reconstruction of `{manifest.source}`",
         "",
@@ -228,17 +229,16 @@ def publish_report(
     plan: SplitPlan,
     survey: Survey,
     layout: OutputLayout,
-    merge_reports: MergeReports | Mapping[str, Any],
-    submodel_rows: list[dict[str, Any]] | None = None,
+    reports: MergeReports,
+    submodel_rows: list[TableRow] | None = None,
 ) -> None:
     """Write report/report.md and merge.json beside the products; publish the report as a
     markdown artifact with its pictures embedded (the live submodel table is published by the
     flow).
 
-    ``merge_reports``: the merge's reports, or their JSON data (a stored ``merge.json``).
+    ``reports``: the merge's reports (this run's, or :func:`stored_merge_reports`).
     ``submodel_rows``: the live table's rows (runs and history of every submodel).
     """
-    reports = as_merge_reports(merge_reports)
     markdown = report_markdown(manifest, plan, reports, submodel_rows)
     storage.write_bytes_atomic(layout.report_md, markdown.encode())
     storage.write_json_atomic(layout.merge_report, reports.json_dict())
@@ -282,7 +282,7 @@ def publish_existing_merge(
             SubmodelResult(submodel_id=sid, fingerprint="", status="reused", products=prods)
             for sid, prods in sorted(request.products.items())
         ],
-        coverage=reports.coverage.figures() if reports.coverage is not None else {},
+        coverage=reports.coverage_figures(),
         alignment=reports.alignment,
     )
     storage.write_json_atomic(layout.merge_report, reports.json_dict())

@@ -55,7 +55,9 @@ def run_submodel(
         force: process again even when a stored result exists.
     """
     # Each try of this task is one flow run of the submodel: the live table's ``runs``.
-    progress.emit("submodel_run", id=submodel_id, runs=max(1, this_task_run.run_count))
+    progress.emit(
+        progress.SubmodelRunEvent(submodel_id=submodel_id, runs=max(1, this_task_run.run_count))
+    )
     try:
         # Called as a subflow, the flow returns its result's data (also from a Cached state).
         done = process_submodel(plan_url, submodel_id, output, nodes=nodes, force=force)

@@ -50,5 +50,5 @@ def plan_submodels(
         merge_options=merge_options,
     )
     for warning in plan.warnings:
-        progress.emit("warning", text=warning)
+        progress.emit(progress.WarningEvent(text=warning))
     return plan

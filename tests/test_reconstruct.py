@@ -172,7 +172,7 @@ def test_changed_option_processes_again_and_renamed_inputs_change_nothing(
         assert not manifest_file.exists()  # retired before the first product is written
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(reconstruct_module, "merge_all", stopped)
+    monkeypatch.setattr(reconstruct_module, "merge_products", stopped)
     with pytest.raises(KeyboardInterrupt):
         reconstruct(
             images=str(brighton_images),

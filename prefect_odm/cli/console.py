@@ -5,14 +5,22 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from prefect_odm.progress import SubmodelBoard
+from prefect_odm.progress import (
+    MergeEvent,
+    PlanEvent,
+    ProgressEvent,
+    StageEvent,
+    SubmodelBoard,
+    SubmodelEvent,
+    SubmodelRunEvent,
+    WarningEvent,
+)
 
 QUIETED_LOGGERS = (
     "prefect",
@@ -76,27 +84,30 @@ class LiveProgress:
         if self._live is not None:
             self._live.stop()
 
-    def listen(self, event: dict[str, Any]) -> None:
+    def listen(self, event: ProgressEvent) -> None:
         """Take one progress event (the :func:`prefect_odm.progress.subscribe` listener)."""
         with self._lock:
-            kind = event.get("kind")
-            if kind == "stage":
-                self.stage = str(event["name"])
-                self._line(f"stage: {self.stage}")
-            elif kind == "plan":
-                self._planned = True
-                self.board = SubmodelBoard(list(event["submodels"]))
-                self._line(f"plan: {len(event['submodels'])} submodels")
-            elif kind == "submodel":
-                self._submodel(event)
-            elif kind == "merge":
-                self._merge(event)
-            elif kind == "warning":
-                # Plan warnings (bad GPS, heavy overlap) before compute: shown on a terminal too.
-                self.console.print(f"warning: {event['text']}", markup=False, highlight=False)
+            match event:
+                case StageEvent(name=name):
+                    self.stage = name
+                    self._line(f"stage: {self.stage}")
+                case PlanEvent(submodels=submodels):
+                    self._planned = True
+                    self.board = SubmodelBoard(list(submodels))
+                    self._line(f"plan: {len(submodels)} submodels")
+                case SubmodelEvent():
+                    self._submodel(event)
+                case MergeEvent():
+                    self._merge(event)
+                case WarningEvent(text=text):
+                    # Plan warnings (bad GPS, heavy overlap) before compute: shown on a
+                    # terminal too.
+                    self.console.print(f"warning: {text}", markup=False, highlight=False)
+                case SubmodelRunEvent():
+                    pass  # flow runs per submodel: the live table's, not the console's
 
-    def _submodel(self, event: dict[str, Any]) -> None:
-        sid = str(event["id"])
+    def _submodel(self, event: SubmodelEvent) -> None:
+        sid = event.submodel_id
         before = self.board.rows[sid].state if sid in self.board.rows else None
         self.board.apply(event)
         row = self.board.rows[sid]
@@ -104,8 +115,8 @@ class LiveProgress:
             node = f" on {row.node}" if row.node else ""
             self._line(f"{sid}: {row.state}{node}; {self.board.counts().summary()}")
 
-    def _merge(self, event: dict[str, Any]) -> None:
-        product, done, total = event["product"], event["done"], event["total"]
+    def _merge(self, event: MergeEvent) -> None:
+        product, done, total = event.product, event.done, event.total
         self.merge = f"merge {product} {done}/{total}"
         if done == total or done == 0:
             self._line(self.merge)

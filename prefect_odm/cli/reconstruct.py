@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import tempfile
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from prefect_odm import __version__, storage
 from prefect_odm.cli.args import merge_options, processing_options
@@ -23,7 +23,7 @@ from prefect_odm.layout import LAST_RUN_FILE, OutputLayout, join
 from prefect_odm.settings import get_settings
 
 if TYPE_CHECKING:
-    from prefect_odm.models import Manifest, ProcessingOptions
+    from prefect_odm.models import Manifest, MergeOptions, ProcessingOptions
 
 
 REJECTED_SHOWN = 5
@@ -67,7 +67,41 @@ def _check_remote_output(output: str) -> None:
         raise InputError(f"{output}: cannot reach the output location ({reason})") from None
 
 
-def _run_request(args: argparse.Namespace, options: ProcessingOptions) -> dict[str, Any]:
+class RunRequest(TypedDict):
+    """What a ``reconstruct`` command asked for (the last-run record's ``request``).
+
+    Attributes:
+        images, nodes, split, split_overlap_m, allow_partial: the command's arguments.
+        listing: SHA-256 of the inputs' listing (names, sizes, times or ETags).
+        options: the processing options as JSON data.
+        version: the prefect-odm version.
+    """
+
+    images: str
+    listing: str
+    nodes: list[str]
+    split: int | str
+    split_overlap_m: float
+    options: dict[str, Any]
+    allow_partial: bool
+    version: str
+
+
+class FlowParameters(TypedDict):
+    """The ``reconstruct`` flow's parameters the command line sets (see the flow)."""
+
+    images: str
+    output: str
+    nodes: list[str] | None
+    split: int | Literal["auto"]
+    split_overlap_m: float
+    allow_partial: bool
+    force: bool
+    options: ProcessingOptions
+    merge_options: MergeOptions | None
+
+
+def _run_request(args: argparse.Namespace, options: ProcessingOptions) -> RunRequest:
     """What this command asks for, with a listing signature of the inputs (names, sizes and
     modification times or ETags; no content is read)."""
     fs, root = storage.filesystem(args.images)
@@ -95,7 +129,7 @@ def _run_request(args: argparse.Namespace, options: ProcessingOptions) -> dict[s
     }
 
 
-def _unchanged_since_last_run(output: str, request: dict[str, Any]) -> Manifest | None:
+def _unchanged_since_last_run(output: str, request: RunRequest) -> Manifest | None:
     """The manifest of the last run into ``output`` when it was asked exactly this, the inputs'
     listing is unchanged and every product is still there; else ``None``."""
     from prefect_odm.models import Manifest
@@ -116,7 +150,7 @@ def _unchanged_since_last_run(output: str, request: dict[str, Any]) -> Manifest 
     )
 
 
-def _record_last_run(output: str, request: dict[str, Any], manifest: Manifest) -> None:
+def _record_last_run(output: str, request: RunRequest, manifest: Manifest) -> None:
     """Write the record of this run (what was asked, where its manifest is) into ``output``."""
     manifest_url = OutputLayout(output, manifest.survey_fingerprint).manifest
     storage.write_json_atomic(
@@ -281,11 +315,16 @@ def _run_flow(args: argparse.Namespace, options: ProcessingOptions, embedded_api
             unsubscribe()
 
 
-def _flow_parameters(args: argparse.Namespace, options: ProcessingOptions) -> dict[str, Any]:
+def _flow_parameters(args: argparse.Namespace, options: ProcessingOptions) -> FlowParameters:
     """The ``reconstruct`` flow's parameters from the command line."""
-    names = ("images", "output", "nodes", "split", "split_overlap_m", "allow_partial", "force")
-    return {
-        **{name: getattr(args, name) for name in names},
-        "options": options,
-        "merge_options": merge_options(args),
-    }
+    return FlowParameters(
+        images=args.images,
+        output=args.output,
+        nodes=args.nodes,
+        split=args.split,
+        split_overlap_m=args.split_overlap_m,
+        allow_partial=args.allow_partial,
+        force=args.force,
+        options=options,
+        merge_options=merge_options(args),
+    )

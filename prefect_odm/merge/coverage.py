@@ -24,6 +24,7 @@ from rasterio.vrt import WarpedVRT
 
 from prefect_odm.align.similarity import RasterCorrection
 from prefect_odm.errors import MergeError
+from prefect_odm.geo import GeoJSONGeometry
 from prefect_odm.grid import Bounds, Grid, snap_grid
 from prefect_odm.merge.reports import CoverageReport, SubmodelCoverage
 
@@ -72,7 +73,7 @@ def _mask_on(
 
 
 def _comparison_grid(
-    merged: Path, planned_footprint: dict[str, Any] | None, max_side_px: int
+    merged: Path, planned_footprint: GeoJSONGeometry | None, max_side_px: int
 ) -> tuple[CRS, Grid]:
     """The merged raster's CRS and the decimated grid (anchored on the merged grid's origin,
     extended to cover the footprint) that every mask is sampled on."""
@@ -89,7 +90,7 @@ def _comparison_grid(
     if planned_footprint is not None:
         from shapely.geometry import shape
 
-        x0, y0, x1, y1 = shape(planned_footprint).bounds
+        x0, y0, x1, y1 = shape(dict(planned_footprint)).bounds
         boxes.append((x0, y0, x1, y1))
     left = min(b[0] for b in boxes)
     top = max(b[3] for b in boxes)
@@ -108,7 +109,7 @@ def _comparison_grid(
 
 
 def _planned(
-    planned_footprint: dict[str, Any], grid: Grid, merged: NDArray[np.bool_]
+    planned_footprint: GeoJSONGeometry, grid: Grid, merged: NDArray[np.bool_]
 ) -> tuple[float | None, float | None]:
     """``(planned area, covered fraction of it)`` on ``grid``; Nones for an empty footprint."""
     planned = rasterize(
@@ -143,7 +144,7 @@ def _check(
 def coverage_report(
     merged_orthophoto: Path,
     inputs: Mapping[str, Path],
-    planned_footprint: dict[str, Any] | None = None,
+    planned_footprint: GeoJSONGeometry | None = None,
     *,
     max_side_px: int = 2048,
     min_coverage_of_union: float = MIN_COVERAGE_OF_UNION,

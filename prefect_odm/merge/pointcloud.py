@@ -38,6 +38,7 @@ from typing import Any
 import laspy
 import numpy as np
 import pyproj
+from laspy.point.dims import DimensionInfo
 from numpy.typing import NDArray
 from scipy.spatial import cKDTree
 
@@ -120,7 +121,7 @@ def _output_header(
     if fmt >= 6:
         version = laspy.header.Version(1, 4)
     header = laspy.LasHeader(point_format=fmt, version=f"{version.major}.{version.minor}")
-    common: dict[str, Any] | None = None
+    common: dict[str, DimensionInfo] | None = None
     for inp in inputs:
         extra = {d.name: d for d in inp.header.point_format.extra_dimensions}
         if common is None:

@@ -1,18 +1,21 @@
 """What each merge reports, as pydantic models (pure core: no I/O).
 
-The merge functions return these; the Prefect tasks pass them on; ``report/merge.json`` is
-:meth:`MergeReports.json_dict` (each report's ``model_dump(mode="json")``, the same keys the
-reports had as dicts), and ``report.md`` reads their typed fields.
+The merge functions return these; the Prefect tasks and flows pass them on as these models
+(never as dictionaries); ``report/merge.json`` is :meth:`MergeReports.json_dict` (each report's
+``model_dump(mode="json")``, the same keys the reports had as dicts), validated back into a
+:class:`MergeReports` once, where a stored ``merge.json`` is read; ``report.md`` and the manifest
+read their typed fields.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from prefect_odm.align.report import AlignmentReport
 from prefect_odm.merge.balance import GainOffset
+from prefect_odm.registry import ProductName
 
 
 class _Report(BaseModel):
@@ -204,7 +207,27 @@ class MergeReports(_Report):
     coverage: CoverageReport | None = None
     alignment: AlignmentReport | None = None
 
-    def json_dict(self) -> dict[str, Any]:
+    @classmethod
+    def of_products(
+        cls,
+        products: Mapping[ProductName, ProductMergeReport],
+        *,
+        coverage: CoverageReport | None = None,
+        alignment: AlignmentReport | None = None,
+    ) -> MergeReports:
+        """The reports of one merge from each product's report (by product name).
+
+        Raises:
+            pydantic.ValidationError: a name that is not a product, or a report of another
+                product's kind (an orthophoto report as ``dsm``).
+        """
+        return cls.model_validate({**products, "coverage": coverage, "alignment": alignment})
+
+    def coverage_figures(self) -> dict[str, float]:
+        """The coverage check's numeric figures (the manifest's ``coverage``); empty without one."""
+        return self.coverage.figures() if self.coverage is not None else {}
+
+    def json_dict(self) -> dict[str, JsonValue]:
         """Product (or ``coverage``) -> its report as JSON-ready data; products not merged are
         left out (the layout of ``merge.json``)."""
         return {

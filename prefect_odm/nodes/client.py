@@ -172,7 +172,7 @@ class NodeClient:
 
     def task_state(self, uuid: str, *, with_output: int | None = None) -> TaskState | None:
         """The task's state, or ``None`` when the node does not know the UUID."""
-        query: dict[str, Any] = {} if with_output is None else {"with_output": with_output}
+        query: dict[str, int] = {} if with_output is None else {"with_output": with_output}
         try:
             raw = self._node.get(f"/task/{uuid}/info", query)
         except NodeResponseError as exc:

@@ -27,6 +27,7 @@ import psutil
 
 from prefect_odm import __version__
 from prefect_odm.errors import InputError, NodeError, TransientNodeError
+from prefect_odm.models import OptionValue
 from prefect_odm.nodes.backend import NodeBackend, NodeInfo, NodeSettings
 from prefect_odm.nodes.capacity import node_capacity, node_memory_gib, node_task_slots
 from prefect_odm.nodes.client import NodeClient, public_url
@@ -94,9 +95,9 @@ class Cluster:
     """Node URL -> planning memory, GiB; ``None`` where unknown (``--split auto`` refuses it)."""
     cancelled: threading.Event = field(default_factory=threading.Event)
     """Set when the run is cancelled: submodel runners cancel their remote tasks and stop."""
-    _checked: list[dict[str, Any]] = field(default_factory=list, init=False, repr=False)
+    _checked: list[dict[str, OptionValue]] = field(default_factory=list, init=False, repr=False)
 
-    def check_options(self, options: Mapping[str, Any]) -> None:
+    def check_options(self, options: Mapping[str, OptionValue]) -> None:
         """:func:`check_node_options` on this cluster's nodes that are up, once per set of options
         (the submodel runs of one parent share the cluster and would ask each node again)."""
         if dict(options) not in self._checked:
@@ -320,7 +321,9 @@ def _unusable(url: str, exc: Exception) -> str:
     return f"node {url} is not usable: {first}"
 
 
-def check_node_options(clients: Mapping[str, NodeBackend], options: Mapping[str, Any]) -> None:
+def check_node_options(
+    clients: Mapping[str, NodeBackend], options: Mapping[str, OptionValue]
+) -> None:
     """Check the run's node options against each node's ``/options``, before anything is sent.
 
     A node that does not answer ``/options`` is left to the runner (which takes a dead node out
@@ -389,10 +392,11 @@ def embedded_engine(method: str | None = None) -> Iterator[Cluster]:
         except BlockingIOError:
             data_dir = base / f"data-{os.getpid()}"
             logger.info("embedded engine data folder is in use; using %s", data_dir)
-        kwargs: dict[str, Any] = {"max_parallel_tasks": EMBEDDED_MAX_PARALLEL_TASKS}
-        if method:
-            kwargs["method"] = method
-        engine = stack.enter_context(start_engine(data_dir, **kwargs))
+        engine = stack.enter_context(
+            start_engine(
+                data_dir, max_parallel_tasks=EMBEDDED_MAX_PARALLEL_TASKS, method=method or None
+            )
+        )
         client = NodeClient(engine.url)
         node = PoolNode(
             key=client.url,

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from prefect_odm.models import OptionValue
+
 if TYPE_CHECKING:
     from prefect_odm.nodes.backend import NodeBackend
 
@@ -95,7 +97,7 @@ def rerun_from_stage(
     return min(later, key=lambda s: order[s])
 
 
-def early_options(options: Mapping[str, Any]) -> dict[str, Any]:
+def early_options(options: Mapping[str, OptionValue]) -> dict[str, OptionValue]:
     """The options that affect stages before ``odm_georeferencing`` (the reconstruction itself)."""
     cut = ODM_STAGES.index("odm_georeferencing")
     return {k: v for k, v in sorted(options.items()) if ODM_STAGES.index(first_stage(k)) < cut}

@@ -8,13 +8,11 @@ done. The same fingerprint on a later run is *reused* without touching any node.
 from __future__ import annotations
 
 import logging
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from prefect_odm import progress, storage
 from prefect_odm.errors import (
@@ -25,13 +23,13 @@ from prefect_odm.errors import (
     ProcessingFailedError,
     RunCancelledError,
     StaleTaskError,
-    StorageError,
     TransientNodeError,
 )
 from prefect_odm.fingerprints import submodel_fingerprint
 from prefect_odm.layout import OutputLayout
-from prefect_odm.models import OptionValue, SplitPlan, Submodel, SubmodelResult, Survey
+from prefect_odm.models import SplitPlan, Submodel, SubmodelResult, Survey
 from prefect_odm.nodes import backend
+from prefect_odm.nodes.attempt import Options, PhaseClock, SubmodelAttempt, first_line
 from prefect_odm.nodes.backend import (
     COMPLETED,
     STATUS_WORDS,
@@ -42,75 +40,20 @@ from prefect_odm.nodes.backend import (
 )
 from prefect_odm.nodes.option_stages import early_options, node_stages, rerun_from_stage
 from prefect_odm.nodes.pool import NodePool
-from prefect_odm.nodes.products import find_odm_products
-from prefect_odm.registry import PRODUCTS, REPORT_FILES, REPORT_FOLDER
+from prefect_odm.nodes.stored import (
+    OUTPUTS,
+    fetch_products,
+    mark_upload,
+    previous_results,
+    upload_marked,
+)
 from prefect_odm.run_policy import load_stored_result
 
 logger = logging.getLogger(__name__)
 
-OUTPUTS = [
-    *dict.fromkeys(p.odm_path.split("/", 1)[0] for p in PRODUCTS.values()),
-    REPORT_FOLDER,
-    REPORT_FILES["cameras"],
-]
-"""What all.zip is asked to hold (NodeODM ``outputs``): the products' folders, the report and
-the camera models (``odm_orthophoto``, ``odm_dem``, ``odm_georeferencing``, ``odm_report``,
-``cameras.json``, as ODM's own split-merge asks its nodes, ``opendm/remote.py``)."""
-
-REQUIRED_PRODUCTS = tuple(name for name, p in PRODUCTS.items() if p.required)
-"""Products a finished submodel must return (orthophoto, DSM, point cloud)."""
-
-Options = dict[str, OptionValue]
-"""NodeODM option name -> value, as :meth:`ProcessingOptions.to_nodeodm` gives them."""
-
-
-def previous_results(layout: OutputLayout, submodel_id: str) -> list[SubmodelResult]:
-    """Completed stored results of earlier fingerprints of this submodel id (any options)."""
-    pattern = layout.submodel_results_glob(submodel_id)
-    try:
-        fs, path = storage.filesystem(pattern)
-        found = sorted(fs.glob(path))
-    except (StorageError, OSError):
-        return []
-    out = []
-    for item in found:
-        try:
-            result = SubmodelResult.model_validate(storage.read_json(fs.unstrip_protocol(item)))
-        except (StorageError, ValueError, OSError):
-            continue
-        if result.status == "completed" and result.task_uuid and result.node_url:
-            out.append(result)
-    return out
-
 
 def _no_admission(submodel_id: str, memory_gib: float) -> AbstractContextManager[object]:
     return nullcontext()
-
-
-@dataclass
-class PhaseClock:
-    """Seconds per phase of one submodel (summed over its attempts), for
-    :attr:`~prefect_odm.models.SubmodelResult.phase_seconds`: what the operator and
-    ``benchmarks/bench_city.py`` read to see where the time outside the node goes."""
-
-    seconds: dict[str, float] = field(default_factory=dict)
-
-    def add(self, phase: str, seconds: float) -> None:
-        """Count ``seconds`` (>= 0) to ``phase``."""
-        self.seconds[phase] = self.seconds.get(phase, 0.0) + max(0.0, seconds)
-
-    @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        """Time the block as ``name`` (also when it raises)."""
-        started = time.monotonic()
-        try:
-            yield
-        finally:
-            self.add(name, time.monotonic() - started)
-
-    def rounded(self) -> dict[str, float]:
-        """The phases, in milliseconds' precision."""
-        return {k: round(v, 3) for k, v in self.seconds.items()}
 
 
 @dataclass
@@ -165,27 +108,30 @@ class SubmodelRunner:
             stored = load_stored_result(self.layout, submodel)
             if stored is not None:
                 self.log(f"{submodel_id}: reused stored result {submodel.fingerprint[:12]}")
-                progress.emit("submodel", id=submodel_id, state="reused", fraction=1.0)
+                progress.emit(
+                    progress.SubmodelEvent(submodel_id=submodel_id, state="reused", fraction=1.0)
+                )
                 return stored.model_copy(update={"status": "reused"})
         start = time.monotonic()
         options: Options = self.plan.options.to_nodeodm()
-        early_fp = self._early_fingerprint(submodel, options)
+        record = SubmodelAttempt(
+            submodel, options, self._early_fingerprint(submodel, options), self._method(), start
+        )
         if not force:
             for previous in previous_results(self.layout, submodel_id):
-                if previous.early_fingerprint == early_fp:
-                    result = self._try_rerun_from(submodel, previous, options, early_fp, start)
+                if previous.early_fingerprint == record.early_fingerprint:
+                    result = self._try_rerun_from(previous, record.with_new_clock())
                     if result is not None:
                         return result
-        return self._process(submodel, options, early_fp, start)
+        return self._process(record.with_new_clock())
 
-    def _process(
-        self, submodel: Submodel, options: Options, early_fp: str, start: float
-    ) -> SubmodelResult:
+    def _process(self, record: SubmodelAttempt) -> SubmodelResult:
         """Submit (or re-attach to) the submodel's task and collect it, retrying transient
         failures (on another node when one is down), out-of-memory failures (with a larger
         reservation) and, once, a processing failure on a node now suspected (on another,
         healthy node: :meth:`~prefect_odm.nodes.health.HealthBook.retry_elsewhere`), up to
         :attr:`max_attempts` times. Every outcome is recorded in the pool's health book."""
+        submodel, clock = record.submodel, record.clock
         submodel_id = submodel.id
         memory_gib = submodel.estimated_memory_gib
         excluded: list[str] = []
@@ -193,27 +139,13 @@ class SubmodelRunner:
         node_key: str | None = None
         uuid: str | None = None
         attempt = retries_elsewhere = 0
-        clock = PhaseClock()
         # continue the attempt a killed run left; a failed download retries the same task
         uuid_attempt = (
             backend.live_attempt(self._answering(), submodel.fingerprint, 2 * self.max_attempts) - 1
         )
         for attempt in range(self.max_attempts):
             uuid_attempt += 0 if isinstance(last, DownloadError) else 1
-            uuid = task_uuid(submodel.fingerprint, uuid_attempt)
-            # A task a killed run left on some node is re-attached there, never duplicated.
-            holder = self._locate(uuid, excluded)
-            while holder is None and self._upload_marked(submodel, uuid):
-                # An earlier run began an upload under this UUID and no node has the task (cut
-                # by a kill, or removed by the node since): its files may wait on the node, so
-                # the next UUID is taken, without counting as an attempt.
-                self.log(
-                    f"{submodel_id}: an earlier run began an upload as task {uuid}, which no node "
-                    "has; taking the next task UUID"
-                )
-                uuid_attempt += 1
-                uuid = task_uuid(submodel.fingerprint, uuid_attempt)
-                holder = self._locate(uuid, excluded)
+            uuid_attempt, uuid, holder = self._usable_task_uuid(submodel, uuid_attempt, excluded)
             pinned = [k for k in self.clients if k != holder] if holder else []
             leased_at, on_node = time.monotonic(), None  # the node of this attempt
             asked_at = leased_at
@@ -230,15 +162,14 @@ class SubmodelRunner:
                     self._run_on(self.clients[node.key], submodel, uuid, clock)
                 # The task is done: its slot and memory go to the next submodel while this one
                 # downloads (a node idled for every download, issue 14).
-                products = self._fetch(self.clients[node.key], submodel, uuid, clock)
+                products = fetch_products(
+                    self.layout, self.clients[node.key], submodel, uuid, clock
+                )
                 self.pool.record(lambda book: book.task_completed(node.key))
-                return self._store(
-                    submodel, products, node_key, uuid, attempt + 1, start, options, early_fp,
-                    None, clock,
-                )  # fmt: skip
+                return self._store(record.completed(products, node_key, uuid, attempt + 1))
             except StaleTaskError as exc:
                 last = exc  # a half-made task of a killed run holds this UUID: take the next
-                self.log(f"{submodel_id}: {_first(exc)}; moving to the next task UUID")
+                self.log(f"{submodel_id}: {first_line(exc)}; moving to the next task UUID")
             except OutOfMemoryError as exc:
                 last = exc
                 memory_gib *= self.oom_memory_factor
@@ -261,9 +192,29 @@ class SubmodelRunner:
                 excluded.append(on_node)
                 retries_elsewhere += 1
         assert last is not None
-        return self._failed(
-            submodel, last, node_key, uuid, attempt + 1, start, options, early_fp, clock
-        )
+        progress.emit(progress.SubmodelEvent(submodel_id=submodel.id, state="failed", fraction=1.0))
+        return record.failed(last, node_key, uuid, attempt + 1)
+
+    def _usable_task_uuid(
+        self, submodel: Submodel, uuid_attempt: int, excluded: Sequence[str]
+    ) -> tuple[int, str, str | None]:
+        """``(uuid_attempt, task UUID, node key holding it or None)`` for this attempt: a task
+        a killed run left on some node is re-attached there, never duplicated; a UUID a run
+        began uploading that no node has is passed over."""
+        uuid = task_uuid(submodel.fingerprint, uuid_attempt)
+        holder = self._locate(uuid, excluded)
+        while holder is None and upload_marked(self.layout, submodel, uuid):
+            # An earlier run began an upload under this UUID and no node has the task (cut
+            # by a kill, or removed by the node since): its files may wait on the node, so
+            # the next UUID is taken, without counting as an attempt.
+            self.log(
+                f"{submodel.id}: an earlier run began an upload as task {uuid}, which no node "
+                "has; taking the next task UUID"
+            )
+            uuid_attempt += 1
+            uuid = task_uuid(submodel.fingerprint, uuid_attempt)
+            holder = self._locate(uuid, excluded)
+        return uuid_attempt, uuid, holder
 
     def _run_on(
         self, client: NodeBackend, submodel: Submodel, uuid: str, clock: PhaseClock
@@ -293,7 +244,7 @@ class SubmodelRunner:
     ) -> None:
         """Record a failed request, take a dead node out of the pool, back off."""
         if node_key is not None:
-            self.pool.record(lambda book: book.request_failed(node_key, _first(exc)))
+            self.pool.record(lambda book: book.request_failed(node_key, first_line(exc)))
             if not self._node_alive(node_key):
                 self.pool.mark_down(node_key)
                 excluded.append(node_key)
@@ -310,7 +261,7 @@ class SubmodelRunner:
         if not isinstance(exc, ProcessingFailedError):
             return False
         elapsed = time.monotonic() - leased_at
-        state = self.pool.record(lambda book: book.task_failed(node_key, elapsed, _first(exc)))
+        state = self.pool.record(lambda book: book.task_failed(node_key, elapsed, first_line(exc)))
         retry = self.pool.record(lambda book: book.retry_elsewhere(node_key, retries))
         if retry:
             self.log(
@@ -319,37 +270,7 @@ class SubmodelRunner:
             )
         return retry
 
-    def _failed(
-        self,
-        submodel: Submodel,
-        last: NodeError,
-        node_key: str | None,
-        uuid: str | None,
-        attempts: int,
-        start: float,
-        options: Options,
-        early_fp: str,
-        clock: PhaseClock,
-    ) -> SubmodelResult:
-        """The failed result: the last error's first line and the node's last output lines."""
-        progress.emit("submodel", id=submodel.id, state="failed", fraction=1.0)
-        return SubmodelResult(
-            submodel_id=submodel.id,
-            fingerprint=submodel.fingerprint,
-            status="failed",
-            node_url=last.node_url or node_key,
-            task_uuid=last.task_uuid or uuid,
-            attempts=attempts,
-            duration_seconds=round(time.monotonic() - start, 3),
-            method=self._method(),
-            options=options,
-            early_fingerprint=early_fp,
-            error=str(last).split("\n")[0],
-            last_output=last.last_output,
-            phase_seconds=clock.rounded(),
-        )
-
-    def _early_fingerprint(self, submodel: Submodel, options: Mapping[str, object]) -> str:
+    def _early_fingerprint(self, submodel: Submodel, options: Options) -> str:
         identity = {img.name: img.identity for img in self.survey.images}
         return submodel_fingerprint(
             [identity[n] for n in submodel.image_names],
@@ -358,12 +279,7 @@ class SubmodelRunner:
         )
 
     def _try_rerun_from(
-        self,
-        submodel: Submodel,
-        previous: SubmodelResult,
-        options: Options,
-        early_fp: str,
-        start: float,
+        self, previous: SubmodelResult, record: SubmodelAttempt
     ) -> SubmodelResult | None:
         """Restart the finished task of an earlier fingerprint from the first changed stage.
 
@@ -377,8 +293,8 @@ class SubmodelRunner:
         if holder is None:
             return None
         client = self.clients[holder]
+        submodel, options, clock = record.submodel, record.options, record.clock
         sid = submodel.id
-        clock = PhaseClock()
         try:
             state = client.task_state(previous.task_uuid)
             if state is None or state.status != COMPLETED:
@@ -402,63 +318,32 @@ class SubmodelRunner:
                 self.log(
                     f"{sid}: restarting task {previous.task_uuid} on {client.url} from {stage}"
                 )
-                progress.emit("submodel", id=sid, state=f"rerun from {stage}", fraction=0.1)
+                progress.emit(
+                    progress.SubmodelEvent(
+                        submodel_id=sid, state=f"rerun from {stage}", fraction=0.1
+                    )
+                )
                 if not client.restart(previous.task_uuid, {**options, "rerun-from": stage}):
                     return None
                 self._wait(client, submodel, previous.task_uuid, clock)
-            products = self._fetch(client, submodel, previous.task_uuid, clock)
+            products = fetch_products(self.layout, client, submodel, previous.task_uuid, clock)
         except NodeError as exc:
             self.log(
                 f"{sid}: rerun-from on {client.url} failed ({str(exc).splitlines()[0]}); processing from scratch"
             )
             return None
-        return self._store(
-            submodel,
-            products,
-            holder,
-            previous.task_uuid,
-            1,
-            start,
-            options,
-            early_fp,
-            stage,
-            clock,
-        )
+        return self._store(record.completed(products, holder, previous.task_uuid, 1, stage))
 
-    def _store(
-        self,
-        submodel: Submodel,
-        products: dict[str, str],
-        node_key: str | None,
-        uuid: str,
-        attempts: int,
-        start: float,
-        options: Options,
-        early_fp: str,
-        rerun_from: str | None,
-        clock: PhaseClock,
-    ) -> SubmodelResult:
-        result = SubmodelResult(
-            submodel_id=submodel.id,
-            fingerprint=submodel.fingerprint,
-            status="completed",
-            products=products,
-            node_url=node_key,
-            task_uuid=uuid,
-            attempts=attempts,
-            duration_seconds=round(time.monotonic() - start, 3),
-            method=self._method(),
-            options=options,
-            early_fingerprint=early_fp,
-            rerun_from=rerun_from,
-            phase_seconds=clock.rounded(),
-        )
-        # result.json last: its presence means every product is stored.
+    def _store(self, result: SubmodelResult) -> SubmodelResult:
+        """Write the completed ``result``; its ``result.json`` last: its presence means every
+        product is stored."""
         storage.write_json_atomic(
-            self.layout.submodel_result(submodel.id, submodel.fingerprint),
+            self.layout.submodel_result(result.submodel_id, result.fingerprint),
             result.model_dump(mode="json"),
         )
-        progress.emit("submodel", id=submodel.id, state="completed", fraction=1.0)
+        progress.emit(
+            progress.SubmodelEvent(submodel_id=result.submodel_id, state="completed", fraction=1.0)
+        )
         return result
 
     def _locate(self, uuid: str, excluded: Sequence[str]) -> str | None:
@@ -515,10 +400,14 @@ class SubmodelRunner:
                     task_uuid=uuid,
                 )
         if state is None:
-            self._mark_upload(client, submodel, uuid)
+            mark_upload(self.layout, client, submodel, uuid)
             by_name = {img.name: img.url for img in self.survey.images}
             files = [by_name[name] for name in submodel.image_names]
-            progress.emit("submodel", id=sid, state="uploading", fraction=0.0, node=client.url)
+            progress.emit(
+                progress.SubmodelEvent(
+                    submodel_id=sid, state="uploading", fraction=0.0, node=client.url
+                )
+            )
             self.log(f"{sid}: uploading {len(files)} images to {client.url} as task {uuid}")
             client.create_task(
                 uuid,
@@ -528,7 +417,7 @@ class SubmodelRunner:
                 outputs=OUTPUTS,
                 deadline_seconds=self.upload_deadline_seconds,
                 progress=lambda done, total: progress.emit(
-                    "submodel", id=sid, state="uploading", fraction=0.1 * done / total
+                    progress.SubmodelEvent(sid, state="uploading", fraction=0.1 * done / total)
                 ),
             )
         elif state.status == COMPLETED:
@@ -544,33 +433,6 @@ class SubmodelRunner:
         else:
             self.log(f"{sid}: re-attached to running task {uuid} on {client.url}")
 
-    def _upload_marked(self, submodel: Submodel, uuid: str) -> bool:
-        """Whether a run began an upload under ``uuid`` (:meth:`_mark_upload`)."""
-        return storage.exists(
-            self.layout.submodel_upload_mark(submodel.id, submodel.fingerprint, uuid)
-        )
-
-    def _mark_upload(self, client: NodeBackend, submodel: Submodel, uuid: str) -> None:
-        """Record that an upload under ``uuid`` begins; refuse a UUID a run began before.
-
-        No node has ``uuid`` as a task here, and :meth:`_process` passes over marked UUIDs
-        that no node has, so a mark found here was written since (a second process on the same
-        submodel): the node may keep that upload's files (NodeODM 2.2.4 and the engine do), and
-        uploading again under the UUID would add every image a second time.
-
-        Raises:
-            StaleTaskError: a run began an upload under ``uuid``.
-            StorageError: the mark cannot be written (the output location).
-        """
-        mark = self.layout.submodel_upload_mark(submodel.id, submodel.fingerprint, uuid)
-        if storage.exists(mark):
-            raise StaleTaskError(
-                "an earlier run began an upload under this UUID and never committed it",
-                node_url=client.url,
-                task_uuid=uuid,
-            )
-        storage.write_bytes_atomic(mark, f"{client.url}\n".encode())
-
     def _wait(self, client: NodeBackend, submodel: Submodel, uuid: str, clock: PhaseClock) -> None:
         """Wait for the task to complete, showing its progress.
 
@@ -584,41 +446,12 @@ class SubmodelRunner:
                 raise RunCancelledError(f"{sid}: run cancelled")
             fraction = 0.1 + 0.85 * s.progress / 100.0
             progress.emit(
-                "submodel", id=sid, state="processing", fraction=fraction, node=client.url
+                progress.SubmodelEvent(
+                    submodel_id=sid, state="processing", fraction=fraction, node=client.url
+                )
             )
 
         with clock.phase("processing"):
             client.wait(
                 uuid, poll_interval_seconds=self.poll_interval_seconds, on_progress=on_progress
             )
-
-    def _fetch(
-        self, client: NodeBackend, submodel: Submodel, uuid: str, clock: PhaseClock
-    ) -> dict[str, str]:
-        """Download, verify and store a completed task's products; product -> URL."""
-        sid = submodel.id
-        progress.emit("submodel", id=sid, state="downloading", fraction=0.95)
-        with tempfile.TemporaryDirectory(prefix=f"prefect-odm-{sid}-") as tmp:
-            with clock.phase("download"):
-                extracted = client.download(uuid, Path(tmp))
-                found = find_odm_products(extracted, require=REQUIRED_PRODUCTS)
-            stored: dict[str, str] = {}
-            with clock.phase("store"):
-                for product, path in sorted(found.items()):
-                    url = self.layout.submodel_product(sid, submodel.fingerprint, product)
-                    storage.put_file(path, url)
-                    stored[product] = url
-                report = extracted / REPORT_FOLDER
-                extras = sorted(report.glob("*")) if report.is_dir() else []
-                for extra in [*extras, extracted / REPORT_FILES["cameras"]]:
-                    if extra.is_file():
-                        storage.put_file(
-                            extra,
-                            self.layout.submodel_report_file(sid, submodel.fingerprint, extra.name),
-                        )
-        return stored
-
-
-def _first(exc: Exception) -> str:
-    """The first line of an error's message (its type's name when it has none)."""
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

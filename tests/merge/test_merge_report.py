@@ -8,11 +8,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from prefect_odm.tasks.report import report_markdown
+from prefect_odm.tasks.report import report_markdown, stored_merge_reports
+from pydantic import ValidationError
 
+from prefect_odm import storage
 from prefect_odm.errors import InputError
 from prefect_odm.grid import Grid
+from prefect_odm.layout import OutputLayout
 from prefect_odm.merge import MergeReports, merge_orthophotos, seam_method
+from prefect_odm.merge.reports import CoverageReport, SubmodelCoverage
 from prefect_odm.models import Manifest, ProcessingOptions, SplitPlan, Submodel, SubmodelResult
 from prefect_odm.ownership import Ownership
 
@@ -84,9 +88,10 @@ def test_report_md_shows_the_seam_figures_before_and_after_balancing(
     assert before > 10 and after < 3
     for seam in ortho.seams:  # one table row per seam
         assert f"| {seam.a} / {seam.b} | {seam.pixels} |" in markdown
-    # a reused merge renders the stored merge.json (its JSON data) the same way
-    assert report_markdown(manifest, plan, reports.json_dict()) == markdown
+    # a reused merge renders the stored merge.json (its JSON data, read back) the same way
     assert MergeReports.model_validate(reports.json_dict()) == reports
+    stored = MergeReports.model_validate(reports.json_dict())
+    assert report_markdown(manifest, plan, stored) == markdown
 
 
 def test_unknown_seam_method_is_a_clear_error() -> None:
@@ -95,3 +100,52 @@ def test_unknown_seam_method_is_a_clear_error() -> None:
     assert seam_method("ownership", own, grid).seam_distance is not None
     with pytest.raises(InputError, match="unknown seam method 'graph-cut'.*least-cost, ownership"):
         seam_method("graph-cut", own, grid)
+
+
+def _coverage() -> CoverageReport:
+    return CoverageReport(
+        merged_area_m2=1200.0,
+        union_area_m2=1210.5,
+        coverage_of_union=0.9913,
+        planned_area_m2=None,
+        coverage_of_planned=None,
+        per_submodel=(SubmodelCoverage(submodel_id="a", covered_area_m2=600.0,
+                                       covered_by_merged_fraction=1.0),),
+        cell_size_m=1.0,
+        elapsed_seconds=0.25,
+    )  # fmt: skip
+
+
+def test_stored_merge_json_reads_back_once_as_the_typed_reports(
+    ortho_tiles: Callable, tmp_path: Path
+) -> None:
+    tiles, _ = ortho_tiles()
+    ortho = merge_orthophotos(tiles, tmp_path / "o.tif", ownership=Ownership.from_cameras(CAMERAS))
+    reports = MergeReports.of_products({"orthophoto": ortho}, coverage=_coverage())
+    layout = OutputLayout(str(tmp_path / "out"), "f" * 64)
+    assert stored_merge_reports(layout) is None  # no merge.json: the merge is not reused
+    storage.write_json_atomic(layout.merge_report, reports.json_dict())
+    stored = stored_merge_reports(layout)
+    assert stored == reports
+    assert stored is not None and stored.json_dict() == reports.json_dict()  # same merge.json
+    # the manifest's coverage: the numeric figures, as when it was read from the JSON data
+    data = reports.json_dict()["coverage"]
+    assert reports.coverage_figures() == {
+        k: float(v) for k, v in data.items() if isinstance(v, int | float)
+    }
+    assert MergeReports().coverage_figures() == {}
+    # an older merge.json: without fields added since (defaults), with a key no longer written
+    older = reports.json_dict()
+    del older["orthophoto"]["phase_seconds"]
+    older["orthophoto"]["blend"] = "feather"
+    storage.write_json_atomic(layout.merge_report, older)
+    old = stored_merge_reports(layout)
+    assert old is not None and old.orthophoto is not None and old.orthophoto.phase_seconds == {}
+    # not a merge report: not reused (the merge is made again), never a half-read report
+    storage.write_json_atomic(layout.merge_report, {"orthophoto": {"path": "o.tif"}})
+    assert stored_merge_reports(layout) is None
+
+
+def test_a_report_of_another_product_kind_is_refused() -> None:
+    with pytest.raises(ValidationError):
+        MergeReports.of_products({"orthophoto": _coverage()})  # type: ignore[dict-item]
