@@ -32,8 +32,13 @@ class ReconstructSettings(BaseModel):
     split: int | Literal["auto"] = Field(
         DEFAULT_SPLIT, description="Target images per submodel, or 'auto'."
     )
-    split_overlap_m: float = Field(
-        DEFAULT_SPLIT_OVERLAP_M, ge=0, description="Overlap between submodels, metres."
+    split_overlap_m: float | None = Field(
+        None,
+        ge=0,
+        description=(
+            f"Overlap between submodels, metres; unset: {DEFAULT_SPLIT_OVERLAP_M:g}, widened by "
+            "the plan until every pair of neighbours can be aligned."
+        ),
     )
     options: ProcessingOptions = Field(
         default_factory=ProcessingOptions, description="Processing options for every node."
