@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 from types import FrameType
+from typing import Any
 
 from prefect_odm.errors import PrefectStartError
 
@@ -75,11 +77,16 @@ def start_embedded_api() -> None:
     Raises:
         PrefectStartError: it did not answer in time.
     """
-    from prefect.server.api.server import SubprocessASGIServer
+    import prefect.server.api.server as server_module
 
     from prefect_odm.engine.launch import guard_process
 
-    server = SubprocessASGIServer()
+    server = server_module.SubprocessASGIServer()
+    # Prefect starts the server in our process group, so a Ctrl-C in the terminal stopped it at
+    # once and the graceful stop could neither record the runs' states nor give the memory
+    # slots back (it then ran into its hard exit). Its own session leaves it to the command;
+    # the guard below stops it when the command ends, however it ends.
+    setattr(server_module, "subprocess", _OwnSessionSubprocess())  # noqa: B010
     try:
         server.start()
     except RuntimeError as exc:
@@ -88,9 +95,23 @@ def start_embedded_api() -> None:
             raise
         raise one_line from None
     finally:
+        setattr(server_module, "subprocess", subprocess)  # noqa: B010
         process = server.server_process
         if process is not None and process.poll() is None:
             guard_process(process.pid)
+
+
+class _OwnSessionSubprocess:
+    """The ``subprocess`` module as Prefect's server module sees it while its temporary server
+    starts: the same, but ``Popen`` starts the child in a new session (its own process group)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(subprocess, name)
+
+    @staticmethod
+    def Popen(*args: Any, **kwargs: Any) -> subprocess.Popen[Any]:  # noqa: N802 - the module's name
+        kwargs.setdefault("start_new_session", True)
+        return subprocess.Popen(*args, **kwargs)
 
 
 class EmbeddedAPIStart:

@@ -416,7 +416,14 @@ def _start_once(
     log_path = data_dir / LOG_FILE
     log = open(log_path, "ab")  # noqa: SIM115 - owned by EngineProcess
     process = subprocess.Popen(
-        args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env
+        args,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        # A Ctrl-C reaches the command alone, which cancels the engine's tasks and stops it; the
+        # guard below stops it should the command die first.
+        start_new_session=True,
     )
     engine = EngineProcess(process, port=port, data_dir=data_dir, token=token, log=log)
     guard_process(process.pid)
