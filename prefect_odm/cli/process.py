@@ -7,7 +7,8 @@ it, and a slow Prefect start is one line.
   second signal come, the process exits at once (exit status 128 + the signal's number); its
   children are then stopped by the watchdog.
 * **Children.** Prefect's temporary API server (``SubprocessASGIServer``, a ``uvicorn`` child
-  started on first use) and the built-in engine are handed to
+  started on first use) and the built-in engine run in their own sessions, so a terminal's
+  Ctrl-C (sent to the whole foreground group) reaches the command alone, and are handed to
   :func:`prefect_odm.engine.launch.guard_process`, so neither outlives a ``kill -9`` of the
   command.
 * **A slow start.** Prefect raises ``RuntimeError("Timed out while attempting to connect to
