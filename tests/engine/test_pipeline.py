@@ -29,6 +29,7 @@ from prefect_odm.engine import pipeline
 from prefect_odm.engine.camera import CameraPose, read_image_meta, read_images, rotation_tuple
 from prefect_odm.engine.direct import nadir_rotation
 from prefect_odm.errors import InputError, ProcessingFailedError
+from prefect_odm.grid import Grid
 
 DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 BRIGHTON = DATA / "brighton_beach_1600"
@@ -295,6 +296,64 @@ def test_direct_brighton_dsm_is_the_take_off_plane(
     assert median_abs <= 4.0
 
 
+def raster_grid(path: Path) -> Grid:
+    """The north-up grid of a GeoTIFF."""
+    with rasterio.open(path) as src:
+        t = src.transform
+        assert t.b == 0 and t.d == 0 and t.e == -t.a
+        return Grid(left=t.c, top=t.f, resolution_m=t.a, width=src.width, height=src.height)
+
+
+def assert_on_orthophoto_grid(task: Path, names: tuple[str, ...], cells: int) -> None:
+    """Each DEM has the orthophoto's corner and extent and ``cells`` orthophoto cells a side."""
+    ortho = raster_grid(task / "odm_orthophoto" / "odm_orthophoto.tif")
+    for name in names:
+        grid = raster_grid(task / "odm_dem" / name)
+        assert grid.is_aligned_with(ortho), (name, grid, ortho)
+        assert (grid.left, grid.top) == pytest.approx((ortho.left, ortho.top), abs=1e-6)
+        assert grid.bounds == pytest.approx(ortho.bounds, abs=1e-6)
+        assert grid.resolution_m == pytest.approx(cells * ortho.resolution_m, rel=1e-9)
+
+
+def test_direct_dems_lie_on_the_orthophoto_grid(
+    direct_task: tuple[Path, float, list[str]],
+) -> None:
+    """Without dense matching the default DEM cell is 4 orthophoto cells, same corner."""
+    task, _, _ = direct_task
+    assert_on_orthophoto_grid(task, ("dsm.tif", "dtm.tif"), 4)
+    report = json.loads((task / "odm_report" / "engine.json").read_text())
+    assert report["dem_resolution_cm"] == pytest.approx(4 * report["orthophoto_resolution_cm"])
+
+
+def test_dem_resolution_is_honoured_on_the_orthophoto_grid(tmp_path: Path) -> None:
+    task = make_task(tmp_path, BRIGHTON / "images")
+    options = {"pipeline": "direct", "dsm": True, "orthophoto-resolution": "10"}
+    lines: list[str] = []
+    pipeline.run(task, {**options, "dem-resolution": "30"}, log=lines.append)
+    assert raster_grid(task / "odm_dem" / "dsm.tif").resolution_m == pytest.approx(0.3)
+    assert_on_orthophoto_grid(task, ("dsm.tif",), 3)
+    assert not any("dem-resolution 30 cm ->" in line for line in lines)
+    # finer than the orthophoto: one orthophoto cell (ODM caps dem-resolution at the GSD), said
+    lines.clear()
+    pipeline.run(task, {**options, "dem-resolution": "4"}, rerun_from="odm_dem", log=lines.append)
+    assert any("dem-resolution 4 cm -> 10.00 cm" in line for line in lines)
+    assert_on_orthophoto_grid(task, ("dsm.tif",), 1)
+    # a rerun from the orthophoto at a resolution that does not divide the DEM cell rebuilds
+    # the DEMs rather than leaving them off the orthophoto's grid
+    lines.clear()
+    pipeline.run(
+        task,
+        {**options, "orthophoto-resolution": "15", "dem-resolution": "10"},
+        rerun_from="odm_orthophoto",
+        log=lines.append,
+    )
+    assert any("rebuilding the DEMs on the orthophoto's grid" in line for line in lines)
+    assert raster_grid(task / "odm_orthophoto" / "odm_orthophoto.tif").resolution_m == (
+        pytest.approx(0.15)
+    )
+    assert_on_orthophoto_grid(task, ("dsm.tif",), 1)
+
+
 def test_end_with_stops_after_the_stage(tmp_path: Path) -> None:
     task = make_task(tmp_path, BRIGHTON / "images")
     pipeline.run(
@@ -432,6 +491,17 @@ def test_sfm_brighton_dense_products_against_odm(sfm_task: Path) -> None:
     # DTM 0.28 m off ODM's ground with the ground filter's increment thresholds)
     assert figures.largest_object_ratio >= 0.7 and figures.largest_object_cells > 300
     assert figures.dtm_median_abs_m <= 0.2
+
+
+def test_sfm_dems_lie_on_the_orthophoto_grid(sfm_task: Path) -> None:
+    """The dense DEMs' default cell: 2.4 depth-map sample spacings, to the nearest whole number
+    of orthophoto cells, on the orthophoto's corner and extent."""
+    report = json.loads((sfm_task / "odm_report" / "engine.json").read_text())
+    ortho_cm = report["orthophoto_resolution_cm"]
+    spacing_cm = report["gsd_cm"] / report["dense"]["image_scale"]
+    cells = max(1, math.floor(2.4 * spacing_cm / ortho_cm + 0.5))
+    assert report["dem_resolution_cm"] == pytest.approx(cells * ortho_cm, abs=1e-3)
+    assert_on_orthophoto_grid(sfm_task, ("dsm.tif", "dtm.tif"), cells)
 
 
 def test_fast_orthophoto_keeps_the_sparse_path(sfm_task: Path, tmp_path: Path) -> None:

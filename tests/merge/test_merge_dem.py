@@ -91,3 +91,37 @@ def test_dem_is_deterministic_and_needs_data(two_dems, tmp_path: Path) -> None:
     empty = _write(tmp_path / "e.tif", np.full((10, 10), DEM_NODATA, np.float32), 0)
     with pytest.raises(MergeError):
         merge_dems({"e": empty}, tmp_path / "e_out.tif", ownership=None)
+
+
+def test_engine_grids_stay_aligned_through_the_merge(tmp_path: Path) -> None:
+    """Two submodels as the built-in engine writes them (DEM cell 4 orthophoto cells, both
+    grids with the same corner on whole DEM cells, the corners of the two submodels apart by a
+    whole number of DEM cells): the merged DSM's pixel edges are merged orthophoto edges."""
+    from prefect_odm.grid import Grid
+    from prefect_odm.merge import merge_orthophotos
+
+    from .conftest import ground_texture, write_rgba
+
+    ortho_res, cells = 0.05, 4
+    dem_res = cells * ortho_res
+    corners = {"a": (LEFT + 0.2 * 7, TOP - 0.2 * 3), "b": (LEFT + 0.2 * 157, TOP - 0.2 * 11)}
+    size = (120, 200)  # DEM rows, cols: 24 m x 40 m, overlapping by 10 m
+    dems, orthos = {}, {}
+    for sid, (left, top) in corners.items():
+        z = np.full(size, 150.0, np.float32) + np.float32(0.01 * len(dems))
+        dems[sid] = write_dem(tmp_path / f"dsm_{sid}.tif", z, left, top, dem_res)
+        rgb = ground_texture(size[0] * cells, size[1] * cells, seed=len(orthos) + 1)
+        orthos[sid] = write_rgba(tmp_path / f"ortho_{sid}.tif", rgb, left, top, ortho_res)
+    merge_dems(dems, tmp_path / "dsm.tif", ownership=None, block_size=64)
+    merge_orthophotos(orthos, tmp_path / "ortho.tif", ownership=None, block_size=256)
+    grids = {}
+    for name in ("dsm.tif", "ortho.tif"):
+        with rasterio.open(tmp_path / name) as src:
+            t = src.transform
+            grids[name] = Grid(t.c, t.f, t.a, src.width, src.height)
+    dsm, ortho = grids["dsm.tif"], grids["ortho.tif"]
+    assert dsm.resolution_m == pytest.approx(dem_res) and ortho.resolution_m == (
+        pytest.approx(ortho_res)
+    )
+    assert dsm.is_aligned_with(ortho), (dsm, ortho)
+    assert (dsm.left, dsm.top) == pytest.approx((ortho.left, ortho.top), abs=1e-6)
