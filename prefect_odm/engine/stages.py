@@ -277,19 +277,20 @@ def _load_dense(ctx: StageContext) -> tuple[NDArray[np.float64], NDArray[np.uint
         return np.asarray(data["xyz"]), np.asarray(data["rgb"])
 
 
-def _surface_and_dsm(
-    ctx: StageContext, scene: Scene, grid: Grid, ground_z: float
-) -> tuple[NDArray[np.float32], NDArray[np.float32], dict[str, int]]:
-    """``(gap-free surface, DSM with NaN = nodata, counts)`` on ``grid``.
+def _surface_and_dsm(ctx: StageContext, scene: Scene, grid: Grid) -> dem.DenseDsm:
+    """The surface, DSM, ground filter's input, measured cells and counts on ``grid``.
 
     Counts: ``points_used``, ``coverage_cells`` (seen by a camera), ``measured_cells`` (heights
-    from points in the cell; dense path) and ``filled_cells`` (``dem-gapfill-steps``).
+    from points in the cell; dense path) and ``filled_cells`` (``dem-gapfill-steps``). Only the
+    dense path measures cells; the sparse and direct DSMs are interpolations (``measured`` all
+    False, the ground filter's input the DSM).
     """
     if scene.method == "direct":
         surface = terrain.direct_surface(scene, grid)
         seen = footprints.coverage_mask(scene, grid, surface)
         dsm = np.where(seen, surface, np.nan).astype(np.float32)
-        return surface, dsm, {"points_used": 0, "coverage_cells": int(seen.sum())}
+        counts = {"points_used": 0, "coverage_cells": int(seen.sum())}
+        return dem.DenseDsm(surface, dsm, dsm, np.zeros(dsm.shape, dtype=bool), counts)
     cloud = _load_dense(ctx)
     if cloud is None:
         keep = dem.filter_point_outliers(scene.points_xyz)
@@ -299,15 +300,15 @@ def _surface_and_dsm(
         surface = dem.fill_nearest(interpolated)
         seen = footprints.coverage_mask(scene, grid, surface)
         dsm = np.where(seen, interpolated, np.nan).astype(np.float32)
-        return surface, dsm, {"points_used": len(points), "coverage_cells": int(seen.sum())}
-    surface, dsm, counts = dem.dense_dsm(
-        cloud[0], scene, grid, int(ctx.settings["dem-gapfill-steps"])
-    )
+        counts = {"points_used": len(points), "coverage_cells": int(seen.sum())}
+        return dem.DenseDsm(surface, dsm, dsm, np.zeros(dsm.shape, dtype=bool), counts)
+    made = dem.dense_dsm(cloud[0], scene, grid, int(ctx.settings["dem-gapfill-steps"]))
+    counts = made.counts
     ctx.log(
         f"DSM from {len(cloud[0])} dense points: {counts['measured_cells']} of "
         f"{counts['coverage_cells']} covered cells measured, {counts['filled_cells']} gap-filled"
     )
-    return surface, dsm, counts
+    return made
 
 
 def _dtm(ctx: StageContext, scene: Scene, dsm: NDArray[np.float32], res_m: float) -> NDArray[Any]:
@@ -320,33 +321,45 @@ def _dtm(ctx: StageContext, scene: Scene, dsm: NDArray[np.float32], res_m: float
 
 
 def _write_dem(
-    ctx: StageContext, relative: str, data: NDArray[np.float32], grid: Grid, scene: Scene
+    ctx: StageContext,
+    relative: str,
+    data: NDArray[np.float32],
+    grid: Grid,
+    scene: Scene,
+    measured: NDArray[np.bool_] | None = None,
 ) -> None:
-    """Write a DSM or DTM (NaN -> :data:`~.dem.DSM_NODATA`) tagged with the method."""
+    """Write a DSM or DTM (NaN -> :data:`~.dem.DSM_NODATA`) tagged with the method; with
+    ``measured``, a second band (:data:`~.dem.MEASURED_BAND`): 1 measured, 0 gap-filled."""
+    valid = np.isfinite(data)
+    bands = [np.where(valid, data, dem.DSM_NODATA).astype(np.float32)]
+    if measured is not None:
+        bands.append(np.where(valid, measured.astype(np.float32), dem.DSM_NODATA))
     writers.write_geotiff(
         ctx.path(relative),
-        np.where(np.isfinite(data), data, dem.DSM_NODATA).astype(np.float32),
+        np.stack(bands).astype(np.float32),
         grid,
         scene.epsg,
         nodata=dem.DSM_NODATA,
         tags={writers.ENGINE_TAG: scene.method},
+        descriptions=("height", dem.MEASURED_DESCRIPTION)[: len(bands)],
     )
 
 
 def _stage_dem(ctx: StageContext) -> None:
     scene = _load_scene(ctx)
-    ground_z = footprints.reference_ground_z_m(scene)
     grid, gsd_cm, dem_cm = _dem_grid(ctx, scene)
     dem_res_m = dem_cm / 100.0
-    surface, dsm, counts = _surface_and_dsm(ctx, scene, grid, ground_z)
+    made = _surface_and_dsm(ctx, scene, grid)
+    surface, dsm, counts = made.surface, made.dsm, made.counts
     if not np.isfinite(dsm).any():
         raise ProcessingFailedError("the DSM is empty: no reconstructed surface under the cameras")
     tags = {writers.ENGINE_TAG: scene.method}
     writers.write_geotiff(ctx.path(SURFACE), surface, grid, scene.epsg, tags=tags)
     if ctx.settings["dsm"]:
-        _write_dem(ctx, DSM, dsm, grid, scene)
+        measured = made.measured if made.measured.any() else None
+        _write_dem(ctx, DSM, dsm, grid, scene, measured)
     if ctx.settings["dtm"]:
-        _write_dem(ctx, DTM, _dtm(ctx, scene, dsm, dem_res_m), grid, scene)
+        _write_dem(ctx, DTM, _dtm(ctx, scene, made.ground_input, dem_res_m), grid, scene)
     write_json(
         ctx.path(SURFACE_GRID),
         {

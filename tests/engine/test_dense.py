@@ -94,6 +94,30 @@ def test_fill_small_gaps_does_not_grow_the_outer_edge_or_leave_inside() -> None:
     assert np.isnan(ground.fill_small_gaps(dem, RES_M, 3, inside=outside)[30, 30])
 
 
+def test_fill_to_footprint_fills_every_footprint_cell_from_the_nearest_height() -> None:
+    """ODM's last gap-filling step: the large hole (a lake, a forest) takes the nearest heights:
+    every footprint cell gets one, none outside, and no height is invented (each filled height
+    is one of the measured heights)."""
+    from prefect_odm.engine.dem import fill_to_footprint
+
+    dem = _terrain()
+    dem[60:120, 60:120] = np.nan  # 30 m hole
+    dem[:, :5] = np.nan  # outside the footprint
+    footprint = np.ones(dem.shape, dtype=bool)
+    footprint[:, :5] = False
+    small = ground.fill_small_gaps(dem, RES_M, steps=3)  # growing radii first, as ODM
+    filled = fill_to_footprint(small, footprint)
+    assert np.isfinite(filled[footprint]).all() and np.isnan(filled[~footprint]).all()
+    measured = np.isfinite(dem)
+    assert np.array_equal(filled[measured], dem[measured])
+    hole = filled[70:110, 70:110]
+    assert np.isin(hole, small[np.isfinite(small)]).all()  # nearest: a height it had, never new
+    assert dem[measured].min() <= hole.min() and hole.max() <= dem[measured].max()
+    rim = np.isfinite(small[90, 55:90]).nonzero()[0].max() + 55  # last filled cell of row 90
+    assert filled[90, rim + 1] == small[90, rim]
+    assert np.isnan(fill_to_footprint(np.full((4, 4), np.nan, np.float32), footprint[:4, :4])).all()
+
+
 def test_push_pull_interpolates_every_cell_and_keeps_the_known() -> None:
     rng = np.random.default_rng(0)
     truth = _terrain((50, 70))

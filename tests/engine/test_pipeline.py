@@ -30,6 +30,7 @@ from prefect_odm.engine.camera import CameraPose, read_image_meta, read_images, 
 from prefect_odm.engine.direct import nadir_rotation
 from prefect_odm.errors import InputError, ProcessingFailedError
 from prefect_odm.grid import Grid
+from prefect_odm.registry import DSM_MEASURED_BAND, DSM_MEASURED_DESCRIPTION
 
 DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 BRIGHTON = DATA / "brighton_beach_1600"
@@ -79,13 +80,16 @@ def _rasterise_mean(
 
 
 def dsm_median_abs_diff_m(dsm_path: Path) -> tuple[float, float, int]:
-    """(median |DSM - reference|, median signed difference, compared cells)."""
+    """(median |DSM - reference|, median signed difference, compared cells), over the measured
+    cells when the DSM has the measured band (``registry.DSM_MEASURED_BAND``)."""
     xyz, _ = _reference()
     with rasterio.open(dsm_path) as src:
         dsm = src.read(1)
         nodata = src.nodata
         (ref,), counts = _rasterise_mean(xyz, xyz[:, 2:3], src.transform, dsm.shape)
-    both = (dsm != nodata) & (counts > 0)
+        has_band = src.count >= 2 and src.descriptions[1] == DSM_MEASURED_DESCRIPTION
+        measured = src.read(DSM_MEASURED_BAND) == 1 if has_band else dsm != nodata
+    both = (dsm != nodata) & measured & (counts > 0)
     diff = dsm[both].astype(np.float64) - ref[both]
     return float(np.median(np.abs(diff))), float(np.median(diff)), int(both.sum())
 
@@ -133,7 +137,7 @@ def check_common_outputs(task: Path, method: str, images: int) -> dict:
         assert 0.3 < (alpha == 255).mean() < 1.0  # coverage inside, transparent outside
     with rasterio.open(task / "odm_dem" / "dsm.tif") as src:
         assert src.crs.to_epsg() == BRIGHTON_EPSG
-        assert src.dtypes == ("float32",) and src.nodata == -9999
+        assert set(src.dtypes) == {"float32"} and src.nodata == -9999
         assert src.tags()["PREFECT_ODM_ENGINE_METHOD"] == method
         dsm = src.read(1)
         valid = dsm[dsm != -9999]
@@ -502,6 +506,32 @@ def test_sfm_dems_lie_on_the_orthophoto_grid(sfm_task: Path) -> None:
     cells = max(1, math.floor(2.4 * spacing_cm / ortho_cm + 0.5))
     assert report["dem_resolution_cm"] == pytest.approx(cells * ortho_cm, abs=1e-3)
     assert_on_orthophoto_grid(sfm_task, ("dsm.tif", "dtm.tif"), cells)
+
+
+def test_sfm_dsm_fills_the_orthophoto_footprint_and_says_what_it_measured(
+    sfm_task: Path,
+) -> None:
+    """ODM's ``dem-gapfill-steps`` (growing radii, then the nearest height): the DSM has a
+    height in every cell of the orthophoto's footprint, and its measured band tells the measured
+    cells (dense points in them) from the filled ones; filled heights are heights the DSM had."""
+    report = json.loads((sfm_task / "odm_report" / "engine.json").read_text())
+    with rasterio.open(sfm_task / "odm_dem" / "dsm.tif") as src:
+        assert src.count == 2 and src.descriptions[1] == DSM_MEASURED_DESCRIPTION
+        z, band, nodata = src.read(1), src.read(DSM_MEASURED_BAND), src.nodata
+    with rasterio.open(sfm_task / "odm_orthophoto" / "odm_orthophoto.tif") as src:
+        alpha = src.read(4)
+    cells = round(alpha.shape[1] / z.shape[1])
+    assert alpha.shape == (z.shape[0] * cells, z.shape[1] * cells)  # the same extent
+    coloured = alpha.reshape(z.shape[0], cells, z.shape[1], cells).max(axis=(1, 3)) == 255
+    has_height = z != nodata
+    assert has_height[coloured].mean() >= 0.99
+    assert set(np.unique(band[has_height])) == {0.0, 1.0}
+    assert np.array_equal(band == nodata, ~has_height)
+    measured = band == 1
+    assert int(measured.sum()) == report["dem"]["measured_cells"]
+    assert int((band == 0).sum()) == report["dem"]["filled_cells"]
+    assert 0.3 < measured[coloured].mean() < 0.99  # brighton's forest and water are filled
+    assert z[measured].min() <= z[band == 0].min() and z[band == 0].max() <= z[measured].max()
 
 
 def test_fast_orthophoto_keeps_the_sparse_path(sfm_task: Path, tmp_path: Path) -> None:

@@ -125,3 +125,61 @@ def test_engine_grids_stay_aligned_through_the_merge(tmp_path: Path) -> None:
     )
     assert dsm.is_aligned_with(ortho), (dsm, ortho)
     assert (dsm.left, dsm.top) == pytest.approx((ortho.left, ortho.top), abs=1e-6)
+
+
+def _write_measured(
+    path: Path, z: NDArray[np.float32], flags: NDArray[np.bool_], col0: int
+) -> Path:
+    """A DSM as the built-in engine writes it: heights and the measured band (1/0, nodata)."""
+    from prefect_odm.registry import DSM_MEASURED_DESCRIPTION
+
+    valid = z != DEM_NODATA
+    with rasterio.open(
+        path,
+        "w",
+        driver="GTiff",
+        width=z.shape[1],
+        height=z.shape[0],
+        count=2,
+        dtype="float32",
+        crs="EPSG:32615",
+        transform=rasterio.transform.from_origin(LEFT + col0 * RES, TOP, RES, RES),
+        nodata=DEM_NODATA,
+    ) as dst:
+        dst.write(z, 1)
+        dst.write(np.where(valid, flags.astype(np.float32), DEM_NODATA), 2)
+        dst.set_band_description(1, "height")
+        dst.set_band_description(2, DSM_MEASURED_DESCRIPTION)
+    return path
+
+
+def test_the_measured_band_is_carried_through_the_merge(two_dems, tmp_path: Path) -> None:
+    """Each submodel's filled cells stay 0 in the merged DSM's measured band where that submodel
+    gives the height, its measured ones 1, nodata where no DSM has a height."""
+    from prefect_odm.registry import DSM_MEASURED_DESCRIPTION
+
+    tiles, surf, own = two_dems
+    a, b = surf[:, :150].copy(), surf[:, 90:] + np.float32(0.8)
+    b[:25, :40] = DEM_NODATA
+    a[:, :3] = DEM_NODATA  # outside a's footprint: nodata in both bands
+    fa = np.ones(a.shape, dtype=bool)
+    fa[40:60, 10:30] = False  # a lake a filled, far from b
+    fb = np.ones(b.shape, dtype=bool)
+    fb[100:130, 100:140] = False  # a forest b filled, far from a
+    inputs = {
+        "a": _write_measured(tmp_path / "ma.tif", a, fa, 0),
+        "b": _write_measured(tmp_path / "mb.tif", b, fb, 90),
+    }
+    merge_dems(inputs, tmp_path / "dsm.tif", ownership=own, block_size=64)
+    with rasterio.open(tmp_path / "dsm.tif") as ds:
+        assert ds.count == 2 and ds.descriptions[1] == DSM_MEASURED_DESCRIPTION
+        z, measured = ds.read(1), ds.read(2)
+    assert set(np.unique(measured)) == {DEM_NODATA, 0.0, 1.0}
+    assert np.array_equal(measured == DEM_NODATA, z == DEM_NODATA)
+    assert (measured[:, :3] == DEM_NODATA).all()
+    assert (measured[40:60, 10:30] == 0).all() and (measured[100:130, 190:230] == 0).all()
+    assert measured[60:100, 30:80].min() == 1 and measured[60:100, 160:230].min() == 1
+    # the single-band inputs of the other tests give a single-band DSM, as ODM's
+    merge_dems(tiles, tmp_path / "plain.tif", ownership=own, block_size=64)
+    with rasterio.open(tmp_path / "plain.tif") as ds:
+        assert ds.count == 1
