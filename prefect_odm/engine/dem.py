@@ -10,7 +10,8 @@ Algorithms:
   (:func:`mean_height_per_cell`; the fusion, :mod:`.dense_fusion`, already kept only points that
   two pairs agree on), then ODM's ``dem-gapfill-steps``: holes within growing radii filled
   (:func:`.ground.fill_small_gaps`), the remaining ones inside every camera's view (the
-  orthophoto's footprint) from the nearest height (:func:`fill_to_footprint`); nodata outside.
+  orthophoto's footprint) interpolated as ODM's last step does (:func:`fill_to_footprint`);
+  nodata outside.
   Which cells were measured is kept apart (:data:`MEASURED_BAND`).
 * **DSM (direct)**: the ground plane over the area seen by at least one camera.
 * **DTM**: the DSM's ground cells by the simple morphological filter
@@ -133,21 +134,32 @@ def fill_nearest(data: NDArray[np.float32]) -> NDArray[np.float32]:
 def fill_to_footprint(
     dsm: NDArray[np.float32], footprint: NDArray[np.bool_]
 ) -> NDArray[np.float32]:
-    """ODM's last gap-filling step: ``footprint`` cells without a height take the nearest one.
+    """ODM's last gap-filling step: the ``footprint`` cells still without a height are
+    interpolated from the heights around them.
+
+    ODM (``opendm/dem/commands.create_dem``) fills what the growing radii left with
+    ``gdal_fillnodata`` on a copy at 10 % of the size, merged back bilinearly: a smooth
+    interpolation (its documentation calls the step nearest neighbour). Here the push-pull
+    pyramid (:func:`.ground.push_pull`: Gaussian-weighted means, coarser levels upsampled
+    bilinearly) does the same in one pass; a plain nearest-height fill left cliffs along the
+    Voronoi edges between far-apart heights (brighton's forest and lake in the hillshade). Each
+    filled height is a weighted mean of heights the DSM has, so none lies outside their range.
 
     Args:
         dsm: heights, NaN = no height, shape ``(rows, cols)``.
         footprint: the cells that must have a height (the orthophoto's footprint), same shape.
 
     Returns:
-        float32, same shape: ``dsm`` where it has a height, the nearest height elsewhere in
+        float32, same shape: ``dsm`` where it has a height, interpolated elsewhere in
         ``footprint``, NaN outside it (also everywhere when ``dsm`` has no height).
     """
+    from prefect_odm.engine import ground
+
     valid = np.isfinite(dsm)
     if not valid.any():
         return np.full(dsm.shape, np.nan, dtype=np.float32)
-    filled = fill_nearest(dsm.astype(np.float32, copy=False))
-    return np.where(valid | footprint, filled, np.nan).astype(np.float32)
+    filled = ground.push_pull(dsm, valid)
+    return np.where(valid, dsm, np.where(footprint, filled, np.nan)).astype(np.float32)
 
 
 def mean_height_per_cell(xyz: FloatArray, grid: Grid) -> NDArray[np.float32]:

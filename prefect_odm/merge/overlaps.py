@@ -135,7 +135,7 @@ def dem_overlaps(
     from prefect_odm.merge.dem import has_measured_band
 
     # DSMs with the measured band are compared on measured cells only: gap-filled heights
-    # (the nearest height across a lake or a forest) differ between submodels by construction
+    # (interpolated across a lake or a forest) differ between submodels by construction
     measured = all(has_measured_band(Path(p)) for p in dsms.values())
     plan = plan_grid(
         dsms, resolution_m=None, crs_epsg=crs_epsg, value_bands=2 if measured else 1,

@@ -511,7 +511,7 @@ def test_sfm_dems_lie_on_the_orthophoto_grid(sfm_task: Path) -> None:
 def test_sfm_dsm_fills_the_orthophoto_footprint_and_says_what_it_measured(
     sfm_task: Path,
 ) -> None:
-    """ODM's ``dem-gapfill-steps`` (growing radii, then the nearest height): the DSM has a
+    """ODM's ``dem-gapfill-steps`` (growing radii, then an interpolation): the DSM has a
     height in every cell of the orthophoto's footprint, and its measured band tells the measured
     cells (dense points in them) from the filled ones; filled heights are heights the DSM had."""
     report = json.loads((sfm_task / "odm_report" / "engine.json").read_text())
