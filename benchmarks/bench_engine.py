@@ -16,10 +16,18 @@ orthophoto accuracy against ODM's reference point cloud and, for the dense runs,
 footprint, points/m², object heights against ODM's); ``--png DIR`` renders hillshades of the
 DSMs and the dense cloud from above.
 
+``--quickstart OUT`` instead prints, for the README's Quickstart (brighton, ``--split 10
+--split-overlap-m 20``; run into ``OUT`` unless ``OUT`` already holds its products), each
+submodel's and the merged DSM's corner and cell against the orthophoto's (aligned: every DSM
+cell edge on an orthophoto cell edge), and the shares of the orthophoto footprint (its
+coloured cells) the DSM covers, measured (its measured band, ``registry.DSM_MEASURED_BAND``)
+and filled, beside the share ODM's own cloud (``reference/model.laz``) measures.
+
 Usage::
 
     python benchmarks/bench_engine.py [--only brighton|seneca] [--threads 2] [--keep DIR]
         [--png DIR]
+    python benchmarks/bench_engine.py --quickstart OUT
 """
 
 from __future__ import annotations
@@ -164,6 +172,95 @@ def _dense_figures() -> Any:
     return dense_figures
 
 
+def _grid(path: Path) -> Any:
+    import rasterio
+
+    from prefect_odm.grid import Grid
+
+    with rasterio.open(path) as src:
+        t = src.transform
+        return Grid(left=t.c, top=t.f, resolution_m=t.a, width=src.width, height=src.height)
+
+
+def dsm_against_orthophoto(dsm_path: Path, ortho_path: Path, reference: Any) -> str:
+    """One line: the DSM's grid against the orthophoto's and the footprint shares (module
+    docstring). ``reference``: ODM's cloud ``(n, 3)`` UTM metres, or None."""
+    import numpy as np
+    import rasterio
+    from rasterio.enums import Resampling
+
+    from prefect_odm.registry import DSM_MEASURED_BAND, DSM_MEASURED_DESCRIPTION
+
+    dsm_grid, ortho_grid = _grid(dsm_path), _grid(ortho_path)
+    with rasterio.open(dsm_path) as src:
+        z = src.read(1)
+        has_height = z != src.nodata
+        band = src.count >= 2 and src.descriptions[1] == DSM_MEASURED_DESCRIPTION
+        measured = src.read(DSM_MEASURED_BAND) == 1 if band else has_height
+    with rasterio.open(ortho_path) as src:
+        # the orthophoto's alpha on the DSM grid: a DSM cell whose centre is coloured
+        window = src.window(*dsm_grid.bounds)
+        alpha = src.read(
+            src.count, window=window, out_shape=z.shape, resampling=Resampling.nearest,
+            boundless=True, fill_value=0,
+        )  # fmt: skip
+    footprint = alpha == 255
+    area = max(1, int(footprint.sum()))
+    line = (
+        f"DSM {dsm_grid.resolution_m:.4f} m from ({dsm_grid.left:.3f}, {dsm_grid.top:.3f}); "
+        f"orthophoto {ortho_grid.resolution_m:.4f} m from ({ortho_grid.left:.3f}, "
+        f"{ortho_grid.top:.3f}); cell ratio {dsm_grid.resolution_m / ortho_grid.resolution_m:.3f}, "
+        f"aligned {dsm_grid.is_aligned_with(ortho_grid)}; of the orthophoto footprint "
+        f"({area * dsm_grid.pixel_area_m2:.0f} m2): height {100 * has_height[footprint].sum() / area:.1f}%, "
+        f"measured {100 * measured[footprint].sum() / area:.1f}%, "
+        f"filled {100 * (has_height & ~measured)[footprint].sum() / area:.1f}%"
+        + ("" if band else " (no measured band: every height counts as measured)")
+    )
+    if reference is not None:
+        col = np.floor((reference[:, 0] - dsm_grid.left) / dsm_grid.resolution_m).astype(int)
+        row = np.floor((dsm_grid.top - reference[:, 1]) / dsm_grid.resolution_m).astype(int)
+        ok = (col >= 0) & (col < z.shape[1]) & (row >= 0) & (row < z.shape[0])
+        odm = np.zeros(z.shape, dtype=bool)
+        odm[row[ok], col[ok]] = True
+        line += f"; ODM's cloud measures {100 * odm[footprint].sum() / area:.1f}%"
+    return line
+
+
+def quickstart(out: Path) -> None:
+    """Run the README's Quickstart into ``out`` (unless its products are there) and print the
+    DSM/orthophoto figures of each submodel and of the merge."""
+    import subprocess
+
+    import laspy
+    import numpy as np
+
+    merged = sorted(out.glob("*/merged/dsm.tif"))
+    if not merged:
+        command = [
+            sys.executable, "-m", "prefect_odm.cli", "reconstruct",
+            str(DATA / "brighton_beach_1600" / "images"), "--output", str(out),
+            "--split", "10", "--split-overlap-m", "20",
+        ]  # fmt: skip
+        started = time.perf_counter()
+        subprocess.run(command, check=True)
+        print(f"Quickstart: {time.perf_counter() - started:.1f} s")
+        merged = sorted(out.glob("*/merged/dsm.tif"))
+    if not merged:
+        raise SystemExit(f"{out}: no merged/dsm.tif after the Quickstart")
+    las = laspy.read(DATA / "brighton_beach_1600" / "reference" / "model.laz")
+    reference = np.column_stack([las.x, las.y, las.z])
+    survey = merged[-1].parents[1]
+    dsm_name, ortho_name = PRODUCTS["dsm"].file_name, PRODUCTS["orthophoto"].file_name
+    for folder in sorted((survey / "submodels").iterdir()):
+        if (folder / dsm_name).exists() and (folder / ortho_name).exists():
+            line = dsm_against_orthophoto(folder / dsm_name, folder / ortho_name, reference)
+            print(f"{folder.name}: {line}")
+    line = dsm_against_orthophoto(
+        survey / "merged" / dsm_name, survey / "merged" / ortho_name, reference
+    )
+    print(f"merged: {line}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=["brighton", "seneca"])
@@ -171,7 +268,13 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="keep the task folders here")
     parser.add_argument("--png", type=Path, help="write the PNG renderings here")
     parser.add_argument("--cases", default="", help="comma-separated subset of the runs")
+    parser.add_argument(
+        "--quickstart", type=Path, help="the Quickstart's DSM/orthophoto figures (run into DIR)"
+    )
     args = parser.parse_args()
+    if args.quickstart is not None:
+        quickstart(args.quickstart)
+        return
     root = args.keep or Path(tempfile.mkdtemp(prefix="bench_engine_"))
     root.mkdir(parents=True, exist_ok=True)
     cases = []

@@ -84,6 +84,40 @@ class Grid:
         height = max(1, int(math.ceil((top - bottom) / resolution_m - 1e-9)))
         return cls(left=left, top=top, resolution_m=resolution_m, width=width, height=height)
 
+    def refined(self, factor: int, resolution_m: float) -> Grid:
+        """The grid over exactly the same area with ``factor`` x ``factor`` pixels of
+        ``resolution_m`` in each of this grid's pixels (same top-left corner).
+
+        Args:
+            factor: whole number of fine pixels per pixel side (>= 1).
+            resolution_m: the fine pixel size, CRS units; ``factor * resolution_m`` must be this
+                grid's pixel size (to :data:`_SNAP_TOLERANCE` of a pixel).
+
+        Raises:
+            ValueError: ``factor`` < 1, or ``factor * resolution_m`` is not this grid's pixel.
+        """
+        if factor < 1:
+            raise ValueError(f"refinement factor must be at least 1, got {factor}")
+        if abs(factor * resolution_m - self.resolution_m) > _SNAP_TOLERANCE * self.resolution_m:
+            raise ValueError(
+                f"{factor} x {resolution_m} is not the grid's pixel size {self.resolution_m}"
+            )
+        return Grid(
+            left=self.left,
+            top=self.top,
+            resolution_m=resolution_m,
+            width=self.width * factor,
+            height=self.height * factor,
+        )
+
+    def is_aligned_with(self, other: Grid) -> bool:
+        """True when every pixel edge of this grid lies on a pixel edge of ``other`` (to
+        :data:`_SNAP_TOLERANCE` of ``other``'s pixel): its pixel is a whole multiple of
+        ``other``'s and its corner falls on ``other``'s pixel edges."""
+        ratio = self.resolution_m / other.resolution_m
+        whole = abs(ratio - round(ratio)) <= _SNAP_TOLERANCE * max(1.0, ratio) and round(ratio) >= 1
+        return whole and other.offset_of(self.left, self.top) is not None
+
     @property
     def affine(self) -> Affine:
         """:attr:`transform` as an :class:`affine.Affine` (what rasterio's profiles take)."""
@@ -214,3 +248,32 @@ def intersect(
     if r1 <= r0 or c1 <= c0:
         return None
     return r0, c0, r1 - r0, c1 - c0
+
+
+def dem_cells_per_orthophoto_cell(
+    orthophoto_res_m: float, asked_res_m: float | None, default_res_m: float
+) -> int:
+    """How many orthophoto cells make one DEM cell side: the DEM lies on the orthophoto's grid.
+
+    The asked DEM resolution (ODM's ``dem-resolution``), or ``default_res_m`` when none is asked,
+    is rounded to the nearest whole number of orthophoto cells, at least one: a DEM is never
+    finer than the orthophoto (ODM caps ``dem-resolution`` at the GSD, and the orthophoto cell
+    is never finer than the GSD).
+
+    Args:
+        orthophoto_res_m: the orthophoto's pixel size, metres (> 0).
+        asked_res_m: the asked DEM pixel size, metres; None or <= 0: not asked.
+        default_res_m: the DEM pixel size to use when none is asked, metres (> 0).
+
+    Returns:
+        The whole factor ``k >= 1``; the DEM cell is ``k * orthophoto_res_m``.
+
+    Raises:
+        ValueError: a non-positive orthophoto or default resolution.
+    """
+    if not orthophoto_res_m > 0 or not default_res_m > 0:
+        raise ValueError(
+            f"resolutions must be positive, got {orthophoto_res_m} and {default_res_m}"
+        )
+    wanted = asked_res_m if asked_res_m is not None and asked_res_m > 0 else default_res_m
+    return max(1, math.floor(wanted / orthophoto_res_m + 0.5))

@@ -80,6 +80,12 @@ _ALL = (
 PRODUCTS: dict[ProductName, Product] = {p.name: p for p in _ALL}
 """Every product, in the order plans, reports and manifests list them."""
 
+DSM_MEASURED_BAND = 2
+DSM_MEASURED_DESCRIPTION = "measured (1) or gap-filled (0)"
+"""The DSM's optional second band (its GDAL description): 1 where the height was measured, 0
+where gap filling gave it, nodata outside; the built-in engine writes it, the merge carries it
+when every input has it. Band 1 is the heights, as ODM writes them."""
+
 REPORT_FOLDER = "odm_report"
 """The folder of a node's report files (cameras, engine report) inside its outputs."""
 

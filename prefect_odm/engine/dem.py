@@ -8,8 +8,11 @@ Algorithms:
   of ``DSM_SMOOTHING_M``, nodata outside the hull and outside every camera's view.
 * **DSM (dense)**: the mean height of the fused dense points per cell
   (:func:`mean_height_per_cell`; the fusion, :mod:`.dense_fusion`, already kept only points that
-  two pairs agree on), small holes filled (:func:`.ground.fill_small_gaps`), nodata outside
-  every camera's view.
+  two pairs agree on), then ODM's ``dem-gapfill-steps``: holes within growing radii filled
+  (:func:`.ground.fill_small_gaps`), the remaining ones inside every camera's view (the
+  orthophoto's footprint) interpolated as ODM's last step does (:func:`fill_to_footprint`);
+  nodata outside.
+  Which cells were measured is kept apart (:data:`MEASURED_BAND`).
 * **DSM (direct)**: the ground plane over the area seen by at least one camera.
 * **DTM**: the DSM's ground cells by the simple morphological filter
   (:func:`.ground.smrf_ground`), interpolated under objects (:func:`.ground.dtm_from_ground`).
@@ -18,7 +21,7 @@ Algorithms:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -27,12 +30,23 @@ from prefect_odm.engine.camera import Scene
 from prefect_odm.engine.footprints import FloatArray
 from prefect_odm.errors import ProcessingFailedError
 from prefect_odm.grid import Grid
+from prefect_odm.registry import DSM_MEASURED_BAND, DSM_MEASURED_DESCRIPTION
 
 HeightSampler = Callable[[NDArray[np.integer[Any]], NDArray[np.integer[Any]]], FloatArray]
 """``(rows, cols) -> z``: surface heights (metres) of grid cells."""
 
 DSM_NODATA = -9999.0
 """Nodata value of the DSM and DTM (as ODM writes them)."""
+
+MEASURED_BAND = DSM_MEASURED_BAND
+"""The dense DSM's second band: 1 where the cell's height was measured (dense points in it),
+0 where ``dem-gapfill-steps`` filled it, nodata outside the footprint. A band of the DSM itself
+rather than a sidecar file, so every path that carries ``dsm.tif`` (NodeODM's ``all.zip``, S3,
+the merge) carries it; not GDAL's internal mask, which means "invalid" and would hide the filled
+heights. Band 1 stays the heights, as ODM writes them."""
+
+MEASURED_DESCRIPTION = DSM_MEASURED_DESCRIPTION
+"""The description (GDAL band name) of :data:`MEASURED_BAND`."""
 
 DSM_SMOOTHING_M = 0.5
 """Standard deviation in metres of the Gaussian smoothing of the interpolated DSM."""
@@ -117,6 +131,37 @@ def fill_nearest(data: NDArray[np.float32]) -> NDArray[np.float32]:
     return np.asarray(data[rows, cols], dtype=np.float32)
 
 
+def fill_to_footprint(
+    dsm: NDArray[np.float32], footprint: NDArray[np.bool_]
+) -> NDArray[np.float32]:
+    """ODM's last gap-filling step: the ``footprint`` cells still without a height are
+    interpolated from the heights around them.
+
+    ODM (``opendm/dem/commands.create_dem``) fills what the growing radii left with
+    ``gdal_fillnodata`` on a copy at 10 % of the size, merged back bilinearly: a smooth
+    interpolation (its documentation calls the step nearest neighbour). Here the push-pull
+    pyramid (:func:`.ground.push_pull`: Gaussian-weighted means, coarser levels upsampled
+    bilinearly) does the same in one pass; a plain nearest-height fill left cliffs along the
+    Voronoi edges between far-apart heights (brighton's forest and lake in the hillshade). Each
+    filled height is a weighted mean of heights the DSM has, so none lies outside their range.
+
+    Args:
+        dsm: heights, NaN = no height, shape ``(rows, cols)``.
+        footprint: the cells that must have a height (the orthophoto's footprint), same shape.
+
+    Returns:
+        float32, same shape: ``dsm`` where it has a height, interpolated elsewhere in
+        ``footprint``, NaN outside it (also everywhere when ``dsm`` has no height).
+    """
+    from prefect_odm.engine import ground
+
+    valid = np.isfinite(dsm)
+    if not valid.any():
+        return np.full(dsm.shape, np.nan, dtype=np.float32)
+    filled = ground.push_pull(dsm, valid)
+    return np.where(valid, dsm, np.where(footprint, filled, np.nan)).astype(np.float32)
+
+
 def mean_height_per_cell(xyz: FloatArray, grid: Grid) -> NDArray[np.float32]:
     """Mean height of the points in each cell of ``grid`` (NaN where a cell has none).
 
@@ -138,20 +183,37 @@ def mean_height_per_cell(xyz: FloatArray, grid: Grid) -> NDArray[np.float32]:
     return means.reshape(grid.height, grid.width).astype(np.float32)
 
 
-def dense_dsm(
-    xyz: FloatArray, scene: Scene, grid: Grid, gapfill_steps: int
-) -> tuple[NDArray[np.float32], NDArray[np.float32], dict[str, int]]:
+class DenseDsm(NamedTuple):
+    """What :func:`dense_dsm` makes, on the DEM grid (float32 heights, NaN = nodata).
+
+    Attributes:
+        surface: the gap-free surface the orthophoto is draped on.
+        dsm: the DSM, filled to the footprint when ``dem-gapfill-steps`` > 0.
+        ground_input: the DSM with the growing radii's filling only, for the ground filter (the
+            large holes, forest and water, would be ground to SMRF).
+        measured: bool, the cells whose height comes from dense points in them.
+        counts: ``points_used``, ``coverage_cells``, ``measured_cells``, ``filled_cells`` (the
+            DSM's cells without a measured height).
+    """
+
+    surface: NDArray[np.float32]
+    dsm: NDArray[np.float32]
+    ground_input: NDArray[np.float32]
+    measured: NDArray[np.bool_]
+    counts: dict[str, int]
+
+
+def dense_dsm(xyz: FloatArray, scene: Scene, grid: Grid, gapfill_steps: int) -> DenseDsm:
     """The DSM of a dense cloud on ``grid`` (see the module docstring).
 
     Args:
         xyz: the fused dense points, UTM metres, ``(n, 3)``.
-        scene: the cameras (for the coverage).
+        scene: the cameras (for the coverage, the orthophoto's footprint).
         grid: the DEM grid.
-        gapfill_steps: ODM's ``dem-gapfill-steps``.
+        gapfill_steps: ODM's ``dem-gapfill-steps`` (0: no filling, holes stay nodata).
 
     Returns:
-        ``(gap-free surface for the orthophoto, DSM with NaN = nodata, counts)``; counts:
-        ``points_used``, ``coverage_cells``, ``measured_cells``, ``filled_cells``.
+        A :class:`DenseDsm`.
 
     Raises:
         ProcessingFailedError: no point lies on the grid.
@@ -164,14 +226,15 @@ def dense_dsm(
     surface = ground.push_pull(measured, np.isfinite(measured))
     seen = footprints.coverage_mask(scene, grid, surface)
     measured = np.where(seen, measured, np.nan).astype(np.float32)
-    dsm = ground.fill_small_gaps(measured, grid.resolution_m, gapfill_steps, seen)
+    small = ground.fill_small_gaps(measured, grid.resolution_m, gapfill_steps, seen)
+    dsm = fill_to_footprint(small, seen) if gapfill_steps > 0 else small
     counts = {
         "points_used": len(xyz),
         "coverage_cells": int(seen.sum()),
         "measured_cells": int(np.isfinite(measured).sum()),
         "filled_cells": int(np.isfinite(dsm).sum() - np.isfinite(measured).sum()),
     }
-    return surface, dsm, counts
+    return DenseDsm(surface, dsm, small, np.isfinite(measured), counts)
 
 
 def smrf_dtm(

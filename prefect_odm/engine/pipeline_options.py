@@ -67,6 +67,10 @@ def stage_option(name: str, value: str, help_: str) -> dict[str, Any]:
     return enum_option(name, value, domain, help_)
 
 
+DEM_RESOLUTION_DEFAULT = "0"
+"""The engine's ``dem-resolution`` default: automatic (ODM's is 5 cm, capped at the GSD; the
+engine's dense DSM at 5 cm would hold a point in few cells, see ``stages.DENSE_DEM_TO_SPACING``)."""
+
 FAST_ORTHOPHOTO_DEFAULT = "false"
 """The engine's ``fast-orthophoto`` default (ODM's: false, i.e. dense matching)."""
 
@@ -81,9 +85,13 @@ OPTIONS: list[dict[str, Any]] = [
     option(
         "dem-resolution",
         "float",
-        "5",
-        "float > 0.0",
-        "DSM/DTM resolution in cm/pixel; at least 4 orthophoto cells. Default: 5",
+        DEM_RESOLUTION_DEFAULT,
+        "positive float",
+        "DSM/DTM resolution in cm/pixel, on the orthophoto's grid: rounded to the nearest whole "
+        "number of orthophoto cells, never finer than one (ODM caps it at the GSD). 0: "
+        "automatic, 2.4 depth-map sample spacings (GSD / the pc-quality image scale) with dense "
+        "matching, 4 orthophoto cells without (fast-orthophoto, direct). Default: "
+        f"{DEM_RESOLUTION_DEFAULT}",
     ),
     bool_option("dsm", "Build a digital surface model. Default: false"),
     bool_option(
@@ -103,8 +111,12 @@ OPTIONS: list[dict[str, Any]] = [
         "pc-quality",
         "medium",
         list(PC_QUALITY_LEVELS),
-        "Dense matching image scale: ultra 1, high 0.5, medium 0.25, low 0.125, lowest 0.0675 "
-        "of the image size. Default: medium",
+        "Dense matching depth-map size, as ODM picks it (opendm get_depthmap_resolution and "
+        "OpenMVS's --min-resolution): the largest image side x ultra 0.5, high 0.25, medium "
+        "0.125, low 0.0675, lowest 0.03375, x2 below 6 MP (x0.5 above 42 MP), as a power-of-two "
+        "reduction of the image that stays at least 640 px (320 at low and lowest) and never "
+        "enlarges it: 1600 px images give 800 px depth maps (image scale 0.5) at medium, "
+        "1200 px images keep their size. Each step up costs about 4x. Default: medium",
     ),
     option(
         "pc-sample",

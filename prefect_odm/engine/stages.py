@@ -21,7 +21,7 @@ from prefect_odm.engine import dem, footprints, orthophoto, terrain, writers
 from prefect_odm.engine.camera import ImageMeta, Scene, read_images
 from prefect_odm.engine.pipeline_options import FEATURE_QUALITY_MAX_FEATURES
 from prefect_odm.errors import InputError, ProcessingFailedError
-from prefect_odm.grid import Grid
+from prefect_odm.grid import Grid, dem_cells_per_orthophoto_cell
 from prefect_odm.registry import PRODUCTS, REPORT_FILES, REPORT_FOLDER
 
 DIRECT_POINT_SPACING_M = 0.25
@@ -179,18 +179,21 @@ def _stage_opensfm(ctx: StageContext) -> None:
 def _resolutions(ctx: StageContext, scene: Scene, ground_z: float) -> tuple[float, float, float]:
     """(GSD cm, orthophoto resolution cm, DEM resolution cm).
 
-    The DEM cell is at least :data:`DENSE_DEM_TO_SPACING` times the dense depth maps' sample
-    spacing (GSD / ``pc-quality`` scale) on the dense path, at least :data:`DEM_TO_ORTHOPHOTO_CELLS` orthophoto cells on the sparse.
+    The orthophoto cell is ``orthophoto-resolution``, never finer than the GSD. The DEM cell is a
+    whole number of orthophoto cells (:func:`~prefect_odm.grid.dem_cells_per_orthophoto_cell`):
+    the nearest to ``dem-resolution`` when it is asked (> 0), else to the default:
+    :data:`DENSE_DEM_TO_SPACING` depth-map sample spacings (GSD / ``pc-quality`` scale) on the
+    dense path, :data:`DEM_TO_ORTHOPHOTO_CELLS` orthophoto cells on the sparse and direct paths.
     """
     gsd_cm = footprints.estimate_gsd_cm(scene, ground_z)
     ortho_cm = max(float(ctx.settings["orthophoto-resolution"]), gsd_cm)
     if dense_wanted(ctx, scene):
-        spacing_cm = gsd_cm / _depthmap_scale(ctx, scene)
-        floor_cm = max(ortho_cm, DENSE_DEM_TO_SPACING * spacing_cm)
+        default_cm = DENSE_DEM_TO_SPACING * gsd_cm / _depthmap_scale(ctx, scene)
     else:
-        floor_cm = DEM_TO_ORTHOPHOTO_CELLS * ortho_cm
-    dem_cm = max(float(ctx.settings["dem-resolution"]), floor_cm)
-    return gsd_cm, ortho_cm, dem_cm
+        default_cm = DEM_TO_ORTHOPHOTO_CELLS * ortho_cm
+    asked_cm = float(ctx.settings["dem-resolution"])
+    cells = dem_cells_per_orthophoto_cell(ortho_cm, asked_cm if asked_cm > 0 else None, default_cm)
+    return gsd_cm, ortho_cm, cells * ortho_cm
 
 
 def _depthmap_scale(ctx: StageContext, scene: Scene) -> float:
@@ -208,7 +211,13 @@ def dense_wanted(ctx: StageContext, scene: Scene) -> bool:
 
 
 def _dem_grid(ctx: StageContext, scene: Scene) -> tuple[Grid, float, float]:
-    """(the DEM grid, GSD cm, DEM resolution cm)."""
+    """(the DEM grid, GSD cm, DEM resolution cm).
+
+    The grid covers every camera's view with its corner on whole multiples of the DEM cell (in
+    the UTM CRS): the orthophoto's grid (:func:`_orthophoto_grid`) has the same corner and
+    extent, its cell a whole fraction of the DEM's, so every DEM cell edge is an orthophoto cell
+    edge and a merge snapped to either resolution keeps them aligned.
+    """
     ground_z = footprints.reference_ground_z_m(scene)
     gsd_cm, _, dem_cm = _resolutions(ctx, scene, ground_z)
     res_m = dem_cm / 100.0
@@ -268,19 +277,20 @@ def _load_dense(ctx: StageContext) -> tuple[NDArray[np.float64], NDArray[np.uint
         return np.asarray(data["xyz"]), np.asarray(data["rgb"])
 
 
-def _surface_and_dsm(
-    ctx: StageContext, scene: Scene, grid: Grid, ground_z: float
-) -> tuple[NDArray[np.float32], NDArray[np.float32], dict[str, int]]:
-    """``(gap-free surface, DSM with NaN = nodata, counts)`` on ``grid``.
+def _surface_and_dsm(ctx: StageContext, scene: Scene, grid: Grid) -> dem.DenseDsm:
+    """The surface, DSM, ground filter's input, measured cells and counts on ``grid``.
 
     Counts: ``points_used``, ``coverage_cells`` (seen by a camera), ``measured_cells`` (heights
-    from points in the cell; dense path) and ``filled_cells`` (``dem-gapfill-steps``).
+    from points in the cell; dense path) and ``filled_cells`` (``dem-gapfill-steps``). Only the
+    dense path measures cells; the sparse and direct DSMs are interpolations (``measured`` all
+    False, the ground filter's input the DSM).
     """
     if scene.method == "direct":
         surface = terrain.direct_surface(scene, grid)
         seen = footprints.coverage_mask(scene, grid, surface)
         dsm = np.where(seen, surface, np.nan).astype(np.float32)
-        return surface, dsm, {"points_used": 0, "coverage_cells": int(seen.sum())}
+        counts = {"points_used": 0, "coverage_cells": int(seen.sum())}
+        return dem.DenseDsm(surface, dsm, dsm, np.zeros(dsm.shape, dtype=bool), counts)
     cloud = _load_dense(ctx)
     if cloud is None:
         keep = dem.filter_point_outliers(scene.points_xyz)
@@ -290,15 +300,15 @@ def _surface_and_dsm(
         surface = dem.fill_nearest(interpolated)
         seen = footprints.coverage_mask(scene, grid, surface)
         dsm = np.where(seen, interpolated, np.nan).astype(np.float32)
-        return surface, dsm, {"points_used": len(points), "coverage_cells": int(seen.sum())}
-    surface, dsm, counts = dem.dense_dsm(
-        cloud[0], scene, grid, int(ctx.settings["dem-gapfill-steps"])
-    )
+        counts = {"points_used": len(points), "coverage_cells": int(seen.sum())}
+        return dem.DenseDsm(surface, dsm, dsm, np.zeros(dsm.shape, dtype=bool), counts)
+    made = dem.dense_dsm(cloud[0], scene, grid, int(ctx.settings["dem-gapfill-steps"]))
+    counts = made.counts
     ctx.log(
         f"DSM from {len(cloud[0])} dense points: {counts['measured_cells']} of "
         f"{counts['coverage_cells']} covered cells measured, {counts['filled_cells']} gap-filled"
     )
-    return surface, dsm, counts
+    return made
 
 
 def _dtm(ctx: StageContext, scene: Scene, dsm: NDArray[np.float32], res_m: float) -> NDArray[Any]:
@@ -311,33 +321,45 @@ def _dtm(ctx: StageContext, scene: Scene, dsm: NDArray[np.float32], res_m: float
 
 
 def _write_dem(
-    ctx: StageContext, relative: str, data: NDArray[np.float32], grid: Grid, scene: Scene
+    ctx: StageContext,
+    relative: str,
+    data: NDArray[np.float32],
+    grid: Grid,
+    scene: Scene,
+    measured: NDArray[np.bool_] | None = None,
 ) -> None:
-    """Write a DSM or DTM (NaN -> :data:`~.dem.DSM_NODATA`) tagged with the method."""
+    """Write a DSM or DTM (NaN -> :data:`~.dem.DSM_NODATA`) tagged with the method; with
+    ``measured``, a second band (:data:`~.dem.MEASURED_BAND`): 1 measured, 0 gap-filled."""
+    valid = np.isfinite(data)
+    bands = [np.where(valid, data, dem.DSM_NODATA).astype(np.float32)]
+    if measured is not None:
+        bands.append(np.where(valid, measured.astype(np.float32), dem.DSM_NODATA))
     writers.write_geotiff(
         ctx.path(relative),
-        np.where(np.isfinite(data), data, dem.DSM_NODATA).astype(np.float32),
+        np.stack(bands).astype(np.float32),
         grid,
         scene.epsg,
         nodata=dem.DSM_NODATA,
         tags={writers.ENGINE_TAG: scene.method},
+        descriptions=("height", dem.MEASURED_DESCRIPTION)[: len(bands)],
     )
 
 
 def _stage_dem(ctx: StageContext) -> None:
     scene = _load_scene(ctx)
-    ground_z = footprints.reference_ground_z_m(scene)
     grid, gsd_cm, dem_cm = _dem_grid(ctx, scene)
     dem_res_m = dem_cm / 100.0
-    surface, dsm, counts = _surface_and_dsm(ctx, scene, grid, ground_z)
+    made = _surface_and_dsm(ctx, scene, grid)
+    surface, dsm, counts = made.surface, made.dsm, made.counts
     if not np.isfinite(dsm).any():
         raise ProcessingFailedError("the DSM is empty: no reconstructed surface under the cameras")
     tags = {writers.ENGINE_TAG: scene.method}
     writers.write_geotiff(ctx.path(SURFACE), surface, grid, scene.epsg, tags=tags)
     if ctx.settings["dsm"]:
-        _write_dem(ctx, DSM, dsm, grid, scene)
+        measured = made.measured if made.measured.any() else None
+        _write_dem(ctx, DSM, dsm, grid, scene, measured)
     if ctx.settings["dtm"]:
-        _write_dem(ctx, DTM, _dtm(ctx, scene, dsm, dem_res_m), grid, scene)
+        _write_dem(ctx, DTM, _dtm(ctx, scene, made.ground_input, dem_res_m), grid, scene)
     write_json(
         ctx.path(SURFACE_GRID),
         {
@@ -351,6 +373,12 @@ def _stage_dem(ctx: StageContext) -> None:
             **counts,
         },
     )
+    asked_cm = float(ctx.settings["dem-resolution"])
+    if asked_cm > 0 and abs(asked_cm - dem_cm) > 1e-3:
+        ctx.log(
+            f"dem-resolution {asked_cm:g} cm -> {dem_cm:.2f} cm: the nearest whole number of "
+            "orthophoto cells, never finer than one"
+        )
     ctx.log(
         f"DEM grid {grid.width}x{grid.height} at {dem_cm:.1f} cm; GSD {gsd_cm:.2f} cm"
         + ("; wrote dsm.tif" if ctx.settings["dsm"] else "")
@@ -377,23 +405,35 @@ def _load_surface(ctx: StageContext) -> tuple[NDArray[np.float32], Grid]:
 # -- orthophoto, point cloud, report --------------------------------------------------------------
 
 
-def _orthophoto_grid(ctx: StageContext, scene: Scene, dem_grid: Grid) -> Grid:
+def _orthophoto_grid(ctx: StageContext, scene: Scene, dem_grid: Grid) -> Grid | None:
+    """The orthophoto's grid: the DEM grid's corner and extent, at the orthophoto resolution
+    (the DEM cell is a whole number of orthophoto cells, :func:`_resolutions`); None when the
+    DEM was made for another orthophoto resolution whose cells do not divide it."""
     _, ortho_cm, _ = _resolutions(ctx, scene, footprints.reference_ground_z_m(scene))
     res_m = ortho_cm / 100.0
-    left, bottom, right, top = dem_grid.bounds
-    return Grid(
-        left=left,
-        top=top,
-        resolution_m=res_m,
-        width=max(1, int(round((right - left) / res_m))),
-        height=max(1, int(round((top - bottom) / res_m))),
-    )
+    cells = max(1, round(dem_grid.resolution_m / res_m))
+    if abs(cells * res_m - dem_grid.resolution_m) > 1e-6 * dem_grid.resolution_m:
+        return None
+    return dem_grid.refined(cells, res_m)
 
 
 def _stage_orthophoto(ctx: StageContext) -> None:
     scene = _load_scene(ctx)
     surface, dem_grid = _load_surface(ctx)
-    grid = _orthophoto_grid(ctx, scene, dem_grid)
+    maybe_grid = _orthophoto_grid(ctx, scene, dem_grid)
+    if maybe_grid is None:
+        # a rerun from odm_orthophoto at an orthophoto resolution that does not divide the
+        # DEM cell: the DEMs are rebuilt so that they stay on the orthophoto's grid
+        ctx.log(
+            f"The DEM cell ({100.0 * dem_grid.resolution_m:.2f} cm) is not a whole number of "
+            "orthophoto cells: rebuilding the DEMs on the orthophoto's grid"
+        )
+        _stage_dem(ctx)
+        surface, dem_grid = _load_surface(ctx)
+        maybe_grid = _orthophoto_grid(ctx, scene, dem_grid)
+        if maybe_grid is None:
+            raise ProcessingFailedError("the DEM grid does not fit the orthophoto's grid")
+    grid = maybe_grid
     height_at: dem.HeightSampler
     if scene.method == "direct":
         height_at = terrain.direct_height_sampler(scene, surface, dem_grid, grid)

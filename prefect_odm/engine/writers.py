@@ -27,12 +27,14 @@ def write_geotiff(
     nodata: float | None = None,
     tags: dict[str, str] | None = None,
     rgba: bool = False,
+    descriptions: tuple[str, ...] = (),
 ) -> None:
     """Write a tiled, DEFLATE-compressed GeoTIFF (written to a temporary name, then renamed).
 
     Args:
         data: shape ``(bands, rows, cols)`` or ``(rows, cols)``.
         rgba: mark 4 uint8 bands as red, green, blue, alpha.
+        descriptions: band descriptions (GDAL's band names), from band 1; may be fewer.
     """
     import rasterio
     from rasterio.enums import ColorInterp
@@ -75,6 +77,8 @@ def write_geotiff(
                 ]
             if tags:
                 dst.update_tags(**tags)
+            for band, text in enumerate(descriptions, start=1):
+                dst.set_band_description(band, text)
     tmp.replace(path)
 
 

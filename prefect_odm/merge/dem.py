@@ -70,14 +70,32 @@ from prefect_odm.merge.sources import (
 )
 from prefect_odm.models import MergeOptions
 from prefect_odm.ownership import Ownership
+from prefect_odm.registry import DSM_MEASURED_DESCRIPTION
 
 log = logging.getLogger(__name__)
 
 DEM_NODATA = -9999.0
 """Nodata value of merged DEMs (OpenDroneMap's)."""
 
-_DemBlock = tuple[NDArray[np.float32], int, int]
-"""One block's ``(heights, pixels, union_pixels)``."""
+MEASURED_DESCRIPTION = DSM_MEASURED_DESCRIPTION
+"""The description of a DSM's second band that says which cells were measured
+(:data:`prefect_odm.registry.DSM_MEASURED_BAND`): 1 measured, 0 gap-filled, nodata outside. The
+merge carries it when every input has it."""
+
+_DemBlock = tuple[NDArray[np.float32], int, int, NDArray[np.float32] | None]
+"""One block's ``(heights, pixels, union_pixels, measured band or None)``."""
+
+
+def has_measured_band(path: Path) -> bool:
+    """True when the DEM at ``path`` has the measured band (band 2, :data:`MEASURED_DESCRIPTION`);
+    False also when it cannot be opened (the grid plan then says why, naming the submodel)."""
+    import rasterio
+
+    try:
+        with rasterio.open(path) as ds:
+            return bool(ds.count >= 2 and ds.descriptions[1] == MEASURED_DESCRIPTION)
+    except rasterio.errors.RasterioIOError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -191,6 +209,7 @@ class _DemBlocks:
         offsets: Mapping[str, float],
         edges: Mapping[str, EdgeDistance],
         feather_m: float,
+        measured: bool = False,
     ) -> None:
         self.plan = plan
         self.readers = readers
@@ -198,38 +217,54 @@ class _DemBlocks:
         self.offsets = offsets
         self.edges = edges
         self.feather_m = feather_m
+        self.measured = measured
 
     def work(self, block: Block) -> _DemBlock:
         present = sources_in(self.plan, block)
         h, w = block.height, block.width
         dem = np.full((h, w), DEM_NODATA, dtype=np.float32)
+        measured = dem.copy() if self.measured else None
         if not present:
-            return dem, 0, 0
+            return dem, 0, 0, measured
         k = len(present)
         z = np.zeros((k, h, w), dtype=np.float32)
         valid = np.zeros((k, h, w), dtype=bool)
         edt = np.zeros((k, h, w), dtype=np.float32)
+        flags = np.zeros((k, h, w), dtype=np.float32) if self.measured else None
         for n, src, inter, sl, values, ok in placed_reads(self.readers.get(), present, block):
             z[n][sl] = values[0] - np.float32(self.offsets[src.submodel_id])
+            if flags is not None:
+                flags[n][sl] = values[1]  # the measured band (no height correction on it)
             valid[n][sl] = ok
             if k > 1:
                 edt[n][sl] = self.edges[src.submodel_id].sample(src, inter)
         any_valid = valid.any(axis=0)
         union = int(any_valid.sum())
         if union == 0:
-            return dem, 0, 0
+            return dem, 0, 0, measured
         if k == 1:
             dem[any_valid] = z[0][any_valid]
-            return dem, union, union
+            if measured is not None and flags is not None:
+                measured[any_valid] = flags[0][any_valid] >= 0.5
+            return dem, union, union, measured
         e = self.seams.seam_distance(block, [s.submodel_id for s, _ in present])
         taper = self.seams.weights(e, valid, self.feather_m)
+        if measured is not None and flags is not None:
+            # measured where the sources giving the height (same weights) measured it; the
+            # blend reads valid, edt and taper without changing them
+            blended_flags = blend_heights(flags, valid, edt, taper)
+            measured[any_valid] = blended_flags[any_valid] >= 0.5
         blended = blend_heights(z, valid, edt, taper)
         dem[any_valid] = blended[any_valid]
-        return dem, int(any_valid.sum()), union
+        return dem, int(any_valid.sum()), union, measured
 
     def write(self, dst: Any, block: Block, result: _DemBlock) -> tuple[int, int]:
-        dem, pixels, union = result
-        dst.write(dem, 1, window=Window(block.col_off, block.row_off, block.width, block.height))
+        dem, pixels, union, measured = result
+        window = Window(block.col_off, block.row_off, block.width, block.height)
+        dst.write(dem, 1, window=window)
+        if measured is not None:
+            dst.write(measured, 2, window=window)
+            dst.set_band_description(2, MEASURED_DESCRIPTION)
         return pixels, union
 
 
@@ -279,9 +314,11 @@ def merge_dems(
     started = time.perf_counter()
     out = Path(out)
     fixes = alignment.raster_corrections() if alignment is not None else None
+    # the measured band rides along as a second value band (the height correction is band 1's)
+    measured = all(has_measured_band(Path(p)) for p in inputs.values())
     plan = plan_grid(
-        inputs, resolution_m=run.resolution_m, crs_epsg=run.crs_epsg, value_bands=1,
-        corrections=fixes, correct_heights=True,
+        inputs, resolution_m=run.resolution_m, crs_epsg=run.crs_epsg,
+        value_bands=2 if measured else 1, corrections=fixes, correct_heights=True,
     )  # fmt: skip
     owners = resolve_ownership(plan, ownership)
     remove = opts.remove_vertical_offsets and alignment is None
@@ -293,8 +330,8 @@ def merge_dems(
     pixels, union_pixels = write_merged_raster(
         out,
         plan,
-        {"count": 1, "dtype": "float32", "nodata": DEM_NODATA},
-        _DemBlocks(plan, readers, seams, offsets, edges, opts.dem_feather_m),
+        {"count": 2 if measured else 1, "dtype": "float32", "nodata": DEM_NODATA},
+        _DemBlocks(plan, readers, seams, offsets, edges, opts.dem_feather_m, measured),
         readers,
         run,
         cog_options={"compress": "DEFLATE", "predictor": True},

@@ -132,8 +132,13 @@ def dem_overlaps(
         one :class:`DemOverlap` per overlapping pair with common data (at most
         :data:`MAX_DEM_SAMPLES` samples each).
     """
+    from prefect_odm.merge.dem import has_measured_band
+
+    # DSMs with the measured band are compared on measured cells only: gap-filled heights
+    # (interpolated across a lake or a forest) differ between submodels by construction
+    measured = all(has_measured_band(Path(p)) for p in dsms.values())
     plan = plan_grid(
-        dsms, resolution_m=None, crs_epsg=crs_epsg, value_bands=1,
+        dsms, resolution_m=None, crs_epsg=crs_epsg, value_bands=2 if measured else 1,
         corrections=corrections, correct_heights=True,
     )  # fmt: skip
     reader = SourceReader(plan, Resampling.nearest)
@@ -145,6 +150,8 @@ def dem_overlaps(
             va, ma = reader.read(a, win, out_shape=shape)
             vb, mb = reader.read(b, win, out_shape=shape)
             both = ma & mb
+            if measured:
+                both &= (va[1] == 1) & (vb[1] == 1)
             if not both.any():
                 continue
             gx, gy = _cell_xy(plan, win, shape)

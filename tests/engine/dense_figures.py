@@ -37,6 +37,8 @@ import rasterio
 from rasterio.enums import Resampling
 
 from prefect_odm.engine import ground
+from prefect_odm.engine.pipeline_options import SPECS
+from prefect_odm.registry import DSM_MEASURED_BAND, DSM_MEASURED_DESCRIPTION
 
 DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 REFERENCE = DATA / "brighton_beach_1600" / "reference" / "model.laz"
@@ -148,10 +150,19 @@ def _steep_share(task: Path, cells: np.ndarray) -> float:
     return float(steep[cells].mean()) if cells.any() else 0.0
 
 
-def _read(path: Path) -> tuple[np.ndarray, rasterio.Affine]:
+DEM_GAPFILL_STEPS = int(SPECS["dem-gapfill-steps"]["value"])
+"""The engine's default ``dem-gapfill-steps`` (the runs measured here use the default)."""
+
+
+def _read(path: Path, measured_only: bool = False) -> tuple[np.ndarray, rasterio.Affine]:
+    """Band 1 with nodata as NaN; ``measured_only``: also NaN where the DSM's measured band
+    (``registry.DSM_MEASURED_BAND``, when it has one) says the height was gap-filled."""
     with rasterio.open(path) as src:
         data = src.read(1).astype(np.float64)
-        return np.where(data == src.nodata, np.nan, data), src.transform
+        data = np.where(data == src.nodata, np.nan, data)
+        if measured_only and src.count >= 2 and src.descriptions[1] == DSM_MEASURED_DESCRIPTION:
+            data = np.where(src.read(DSM_MEASURED_BAND) == 1, data, np.nan)
+        return data, src.transform
 
 
 def _tilt(diff: np.ndarray, valid: np.ndarray, res_m: float) -> tuple[float, float]:
@@ -191,7 +202,8 @@ def _object_heights(
 
 def dense_figures(task: Path) -> DenseFigures:
     """The figures of a finished brighton task with ``dsm`` and ``dtm`` (module docstring)."""
-    dsm, transform = _read(task / "odm_dem" / "dsm.tif")
+    # the accuracy figures are of the measured heights; the gap-filled ones are counted apart
+    dsm, transform = _read(task / "odm_dem" / "dsm.tif", measured_only=True)
     dtm, _ = _read(task / "odm_dem" / "dtm.tif")
     res_m = transform.a
     ref_xyz, _ = points_of(REFERENCE)
@@ -212,6 +224,9 @@ def dense_figures(task: Path) -> DenseFigures:
     ref_crop = odm_crop_area(ref_xyz, transform, dsm.shape)
     our_crop = odm_crop_area(xyz, transform, dsm.shape)
     ref_dtm = _reference_dtm(reference, res_m)
+    # the cells without a height before the last gap-filling step (the nearest height): the
+    # large gaps, where the orthophoto lies on the interpolated surface
+    small_gaps = ground.fill_small_gaps(dsm.astype(np.float32), transform.a, DEM_GAPFILL_STEPS)
     ratio, cells, largest_ratio, largest_cells = _object_heights(dsm, reference, ref_dtm, dtm)
     on_ground = np.isfinite(dtm) & np.isfinite(ref_dtm)
     dtm_dz = dtm[on_ground] - float(np.median(diff[both])) - ref_dtm[on_ground]
@@ -230,7 +245,7 @@ def dense_figures(task: Path) -> DenseFigures:
         measured_share_of_our_crop=float(measured[our_crop].mean()),
         points_per_m2=float(inside.sum() / max(1e-9, footprint.sum() * res_m * res_m)),
         coloured_share=float((rgb.sum(axis=1) > 0).mean()) if len(rgb) else 0.0,
-        steep_share_of_unmeasured=_steep_share(task, footprint & ~np.isfinite(dsm)),
+        steep_share_of_unmeasured=_steep_share(task, footprint & ~np.isfinite(small_gaps)),
         object_height_ratio=ratio,
         object_cells=cells,
         largest_object_ratio=largest_ratio,

@@ -94,6 +94,31 @@ def test_fill_small_gaps_does_not_grow_the_outer_edge_or_leave_inside() -> None:
     assert np.isnan(ground.fill_small_gaps(dem, RES_M, 3, inside=outside)[30, 30])
 
 
+def test_fill_to_footprint_fills_every_footprint_cell_smoothly_within_the_heights() -> None:
+    """ODM's last gap-filling step: the large hole (a lake, a forest) is interpolated: every
+    footprint cell gets a height, none outside, no height outside the range of those the DSM
+    had (none invented), and no cliff (a nearest-height fill steps by up to the hill's 1 m)."""
+    from prefect_odm.engine.dem import fill_to_footprint
+
+    dem = _terrain()
+    truth = dem.copy()
+    dem[60:120, 60:120] = np.nan  # 30 m hole
+    dem[:, :5] = np.nan  # outside the footprint
+    footprint = np.ones(dem.shape, dtype=bool)
+    footprint[:, :5] = False
+    small = ground.fill_small_gaps(dem, RES_M, steps=3)  # growing radii first, as ODM
+    filled = fill_to_footprint(small, footprint)
+    assert np.isfinite(filled[footprint]).all() and np.isnan(filled[~footprint]).all()
+    measured = np.isfinite(small)
+    assert np.array_equal(filled[measured], small[measured])
+    hole = filled[60:120, 60:120]
+    assert small[measured].min() <= hole.min() and hole.max() <= small[measured].max()
+    steps = np.abs(np.diff(filled[55:125, 55:125], axis=1))
+    assert steps.max() <= 0.1, steps.max()  # the truth's own steps are under 0.05 m
+    assert np.abs(hole - truth[60:120, 60:120]).max() <= 1.0
+    assert np.isnan(fill_to_footprint(np.full((4, 4), np.nan, np.float32), footprint[:4, :4])).all()
+
+
 def test_push_pull_interpolates_every_cell_and_keeps_the_known() -> None:
     rng = np.random.default_rng(0)
     truth = _terrain((50, 70))

@@ -29,6 +29,8 @@ from prefect_odm.engine import pipeline
 from prefect_odm.engine.camera import CameraPose, read_image_meta, read_images, rotation_tuple
 from prefect_odm.engine.direct import nadir_rotation
 from prefect_odm.errors import InputError, ProcessingFailedError
+from prefect_odm.grid import Grid
+from prefect_odm.registry import DSM_MEASURED_BAND, DSM_MEASURED_DESCRIPTION
 
 DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 BRIGHTON = DATA / "brighton_beach_1600"
@@ -78,13 +80,16 @@ def _rasterise_mean(
 
 
 def dsm_median_abs_diff_m(dsm_path: Path) -> tuple[float, float, int]:
-    """(median |DSM - reference|, median signed difference, compared cells)."""
+    """(median |DSM - reference|, median signed difference, compared cells), over the measured
+    cells when the DSM has the measured band (``registry.DSM_MEASURED_BAND``)."""
     xyz, _ = _reference()
     with rasterio.open(dsm_path) as src:
         dsm = src.read(1)
         nodata = src.nodata
         (ref,), counts = _rasterise_mean(xyz, xyz[:, 2:3], src.transform, dsm.shape)
-    both = (dsm != nodata) & (counts > 0)
+        has_band = src.count >= 2 and src.descriptions[1] == DSM_MEASURED_DESCRIPTION
+        measured = src.read(DSM_MEASURED_BAND) == 1 if has_band else dsm != nodata
+    both = (dsm != nodata) & measured & (counts > 0)
     diff = dsm[both].astype(np.float64) - ref[both]
     return float(np.median(np.abs(diff))), float(np.median(diff)), int(both.sum())
 
@@ -132,7 +137,7 @@ def check_common_outputs(task: Path, method: str, images: int) -> dict:
         assert 0.3 < (alpha == 255).mean() < 1.0  # coverage inside, transparent outside
     with rasterio.open(task / "odm_dem" / "dsm.tif") as src:
         assert src.crs.to_epsg() == BRIGHTON_EPSG
-        assert src.dtypes == ("float32",) and src.nodata == -9999
+        assert set(src.dtypes) == {"float32"} and src.nodata == -9999
         assert src.tags()["PREFECT_ODM_ENGINE_METHOD"] == method
         dsm = src.read(1)
         valid = dsm[dsm != -9999]
@@ -295,6 +300,64 @@ def test_direct_brighton_dsm_is_the_take_off_plane(
     assert median_abs <= 4.0
 
 
+def raster_grid(path: Path) -> Grid:
+    """The north-up grid of a GeoTIFF."""
+    with rasterio.open(path) as src:
+        t = src.transform
+        assert t.b == 0 and t.d == 0 and t.e == -t.a
+        return Grid(left=t.c, top=t.f, resolution_m=t.a, width=src.width, height=src.height)
+
+
+def assert_on_orthophoto_grid(task: Path, names: tuple[str, ...], cells: int) -> None:
+    """Each DEM has the orthophoto's corner and extent and ``cells`` orthophoto cells a side."""
+    ortho = raster_grid(task / "odm_orthophoto" / "odm_orthophoto.tif")
+    for name in names:
+        grid = raster_grid(task / "odm_dem" / name)
+        assert grid.is_aligned_with(ortho), (name, grid, ortho)
+        assert (grid.left, grid.top) == pytest.approx((ortho.left, ortho.top), abs=1e-6)
+        assert grid.bounds == pytest.approx(ortho.bounds, abs=1e-6)
+        assert grid.resolution_m == pytest.approx(cells * ortho.resolution_m, rel=1e-9)
+
+
+def test_direct_dems_lie_on_the_orthophoto_grid(
+    direct_task: tuple[Path, float, list[str]],
+) -> None:
+    """Without dense matching the default DEM cell is 4 orthophoto cells, same corner."""
+    task, _, _ = direct_task
+    assert_on_orthophoto_grid(task, ("dsm.tif", "dtm.tif"), 4)
+    report = json.loads((task / "odm_report" / "engine.json").read_text())
+    assert report["dem_resolution_cm"] == pytest.approx(4 * report["orthophoto_resolution_cm"])
+
+
+def test_dem_resolution_is_honoured_on_the_orthophoto_grid(tmp_path: Path) -> None:
+    task = make_task(tmp_path, BRIGHTON / "images")
+    options = {"pipeline": "direct", "dsm": True, "orthophoto-resolution": "10"}
+    lines: list[str] = []
+    pipeline.run(task, {**options, "dem-resolution": "30"}, log=lines.append)
+    assert raster_grid(task / "odm_dem" / "dsm.tif").resolution_m == pytest.approx(0.3)
+    assert_on_orthophoto_grid(task, ("dsm.tif",), 3)
+    assert not any("dem-resolution 30 cm ->" in line for line in lines)
+    # finer than the orthophoto: one orthophoto cell (ODM caps dem-resolution at the GSD), said
+    lines.clear()
+    pipeline.run(task, {**options, "dem-resolution": "4"}, rerun_from="odm_dem", log=lines.append)
+    assert any("dem-resolution 4 cm -> 10.00 cm" in line for line in lines)
+    assert_on_orthophoto_grid(task, ("dsm.tif",), 1)
+    # a rerun from the orthophoto at a resolution that does not divide the DEM cell rebuilds
+    # the DEMs rather than leaving them off the orthophoto's grid
+    lines.clear()
+    pipeline.run(
+        task,
+        {**options, "orthophoto-resolution": "15", "dem-resolution": "10"},
+        rerun_from="odm_orthophoto",
+        log=lines.append,
+    )
+    assert any("rebuilding the DEMs on the orthophoto's grid" in line for line in lines)
+    assert raster_grid(task / "odm_orthophoto" / "odm_orthophoto.tif").resolution_m == (
+        pytest.approx(0.15)
+    )
+    assert_on_orthophoto_grid(task, ("dsm.tif",), 1)
+
+
 def test_end_with_stops_after_the_stage(tmp_path: Path) -> None:
     task = make_task(tmp_path, BRIGHTON / "images")
     pipeline.run(
@@ -432,6 +495,43 @@ def test_sfm_brighton_dense_products_against_odm(sfm_task: Path) -> None:
     # DTM 0.28 m off ODM's ground with the ground filter's increment thresholds)
     assert figures.largest_object_ratio >= 0.7 and figures.largest_object_cells > 300
     assert figures.dtm_median_abs_m <= 0.2
+
+
+def test_sfm_dems_lie_on_the_orthophoto_grid(sfm_task: Path) -> None:
+    """The dense DEMs' default cell: 2.4 depth-map sample spacings, to the nearest whole number
+    of orthophoto cells, on the orthophoto's corner and extent."""
+    report = json.loads((sfm_task / "odm_report" / "engine.json").read_text())
+    ortho_cm = report["orthophoto_resolution_cm"]
+    spacing_cm = report["gsd_cm"] / report["dense"]["image_scale"]
+    cells = max(1, math.floor(2.4 * spacing_cm / ortho_cm + 0.5))
+    assert report["dem_resolution_cm"] == pytest.approx(cells * ortho_cm, abs=1e-3)
+    assert_on_orthophoto_grid(sfm_task, ("dsm.tif", "dtm.tif"), cells)
+
+
+def test_sfm_dsm_fills_the_orthophoto_footprint_and_says_what_it_measured(
+    sfm_task: Path,
+) -> None:
+    """ODM's ``dem-gapfill-steps`` (growing radii, then an interpolation): the DSM has a
+    height in every cell of the orthophoto's footprint, and its measured band tells the measured
+    cells (dense points in them) from the filled ones; filled heights are heights the DSM had."""
+    report = json.loads((sfm_task / "odm_report" / "engine.json").read_text())
+    with rasterio.open(sfm_task / "odm_dem" / "dsm.tif") as src:
+        assert src.count == 2 and src.descriptions[1] == DSM_MEASURED_DESCRIPTION
+        z, band, nodata = src.read(1), src.read(DSM_MEASURED_BAND), src.nodata
+    with rasterio.open(sfm_task / "odm_orthophoto" / "odm_orthophoto.tif") as src:
+        alpha = src.read(4)
+    cells = round(alpha.shape[1] / z.shape[1])
+    assert alpha.shape == (z.shape[0] * cells, z.shape[1] * cells)  # the same extent
+    coloured = alpha.reshape(z.shape[0], cells, z.shape[1], cells).max(axis=(1, 3)) == 255
+    has_height = z != nodata
+    assert has_height[coloured].mean() >= 0.99
+    assert set(np.unique(band[has_height])) == {0.0, 1.0}
+    assert np.array_equal(band == nodata, ~has_height)
+    measured = band == 1
+    assert int(measured.sum()) == report["dem"]["measured_cells"]
+    assert int((band == 0).sum()) == report["dem"]["filled_cells"]
+    assert 0.3 < measured[coloured].mean() < 0.99  # brighton's forest and water are filled
+    assert z[measured].min() <= z[band == 0].min() and z[band == 0].max() <= z[measured].max()
 
 
 def test_fast_orthophoto_keeps_the_sparse_path(sfm_task: Path, tmp_path: Path) -> None:

@@ -91,3 +91,95 @@ def test_dem_is_deterministic_and_needs_data(two_dems, tmp_path: Path) -> None:
     empty = _write(tmp_path / "e.tif", np.full((10, 10), DEM_NODATA, np.float32), 0)
     with pytest.raises(MergeError):
         merge_dems({"e": empty}, tmp_path / "e_out.tif", ownership=None)
+
+
+def test_engine_grids_stay_aligned_through_the_merge(tmp_path: Path) -> None:
+    """Two submodels as the built-in engine writes them (DEM cell 4 orthophoto cells, both
+    grids with the same corner on whole DEM cells, the corners of the two submodels apart by a
+    whole number of DEM cells): the merged DSM's pixel edges are merged orthophoto edges."""
+    from prefect_odm.grid import Grid
+    from prefect_odm.merge import merge_orthophotos
+
+    from .conftest import ground_texture, write_rgba
+
+    ortho_res, cells = 0.05, 4
+    dem_res = cells * ortho_res
+    corners = {"a": (LEFT + 0.2 * 7, TOP - 0.2 * 3), "b": (LEFT + 0.2 * 157, TOP - 0.2 * 11)}
+    size = (120, 200)  # DEM rows, cols: 24 m x 40 m, overlapping by 10 m
+    dems, orthos = {}, {}
+    for sid, (left, top) in corners.items():
+        z = np.full(size, 150.0, np.float32) + np.float32(0.01 * len(dems))
+        dems[sid] = write_dem(tmp_path / f"dsm_{sid}.tif", z, left, top, dem_res)
+        rgb = ground_texture(size[0] * cells, size[1] * cells, seed=len(orthos) + 1)
+        orthos[sid] = write_rgba(tmp_path / f"ortho_{sid}.tif", rgb, left, top, ortho_res)
+    merge_dems(dems, tmp_path / "dsm.tif", ownership=None, block_size=64)
+    merge_orthophotos(orthos, tmp_path / "ortho.tif", ownership=None, block_size=256)
+    grids = {}
+    for name in ("dsm.tif", "ortho.tif"):
+        with rasterio.open(tmp_path / name) as src:
+            t = src.transform
+            grids[name] = Grid(t.c, t.f, t.a, src.width, src.height)
+    dsm, ortho = grids["dsm.tif"], grids["ortho.tif"]
+    assert dsm.resolution_m == pytest.approx(dem_res) and ortho.resolution_m == (
+        pytest.approx(ortho_res)
+    )
+    assert dsm.is_aligned_with(ortho), (dsm, ortho)
+    assert (dsm.left, dsm.top) == pytest.approx((ortho.left, ortho.top), abs=1e-6)
+
+
+def _write_measured(
+    path: Path, z: NDArray[np.float32], flags: NDArray[np.bool_], col0: int
+) -> Path:
+    """A DSM as the built-in engine writes it: heights and the measured band (1/0, nodata)."""
+    from prefect_odm.registry import DSM_MEASURED_DESCRIPTION
+
+    valid = z != DEM_NODATA
+    with rasterio.open(
+        path,
+        "w",
+        driver="GTiff",
+        width=z.shape[1],
+        height=z.shape[0],
+        count=2,
+        dtype="float32",
+        crs="EPSG:32615",
+        transform=rasterio.transform.from_origin(LEFT + col0 * RES, TOP, RES, RES),
+        nodata=DEM_NODATA,
+    ) as dst:
+        dst.write(z, 1)
+        dst.write(np.where(valid, flags.astype(np.float32), DEM_NODATA), 2)
+        dst.set_band_description(1, "height")
+        dst.set_band_description(2, DSM_MEASURED_DESCRIPTION)
+    return path
+
+
+def test_the_measured_band_is_carried_through_the_merge(two_dems, tmp_path: Path) -> None:
+    """Each submodel's filled cells stay 0 in the merged DSM's measured band where that submodel
+    gives the height, its measured ones 1, nodata where no DSM has a height."""
+    from prefect_odm.registry import DSM_MEASURED_DESCRIPTION
+
+    tiles, surf, own = two_dems
+    a, b = surf[:, :150].copy(), surf[:, 90:] + np.float32(0.8)
+    b[:25, :40] = DEM_NODATA
+    a[:, :3] = DEM_NODATA  # outside a's footprint: nodata in both bands
+    fa = np.ones(a.shape, dtype=bool)
+    fa[40:60, 10:30] = False  # a lake a filled, far from b
+    fb = np.ones(b.shape, dtype=bool)
+    fb[100:130, 100:140] = False  # a forest b filled, far from a
+    inputs = {
+        "a": _write_measured(tmp_path / "ma.tif", a, fa, 0),
+        "b": _write_measured(tmp_path / "mb.tif", b, fb, 90),
+    }
+    merge_dems(inputs, tmp_path / "dsm.tif", ownership=own, block_size=64)
+    with rasterio.open(tmp_path / "dsm.tif") as ds:
+        assert ds.count == 2 and ds.descriptions[1] == DSM_MEASURED_DESCRIPTION
+        z, measured = ds.read(1), ds.read(2)
+    assert set(np.unique(measured)) == {DEM_NODATA, 0.0, 1.0}
+    assert np.array_equal(measured == DEM_NODATA, z == DEM_NODATA)
+    assert (measured[:, :3] == DEM_NODATA).all()
+    assert (measured[40:60, 10:30] == 0).all() and (measured[100:130, 190:230] == 0).all()
+    assert measured[60:100, 30:80].min() == 1 and measured[60:100, 160:230].min() == 1
+    # the single-band inputs of the other tests give a single-band DSM, as ODM's
+    merge_dems(tiles, tmp_path / "plain.tif", ownership=own, block_size=64)
+    with rasterio.open(tmp_path / "plain.tif") as ds:
+        assert ds.count == 1
