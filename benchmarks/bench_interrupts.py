@@ -88,6 +88,12 @@ def held_after_reclaim(env: dict[str, str]) -> int:
     return int(done.stdout.strip().splitlines()[-1])
 
 
+def _last_line(path: Path) -> str:
+    """The command's last line on stderr (how it ended)."""
+    lines = path.read_text(errors="replace").strip().splitlines()
+    return lines[-1][:160] if lines else ""
+
+
 def main() -> None:
     """Run the baseline, then the interrupts, and print one row per interrupt."""
     parser = argparse.ArgumentParser(description=__doc__)
@@ -108,17 +114,18 @@ def main() -> None:
         baseline_seconds = time.perf_counter() - started
         print(f"baseline: uninterrupted {attempt} run {baseline_seconds:.1f} s (temporary server)")
     rng = random.Random(args.seed)
-    print("run  at_s  exit  stop_s  in_use  living  dead  nobody  after_reclaim")
+    print("run  at_s  exit  stop_s  in_use  living  dead  nobody  after_reclaim  last line")
     worst_stop = 0.0
     left_held = 0
     for run in range(args.runs):
         at = rng.uniform(1.0, baseline_seconds)
+        said = work / f"run{run}.stderr"
         proc = subprocess.Popen(
             command(work / f"run{run}"),
             env=env,
             start_new_session=True,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=said.open("w"),
         )
         time.sleep(at)
         signalled = time.perf_counter()
@@ -132,7 +139,7 @@ def main() -> None:
         left_held += after
         print(
             f"{run:3d} {at:5.1f} {code:5d} {stop:7.1f} {in_use:7d} {living:7d} {dead:5d}"
-            f" {nobody:7d} {after:14d}"
+            f" {nobody:7d} {after:14d}  {_last_line(said)}"
         )
     print(
         f"worst stop {worst_stop:.1f} s against the {GRACE_SECONDS:.0f} s deadline"
