@@ -1,20 +1,29 @@
 """The ``reconstruct`` flow: scan -> plan -> process submodels -> merge -> manifest and report.
 
 The flow is a sequence of Prefect tasks; what is reused and what counts as failed is run policy
-(:mod:`prefect_odm.run_policy`).
+(:mod:`prefect_odm.run_policy`). Its parameters' defaults, the stage timer and the merge's
+follow-up command live in :mod:`prefect_odm.flows.reconstruct_support`.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
-from typing import Annotated, Any, Literal, cast
+from dataclasses import dataclass, replace
+from typing import Any, Literal, cast
 
 from prefect import flow, get_run_logger
 from prefect.futures import PrefectFuture, as_completed
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
+from prefect_odm.flows.reconstruct_support import (
+    NODES_FIELD,
+    PRIORITY_FIELD,
+    SPLIT_FIELD,
+    SUBMODEL_DEPLOYMENT_FIELD,
+    SplitParameter,
+    StageTimer,
+    first_run_name,
+    merge_command,
+    planned_footprint,
+)
 from prefect_odm.tasks.align import align_submodels
 from prefect_odm.tasks.artifacts import (
     LiveSubmodelTable,
@@ -30,13 +39,12 @@ from prefect_odm.tasks.merge import MergedProducts, merge_products
 from prefect_odm.tasks.report import publish_plan, publish_report, stored_merge_reports
 from prefect_odm.tasks.submodels import run_submodel
 from prefect_odm.tasks.survey import plan_submodels, scan_survey
-from pydantic import Field, WithJsonSchema
+from pydantic import Field
 
 from prefect_odm import progress, storage
 from prefect_odm.align.report import AlignmentError
 from prefect_odm.errors import IncompleteRunError, InputError, MergeError, PlanningError
 from prefect_odm.fingerprints import merge_fingerprint
-from prefect_odm.geo import GeoJSONGeometry
 from prefect_odm.layout import OutputLayout
 from prefect_odm.merge.reports import MergeReports
 from prefect_odm.models import (
@@ -59,7 +67,6 @@ from prefect_odm.nodes.cluster import (
 )
 from prefect_odm.nodes.refs import (
     refuse_credentials,
-    survey_label,
     survey_run_name,
 )
 from prefect_odm.ownership import Ownership
@@ -77,79 +84,12 @@ from prefect_odm.run_policy import (
     stored_manifest,
     work_queue_for,
 )
-from prefect_odm.settings import DEFAULT_SPLIT
 from prefect_odm.survey.scan import check_output_outside_images
-
-# Parameter defaults with their UI descriptions (pydantic FieldInfo, typed Any like Field's).
-_SUBMODEL_DEPLOYMENT: Any = Field(
-    None,
-    description=(
-        "Run each submodel as a run of this deployment ('flow/deployment', e.g. "
-        "'process_submodel/process-submodel') on workers; none: inline subflows, unless "
-        "PREFECT_ODM_SUBMODEL_DEPLOYMENT names one ('inline' forces inline)."
-    ),
-)
-_NODES: Any = Field(
-    None,
-    description=(
-        "NodeODM node URLs without credentials (a URL with ?token= or user:password@ is "
-        "refused: parameters are shown here and passed to every child run). Tokens go in a "
-        "NodeODMPool block (node_pool) or PREFECT_ODM_NODE_TOKENS / PREFECT_ODM_NODE_TOKEN on "
-        "the workers. None: the built-in engine."
-    ),
-)
-_SPLIT: Any = Field(
-    DEFAULT_SPLIT,
-    description="Target images per submodel (core images), or 'auto' from the nodes' memory.",
-)
-SplitParameter = Annotated[
-    int | Literal["auto"],
-    # Pydantic writes a one-value Literal as {"const": "auto"}, which the UI's form cannot set
-    # ("split is a const and cannot be changed"): an enum of one is a choice it renders.
-    WithJsonSchema(
-        {
-            "anyOf": [
-                {"type": "integer", "title": "images per submodel"},
-                {"type": "string", "enum": ["auto"], "title": "auto"},
-            ]
-        }
-    ),
-]
-"""The ``split`` parameter: images per submodel or ``"auto"``, fillable in the UI's form."""
-_PRIORITY: Any = Field(
-    "normal",
-    description="'urgent' sends the submodel runs to the urgent work queue; never part of a fingerprint.",
-)
-
-
-@dataclass
-class _StageTimer:
-    """Seconds spent in each stage of the run, and in all."""
-
-    start: float = field(default_factory=time.monotonic)
-    seconds: dict[str, float] = field(default_factory=dict)
-
-    @contextmanager
-    def stage(self, name: str) -> Iterator[None]:
-        t = time.monotonic()
-        yield
-        self.seconds[name] = time.monotonic() - t
-
-    def finish(self) -> dict[str, float]:
-        self.seconds["total"] = time.monotonic() - self.start
-        return self.seconds
-
-
-def _first_run_name() -> str:
-    """The run's name until the survey is scanned (then ``{survey}-{fingerprint[:8]}``)."""
-    from prefect.runtime import flow_run
-
-    return f"reconstruct-{survey_label(str(flow_run.parameters.get('images', 'survey')))}"
 
 
 @flow(
     name="reconstruct",
-    flow_run_name=_first_run_name,
+    flow_run_name=first_run_name,
     # Prefect's own flows cast their task runner the same way: the decorator's type names the
     # base future type, which ThreadPoolTaskRunner's concurrent futures specialise.
     task_runner=cast(TaskRunner[PrefectFuture[Any]], ThreadPoolTaskRunner(max_workers=4)),
@@ -157,15 +97,15 @@ def _first_run_name() -> str:
 def reconstruct(
     images: str,
     output: str,
-    nodes: list[str] | None = _NODES,
-    split: SplitParameter = _SPLIT,
+    nodes: list[str] | None = NODES_FIELD,
+    split: SplitParameter = SPLIT_FIELD,
     split_overlap_m: float | None = Field(None, ge=0),
     options: ProcessingOptions | None = None,
     allow_partial: bool = False,
     force: bool = False,
     node_pool: str | None = None,
-    submodel_deployment: str | None = _SUBMODEL_DEPLOYMENT,
-    priority: Literal["normal", "urgent"] = _PRIORITY,
+    submodel_deployment: str | None = SUBMODEL_DEPLOYMENT_FIELD,
+    priority: Literal["normal", "urgent"] = PRIORITY_FIELD,
     merge_options: MergeOptions | None = None,
 ) -> Manifest:
     """Reconstruct a drone survey into one orthophoto, DSM and point cloud.
@@ -207,7 +147,7 @@ def reconstruct(
     """
     refuse_credentials(nodes)
     check_output_outside_images(images, output)
-    timer = _StageTimer()
+    timer = StageTimer()
     with timer.stage("scan"):
         survey = _scan(images)
     nodes, cluster = _connect(nodes, node_pool, options)
@@ -223,6 +163,28 @@ def reconstruct(
         raise IncompleteRunError(failed)
     with timer.stage("merge"):
         merge_fp, products, reports = _merge_or_reuse(plan, results, layout, force, merge_options)
+    manifest = _finish(
+        images, survey, plan, layout, results, failed, table, timer,
+        merge=(merge_fp, products, reports), node_health=health,
+    )  # fmt: skip
+    return manifest
+
+
+def _finish(
+    images: str,
+    survey: Survey,
+    plan: SplitPlan,
+    layout: OutputLayout,
+    results: dict[str, SubmodelResult],
+    failed: dict[str, str],
+    table: LiveSubmodelTable,
+    timer: StageTimer,
+    *,
+    merge: tuple[str, dict[str, str], MergeReports],
+    node_health: list[NodeHealthRecord],
+) -> Manifest:
+    """The run's manifest, with its report, STAC catalogue and ``manifest.json`` written (last)."""
+    merge_fp, products, reports = merge
     manifest = run_manifest(
         source=images,
         survey=survey,
@@ -234,7 +196,7 @@ def reconstruct(
         coverage=reports.coverage_figures(),
         alignment=reports.alignment,
         timings_seconds=timer.finish(),
-        node_health=health,
+        node_health=node_health,
     )
     table.publish()
     publish_report(manifest, plan, survey, layout, reports, table.board.table())
@@ -521,32 +483,7 @@ def _merge(
         layout.merged_product,
         ownership=ownership,
         crs_epsg=plan.crs_epsg,
-        planned_footprint=_planned_footprint(plan),
+        planned_footprint=planned_footprint(plan),
         options=options,
         alignment=alignment,
     )
-
-
-def merge_command(layout: OutputLayout, merged: list[SubmodelResult]) -> str:
-    """What to do after a failed alignment: every processed submodel is stored and reusable,
-    and this command merges them (after a look at the report, with ``--accept-alignment``)."""
-    folders = " ".join(layout.submodel_dir(r.submodel_id, r.fingerprint) for r in merged)
-    return (
-        f"Every processed submodel is stored and is reused by a rerun; to merge them anyway: "
-        f"prefect-odm merge {folders} --plan {layout.plan_json} --output OUT --accept-alignment"
-    )
-
-
-def _planned_footprint(plan: SplitPlan) -> GeoJSONGeometry | None:
-    """The union of the submodels' footprints (the planned area, in the plan's CRS); None
-    without footprints, or when they enclose no area."""
-    from shapely.geometry import mapping, shape
-    from shapely.ops import unary_union
-
-    shapes = [shape(s.footprint) for s in plan.submodels if s.footprint]
-    if not shapes:
-        return None
-    union = mapping(unary_union(shapes))
-    if union["type"] not in ("Polygon", "MultiPolygon"):
-        return None  # an empty union is an empty collection: nothing was planned to cover
-    return GeoJSONGeometry(type=union["type"], coordinates=union["coordinates"])

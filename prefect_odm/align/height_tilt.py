@@ -122,6 +122,26 @@ def _planes_global(p: FloatArray, centres: FloatArray) -> FloatArray:
     return np.stack([h - gx * centres[:, 0] - gy * centres[:, 1], gx, gy], axis=1)
 
 
+def _solve_rejecting(
+    a: csr_matrix, b: FloatArray, opts: AlignmentOptions
+) -> tuple[FloatArray, NDArray[np.bool_]]:
+    """Robust solve, reject samples off by far more than the rest, again (at most 3 rounds).
+
+    Returns the solution and the mask of the samples kept.
+    """
+    keep = np.ones(len(b), dtype=bool)
+    for _ in range(3):
+        p = _robust_linear(csr_matrix(a[keep]), b[keep], opts.camera_sigma_m, opts)
+        err = np.abs(a @ p - b)
+        med = float(np.median(err[keep]))
+        mad = float(np.median(np.abs(err[keep] - med)))
+        limit = max(opts.outlier_min_m, med + opts.outlier_mad_factor * 1.4826 * mad)
+        if np.array_equal(keep, err <= limit):
+            break
+        keep = err <= limit
+    return p, keep
+
+
 def align_heights(
     submodel_ids: Sequence[str],
     centres: FloatArray,
@@ -150,17 +170,7 @@ def align_heights(
         xy = np.concatenate([np.stack([ov.x, ov.y], axis=1) for ov in live])
         length = float(max(xy.std(axis=0).max(), 1.0))
         a = _design(live, index, c, length, terms)
-        b = np.concatenate([ov.dz for ov in live])
-        keep = np.ones(len(b), dtype=bool)
-        for _ in range(3):  # robust solve, reject samples off by far more than the rest, again
-            p = _robust_linear(csr_matrix(a[keep]), b[keep], opts.camera_sigma_m, opts)
-            err = np.abs(a @ p - b)
-            med = float(np.median(err[keep]))
-            mad = float(np.median(np.abs(err[keep] - med)))
-            limit = max(opts.outlier_min_m, med + opts.outlier_mad_factor * 1.4826 * mad)
-            if np.array_equal(keep, err <= limit):
-                break
-            keep = err <= limit
+        p, keep = _solve_rejecting(a, np.concatenate([ov.dz for ov in live]), opts)
         p = p.reshape(n, terms) / [1.0, length, length, length * length][:terms]
     else:
         p, keep = np.zeros((n, terms)), np.zeros(0, dtype=bool)

@@ -199,6 +199,53 @@ def merge_options(args: argparse.Namespace) -> MergeOptions:
     return MergeOptions(accept_alignment=bool(getattr(args, "accept_alignment", False)))
 
 
+def _add_slots_and_stac_parsers(sub: Any) -> argparse.ArgumentParser:
+    """The ``slots`` and ``stac`` sub-commands; returns ``slots`` (it takes ``-v`` too)."""
+    slots: argparse.ArgumentParser = sub.add_parser(
+        "slots", help="inspect or reset the memory slots (global concurrency limit)"
+    )
+    slots.add_argument("--name", default="prefect-odm-memory-gib", help="limit name")
+    slots.add_argument(
+        "--reset", action="store_true", help="set active slots to 0 (nothing may be running)"
+    )
+
+    stac = sub.add_parser(
+        "stac", help="write the STAC catalogue of a finished run (stac/collection.json)"
+    )
+    stac.add_argument(
+        "run_folder",
+        help="the run's folder (holding manifest.json) or its output root; path or URL",
+    )
+    return slots
+
+
+def _add_k8s_parser(sub: Any) -> None:
+    """The ``k8s render`` sub-command: Kubernetes manifests and the work-pool job template."""
+    k8s = sub.add_parser("k8s", help="Kubernetes manifests and the work-pool job template")
+    k8s_sub = k8s.add_subparsers(dest="k8s_command", required=True, parser_class=OneLineParser)
+    k8s_render = k8s_sub.add_parser("render", help="write the job template and the manifests")
+    k8s_render.add_argument("--out", required=True, help="folder to write into")
+    for flag, kind, default, what in (
+        ("--namespace", str, "prefect-odm", "Kubernetes namespace"),
+        ("--work-pool", str, "odm-k8s", "Prefect work pool of type kubernetes"),
+        ("--image", str, "prefecthq/prefect:3-python3.11", "image with prefect-odm installed"),
+        ("--node-image", str, "opendronemap/nodeodm:2.2.4", "processing node image"),
+        ("--fleet-cluster", str, "k8s-fleet", "the fleet's cluster name at the capacity endpoint"),
+        (
+            "--capacity-url",
+            str,
+            "http://prefect-odm-capacity.prefect-odm.svc:8080",
+            "capacity endpoint",
+        ),
+        ("--gib-per-pod", int, 16, "memory of one fleet pod, GiB (KEDA's target value)"),
+        ("--min-replicas", int, 0, "fewest fleet pods"),
+        ("--max-replicas", int, 10, "most fleet pods"),
+    ):
+        k8s_render.add_argument(
+            flag, type=kind, default=default, help=f"{what} (default {default})"
+        )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every ``prefect-odm`` sub-command."""
     parser = OneLineParser(prog="prefect-odm", description=DESCRIPTION)
@@ -250,21 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_accept_alignment(mrg)
 
-    slots = sub.add_parser(
-        "slots", help="inspect or reset the memory slots (global concurrency limit)"
-    )
-    slots.add_argument("--name", default="prefect-odm-memory-gib", help="limit name")
-    slots.add_argument(
-        "--reset", action="store_true", help="set active slots to 0 (nothing may be running)"
-    )
-
-    stac = sub.add_parser(
-        "stac", help="write the STAC catalogue of a finished run (stac/collection.json)"
-    )
-    stac.add_argument(
-        "run_folder",
-        help="the run's folder (holding manifest.json) or its output root; path or URL",
-    )
+    slots = _add_slots_and_stac_parsers(sub)
 
     from prefect_odm.cli.ops import add_parsers as _add_ops_parsers
 
@@ -282,29 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
             help="show Prefect's run logs on the console",
         )
 
-    k8s = sub.add_parser("k8s", help="Kubernetes manifests and the work-pool job template")
-    k8s_sub = k8s.add_subparsers(dest="k8s_command", required=True, parser_class=OneLineParser)
-    k8s_render = k8s_sub.add_parser("render", help="write the job template and the manifests")
-    k8s_render.add_argument("--out", required=True, help="folder to write into")
-    for flag, kind, default, what in (
-        ("--namespace", str, "prefect-odm", "Kubernetes namespace"),
-        ("--work-pool", str, "odm-k8s", "Prefect work pool of type kubernetes"),
-        ("--image", str, "prefecthq/prefect:3-python3.11", "image with prefect-odm installed"),
-        ("--node-image", str, "opendronemap/nodeodm:2.2.4", "processing node image"),
-        ("--fleet-cluster", str, "k8s-fleet", "the fleet's cluster name at the capacity endpoint"),
-        (
-            "--capacity-url",
-            str,
-            "http://prefect-odm-capacity.prefect-odm.svc:8080",
-            "capacity endpoint",
-        ),
-        ("--gib-per-pod", int, 16, "memory of one fleet pod, GiB (KEDA's target value)"),
-        ("--min-replicas", int, 0, "fewest fleet pods"),
-        ("--max-replicas", int, 10, "most fleet pods"),
-    ):
-        k8s_render.add_argument(
-            flag, type=kind, default=default, help=f"{what} (default {default})"
-        )
+    _add_k8s_parser(sub)
 
     eng = sub.add_parser("engine", help="the built-in NodeODM-compatible engine")
     eng.add_argument("engine_args", nargs=argparse.REMAINDER, help="e.g. serve --port 3000")

@@ -1,5 +1,5 @@
-"""The records a plan writes: rounded GeoJSON geometry, camera positions, the plan fingerprint
-(pure core).
+"""The records a plan writes: submodel records, rounded GeoJSON geometry, camera positions, the
+plan fingerprint (pure core).
 
 Coordinates are written to millimetres (:data:`COORD_DECIMALS`), so that a plan is identical byte
 for byte for shuffled input.
@@ -16,8 +16,12 @@ from numpy.typing import NDArray
 from shapely.geometry import mapping
 from shapely.geometry.base import BaseGeometry
 
-from prefect_odm.fingerprints import fingerprint
-from prefect_odm.models import CameraPosition, ImageRecord, SplitPlan
+from prefect_odm.errors import PlanningError
+from prefect_odm.fingerprints import fingerprint, submodel_fingerprint
+from prefect_odm.models import CameraPosition, ImageRecord, ProcessingOptions, SplitPlan, Submodel
+from prefect_odm.plan.core_areas import multipoint
+from prefect_odm.plan.memory import MemoryModel, estimate_peak_memory_gib
+from prefect_odm.plan.position_plan import PositionPlan
 
 #: Decimal places of coordinates written to the plan (millimetres).
 COORD_DECIMALS = 3
@@ -93,3 +97,74 @@ def plan_fingerprint(plan: SplitPlan, images: Sequence[ImageRecord]) -> str:
         sm.id: sorted(identity[n] for n in sm.core_image_names) for sm in plan.submodels
     }
     return fingerprint(content)
+
+
+def submodel_records(
+    images: list[ImageRecord],
+    x: NDArray[np.float64],
+    y: NDArray[np.float64],
+    pplan: PositionPlan,
+    ids: Sequence[str],
+    half_fp: float,
+    options: ProcessingOptions,
+    engine_identity: str,
+    node_memory_gib: Sequence[float],
+    memory_model: MemoryModel,
+) -> list[Submodel]:
+    """The :class:`Submodel` records of a position plan, with memory estimates and fingerprints.
+
+    Args:
+        images: the planned images, in the plan's canonical order (indices of ``pplan``).
+        x: image positions ``(n,)``, plan CRS metres.
+        y: image positions ``(n,)``, plan CRS metres.
+        pplan: the position plan (its core areas set).
+        ids: the submodel ids, one per part.
+        half_fp: half an image's ground footprint, metres.
+        options: processing options (fingerprints, memory estimate).
+        engine_identity: engine name/version, part of each fingerprint.
+        node_memory_gib: memory of each available node, GiB (none: no limit).
+        memory_model: the memory anchor table.
+
+    Raises:
+        PlanningError: a submodel needs more memory than the largest of ``node_memory_gib``.
+    """
+    assert pplan.core_areas is not None
+    node_options = options.to_nodeodm()
+    submodels: list[Submodel] = []
+    largest_node = max(node_memory_gib) if node_memory_gib else None
+    # The survey's image footprint: what ``area_m2`` counts of a core area (the core areas reach
+    # out to the clip buffer, far beyond the images, so that ownership covers every pixel).
+    survey_footprint = shapely.buffer(
+        multipoint(np.column_stack([x, y])).convex_hull, half_fp, quad_segs=8
+    )
+    for part, members in enumerate(pplan.members):
+        member_images = [images[i] for i in members]
+        core_images = [images[i] for i in np.flatnonzero(pplan.labels == part)]
+        mp = float(np.mean([im.width * im.height / 1e6 for im in member_images]))
+        memory = estimate_peak_memory_gib(len(member_images), mp, node_options, model=memory_model)
+        if largest_node is not None and memory > largest_node:
+            overlap = len(member_images) - len(core_images)
+            raise PlanningError(
+                f"{ids[part]} needs an estimated {memory:.1f} GiB for {len(member_images)} images "
+                f"({overlap} of them overlap), more than the largest node ({largest_node:g} GiB); "
+                "lower the split (--split) or the split overlap (--split-overlap-m)"
+            )
+        coords = np.column_stack([x[members], y[members]])
+        footprint = shapely.buffer(multipoint(coords).convex_hull, half_fp, quad_segs=8)
+        area = pplan.core_areas[part]
+        submodels.append(
+            Submodel(
+                id=ids[part],
+                image_names=sorted(im.name for im in member_images),
+                core_image_names=sorted(im.name for im in core_images),
+                overlap_image_count=len(member_images) - len(core_images),
+                core_area=round_geometry(area),
+                footprint=round_geometry(footprint),
+                area_m2=round(float(shapely.intersection(area, survey_footprint).area), 2),
+                estimated_memory_gib=memory,
+                fingerprint=submodel_fingerprint(
+                    [im.identity for im in member_images], node_options, engine_identity
+                ),
+            )
+        )
+    return submodels

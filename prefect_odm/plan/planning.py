@@ -51,7 +51,6 @@ from numpy.typing import ArrayLike, NDArray
 from shapely.geometry.base import BaseGeometry
 
 from prefect_odm.errors import PlanningError
-from prefect_odm.fingerprints import submodel_fingerprint
 from prefect_odm.geo import half_footprint_m, project_lonlat
 from prefect_odm.models import (
     ImageRecord,
@@ -59,13 +58,17 @@ from prefect_odm.models import (
     NeighbourPair,
     ProcessingOptions,
     SplitPlan,
-    Submodel,
     Survey,
 )
 from prefect_odm.plan.checks import gps_warnings
 from prefect_odm.plan.core_areas import core_areas, multipoint, overlap_members
-from prefect_odm.plan.memory import MemoryModel, estimate_peak_memory_gib, max_images_within
-from prefect_odm.plan.neighbours import AlignmentNeeds, neighbour_pairs, settle_overlap
+from prefect_odm.plan.memory import MemoryModel, max_images_within
+from prefect_odm.plan.neighbours import (
+    AlignmentNeeds,
+    OverlapDecision,
+    neighbour_pairs,
+    settle_overlap,
+)
 from prefect_odm.plan.partition import (
     canonical_order,
     default_min_submodel_images,
@@ -73,7 +76,11 @@ from prefect_odm.plan.partition import (
     rebalanced_sizes,
     target_sizes,
 )
-from prefect_odm.plan.plan_records import camera_positions, plan_fingerprint, round_geometry
+from prefect_odm.plan.plan_records import (
+    camera_positions,
+    plan_fingerprint,
+    submodel_records,
+)
 from prefect_odm.plan.position_plan import PositionPlan, merge_duplicate_parts
 from prefect_odm.settings import DEFAULT_SPLIT, DEFAULT_SPLIT_OVERLAP_M
 
@@ -303,63 +310,86 @@ def _balanced_split(
     return best
 
 
-def _submodels(
+def _settled_plan(
+    x: NDArray[np.float64],
+    y: NDArray[np.float64],
+    split_n: int,
+    min_size: int,
+    half_fp: float,
+    needs: AlignmentNeeds | None,
+    asked_m: float,
+    *,
+    given: bool,
+    source: str,
+) -> tuple[OverlapDecision, list[NeighbourPair], PositionPlan, list[str]]:
+    """The position plan at the overlap :func:`~prefect_odm.plan.neighbours.settle_overlap` keeps.
+
+    Returns the decision, the neighbour pairs, the plan at the decided overlap and its warnings
+    (the decision's note first; each is logged).
+
+    Raises:
+        PlanningError: the decision refuses the overlap (one line starting with ``source``).
+    """
+    plans: dict[float, tuple[PositionPlan, list[str]]] = {}
+
+    def plan_at(width_m: float) -> tuple[PositionPlan, list[str]]:
+        if width_m not in plans:
+            pplan = plan_from_positions(
+                x, y, split=split_n, split_overlap_m=width_m, min_submodel_images=min_size,
+                tie_rank=np.arange(len(x)),
+                clip_buffer_m=max(3.0 * half_fp, 2.0 * width_m, 50.0),
+            )  # fmt: skip
+            plans[width_m] = merge_duplicate_parts(pplan, width_m)
+        return plans[width_m]
+
+    def pairs_at(width_m: float) -> tuple[list[NeighbourPair], list[str]]:
+        pplan = plan_at(width_m)[0]
+        ids = [f"submodel-{i:03d}" for i in range(pplan.k)]
+        assert pplan.core_areas is not None
+        judge = needs or AlignmentNeeds.of(MergeOptions())
+        assert judge is not None
+        return neighbour_pairs(x, y, pplan.members, pplan.core_areas, ids, half_fp, judge), ids
+
+    decision, pairs = settle_overlap(pairs_at, asked_m, given=given, needs=needs)
+    if decision.refusal is not None:
+        raise PlanningError(f"{source}: {decision.refusal}")
+    pplan, warnings = plan_at(decision.split_overlap_m)
+    warnings = ([decision.note] if decision.note else []) + warnings
+    for text in warnings:
+        logger.warning("%s", text)
+    return decision, pairs, pplan, warnings
+
+
+def _asked_overlap_m(split_overlap_m: float | None) -> float:
+    """The overlap asked for, metres (the default when None).
+
+    Raises:
+        PlanningError: negative or not finite.
+    """
+    asked_m = DEFAULT_SPLIT_OVERLAP_M if split_overlap_m is None else float(split_overlap_m)
+    if not (asked_m >= 0 and math.isfinite(asked_m)):
+        raise PlanningError(f"split_overlap_m must be finite and >= 0, got {split_overlap_m}")
+    return asked_m
+
+
+def _with_checks(
+    plan: SplitPlan,
     images: list[ImageRecord],
     x: NDArray[np.float64],
     y: NDArray[np.float64],
-    pplan: PositionPlan,
-    ids: Sequence[str],
-    half_fp: float,
-    options: ProcessingOptions,
-    engine_identity: str,
-    node_memory_gib: Sequence[float],
-    memory_model: MemoryModel,
-) -> list[Submodel]:
-    """The :class:`Submodel` records of a position plan, with memory estimates and fingerprints.
-
-    Raises:
-        PlanningError: a submodel needs more memory than the largest of ``node_memory_gib``.
-    """
-    assert pplan.core_areas is not None
-    node_options = options.to_nodeodm()
-    submodels: list[Submodel] = []
-    largest_node = max(node_memory_gib) if node_memory_gib else None
-    # The survey's image footprint: what ``area_m2`` counts of a core area (the core areas reach
-    # out to the clip buffer, far beyond the images, so that ownership covers every pixel).
-    survey_footprint = shapely.buffer(
-        multipoint(np.column_stack([x, y])).convex_hull, half_fp, quad_segs=8
-    )
-    for part, members in enumerate(pplan.members):
-        member_images = [images[i] for i in members]
-        core_images = [images[i] for i in np.flatnonzero(pplan.labels == part)]
-        mp = float(np.mean([im.width * im.height / 1e6 for im in member_images]))
-        memory = estimate_peak_memory_gib(len(member_images), mp, node_options, model=memory_model)
-        if largest_node is not None and memory > largest_node:
-            overlap = len(member_images) - len(core_images)
-            raise PlanningError(
-                f"{ids[part]} needs an estimated {memory:.1f} GiB for {len(member_images)} images "
-                f"({overlap} of them overlap), more than the largest node ({largest_node:g} GiB); "
-                "lower the split (--split) or the split overlap (--split-overlap-m)"
-            )
-        coords = np.column_stack([x[members], y[members]])
-        footprint = shapely.buffer(multipoint(coords).convex_hull, half_fp, quad_segs=8)
-        area = pplan.core_areas[part]
-        submodels.append(
-            Submodel(
-                id=ids[part],
-                image_names=sorted(im.name for im in member_images),
-                core_image_names=sorted(im.name for im in core_images),
-                overlap_image_count=len(member_images) - len(core_images),
-                core_area=round_geometry(area),
-                footprint=round_geometry(footprint),
-                area_m2=round(float(shapely.intersection(area, survey_footprint).area), 2),
-                estimated_memory_gib=memory,
-                fingerprint=submodel_fingerprint(
-                    [im.identity for im in member_images], node_options, engine_identity
-                ),
-            )
-        )
-    return submodels
+    warnings: list[str],
+    pairs: list[NeighbourPair],
+    widened_from_m: float | None,
+) -> SplitPlan:
+    """``plan`` with its GPS checks, warnings, neighbour pairs and fingerprint filled in."""
+    gps, lines = gps_warnings([(im.name, im) for im in images], x, y)
+    extra = {
+        "warnings": warnings + lines,
+        "gps_warnings": gps,
+        "neighbours": pairs,
+        "split_overlap_asked_m": widened_from_m,
+    }
+    return plan.model_copy(update={"fingerprint": plan_fingerprint(plan, images), **extra})
 
 
 def plan_submodels(
@@ -407,59 +437,33 @@ def plan_submodels(
     """
     options = options or ProcessingOptions.model_validate({})
     given = split_overlap_m is not None
-    asked_m = DEFAULT_SPLIT_OVERLAP_M if split_overlap_m is None else float(split_overlap_m)
-    if not (asked_m >= 0 and math.isfinite(asked_m)):
-        raise PlanningError(f"split_overlap_m must be finite and >= 0, got {split_overlap_m}")
-    if memory_model is None:
-        memory_model = memory_model_for(engine_identity)
+    asked_m = _asked_overlap_m(split_overlap_m)
+    memory_model = memory_model_for(engine_identity) if memory_model is None else memory_model
     images = sorted(survey.images, key=lambda im: (im.identity, im.name))
     if not images:
         raise PlanningError(f"{survey.source}: no accepted image to plan")
     x, y = _positions(images, survey.crs_epsg)
     megapixels = float(np.mean([im.width * im.height / 1e6 for im in images]))
     split_n = _split_size(split, options, node_memory_gib, megapixels, asked_m, memory_model)
-    min_size = default_min_submodel_images(split_n)
-    if min_submodel_images is not None:
-        min_size = int(min_submodel_images)
+    min_size = (
+        default_min_submodel_images(split_n)
+        if min_submodel_images is None
+        else int(min_submodel_images)
+    )
     half_fp = _half_footprint(images)
-    needs = AlignmentNeeds.of(merge_options)
-    plans: dict[float, tuple[PositionPlan, list[str]]] = {}
-
-    def plan_at(width_m: float) -> tuple[PositionPlan, list[str]]:
-        if width_m not in plans:
-            pplan = plan_from_positions(
-                x, y, split=split_n, split_overlap_m=width_m, min_submodel_images=min_size,
-                tie_rank=np.arange(len(images)),
-                clip_buffer_m=max(3.0 * half_fp, 2.0 * width_m, 50.0),
-            )  # fmt: skip
-            plans[width_m] = merge_duplicate_parts(pplan, width_m)
-        return plans[width_m]
-
-    def pairs_at(width_m: float) -> tuple[list[NeighbourPair], list[str]]:
-        pplan = plan_at(width_m)[0]
-        ids = [f"submodel-{i:03d}" for i in range(pplan.k)]
-        assert pplan.core_areas is not None
-        judge = needs or AlignmentNeeds.of(MergeOptions())
-        assert judge is not None
-        return neighbour_pairs(x, y, pplan.members, pplan.core_areas, ids, half_fp, judge), ids
-
-    decision, pairs = settle_overlap(pairs_at, asked_m, given=given, needs=needs)
-    if decision.refusal is not None:
-        raise PlanningError(f"{survey.source}: {decision.refusal}")
-    overlap_m = decision.split_overlap_m
-    pplan, warnings = plan_at(overlap_m)
-    warnings = ([decision.note] if decision.note else []) + warnings
-    for text in warnings:
-        logger.warning("%s", text)
+    decision, pairs, pplan, warnings = _settled_plan(
+        x, y, split_n, min_size, half_fp, AlignmentNeeds.of(merge_options), asked_m,
+        given=given, source=survey.source,
+    )  # fmt: skip
     ids = [f"submodel-{i:03d}" for i in range(pplan.k)]
-    submodels = _submodels(
+    submodels = submodel_records(
         images, x, y, pplan, ids, half_fp, options, engine_identity, node_memory_gib, memory_model
     )
     plan = SplitPlan(
         survey_fingerprint=survey.fingerprint,
         crs_epsg=survey.crs_epsg,
         split=split_n,
-        split_overlap_m=float(overlap_m),
+        split_overlap_m=float(decision.split_overlap_m),
         min_submodel_images=min_size,
         options=options,
         engine_identity=engine_identity,
@@ -467,11 +471,4 @@ def plan_submodels(
         cameras=camera_positions(images, x, y, pplan.labels, ids),
         fingerprint="",
     )
-    gps, lines = gps_warnings([(im.name, im) for im in images], x, y)
-    extra = {
-        "warnings": warnings + lines,
-        "gps_warnings": gps,
-        "neighbours": pairs,
-        "split_overlap_asked_m": decision.widened_from_m,
-    }
-    return plan.model_copy(update={"fingerprint": plan_fingerprint(plan, images), **extra})
+    return _with_checks(plan, images, x, y, warnings, pairs, decision.widened_from_m)
