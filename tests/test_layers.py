@@ -22,6 +22,12 @@ OUTER = ("engine", "merge", "nodes", "flows", "tasks", "blocks", "cli")
 
 MAX_TOP_LEVEL_MODULES = 15
 
+MAX_MODULE_LINES = 500
+"""Longest library module, lines: a longer one is split by moving a cohesive part out."""
+
+MAX_FUNCTION_LINES = 80
+"""Longest function or method, lines from ``def`` to its last line (docstring included)."""
+
 
 def modules() -> dict[str, Path]:
     """Installed module name -> its source file."""
@@ -126,3 +132,37 @@ def test_every_package_folder_is_a_package() -> None:
             for parent in path.relative_to(REPO / folder).parents:
                 if parent != Path(".") and "__pycache__" not in parent.parts:
                     assert (REPO / folder / parent / "__init__.py").exists(), parent
+
+
+def oversized(paths: dict[str, Path]) -> list[str]:
+    """``module: N lines`` and ``module.function: N lines`` for every module over
+    :data:`MAX_MODULE_LINES` and every function over :data:`MAX_FUNCTION_LINES`."""
+    found: list[str] = []
+    for name, path in sorted(paths.items()):
+        text = path.read_text()
+        if (lines := len(text.splitlines())) > MAX_MODULE_LINES:
+            found.append(f"{name}: {lines} lines")
+        for node in ast.walk(ast.parse(text, str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    found.append(f"{name}.{node.name}: {length} lines")
+    return found
+
+
+def test_modules_and_functions_stay_short() -> None:
+    assert oversized(modules()) == []
+
+
+def test_the_size_check_sees_a_long_module_and_a_long_function(tmp_path: Path) -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    long_function = tmp_path / "long_function.py"
+    long_function.write_text(f"def long_one() -> None:\n{body}\n")
+    long_module = tmp_path / "long_module.py"
+    long_module.write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    short = tmp_path / "short.py"
+    short.write_text(f"def short_one() -> None:\n{body[: body.rindex(chr(10))]}\n")
+    assert oversized({"a": long_function, "b": long_module, "c": short}) == [
+        f"a.long_one: {MAX_FUNCTION_LINES + 1} lines",
+        f"b: {MAX_MODULE_LINES + 1} lines",
+    ]

@@ -65,17 +65,17 @@ def run(
         MemoryError: out of memory.
     """
     task_dir = Path(task_dir)
-    from prefect_odm.engine import stages
+    from prefect_odm.engine import stage_files, stages
 
     settings = pipeline_options.settings(dict(options))
     rerun_from = rerun_from or settings["rerun-from"] or None
     if rerun_from is not None and rerun_from not in STAGES:
         raise InputError(f"unknown stage {rerun_from!r}; stages: {', '.join(STAGES)}")
     end_with = settings["end-with"] or STAGES[-1]
-    ctx = stages.StageContext(task_dir=task_dir, settings=settings, log=log)
+    ctx = stage_files.StageContext(task_dir=task_dir, settings=settings, log=log)
     start = STAGES.index(rerun_from) if rerun_from else 0
     for index in range(start):
-        if not stages.stage_done(ctx, STAGES[index]):
+        if not stage_files.stage_done(ctx, STAGES[index]):
             log(f"Results of stage {STAGES[index]} are missing: running from there")
             start = index
             break
@@ -84,7 +84,7 @@ def run(
         raise InputError(
             f"end-with {end_with} comes before the first stage to run, {STAGES[start]}"
         )
-    seconds = stages.read_stage_seconds(ctx) if start > 0 else {}
+    seconds = stage_files.read_stage_seconds(ctx) if start > 0 else {}
     for stage in STAGES[start:]:
         seconds.pop(stage, None)
     log(
@@ -96,10 +96,10 @@ def run(
         started = time.perf_counter()
         stages.STAGE_FUNCTIONS[stage](ctx)
         seconds[stage] = round(time.perf_counter() - started, 3)
-        stages.write_json(ctx.path(stages.STAGE_SECONDS), seconds)
+        stage_files.write_json(ctx.path(stage_files.STAGE_SECONDS), seconds)
         if stage == "odm_report":  # the report was written before its own time was known
-            report = json.loads(ctx.path(stages.ENGINE_REPORT).read_text())
+            report = json.loads(ctx.path(stage_files.ENGINE_REPORT).read_text())
             report["stage_seconds"] = seconds
-            stages.write_json(ctx.path(stages.ENGINE_REPORT), report)
+            stage_files.write_json(ctx.path(stage_files.ENGINE_REPORT), report)
         log(f"Finished {stage} stage in {seconds[stage]:.1f} s")
     log(f"Pipeline finished in {time.perf_counter() - total:.1f} s")

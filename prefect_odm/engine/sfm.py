@@ -8,7 +8,7 @@ CVPR 2016):
    (:attr:`ImageMeta.focal_length_px`, ODM's prior), with two radial distortion terms (COLMAP's
    RADIAL: ``k1``, ``k2``, the radial part of the ``brown`` model ODM gives OpenSfM by default,
    ``opendm/photo.py``) and the principal point refined as OpenSfM refines it (ODM's default
-   ``optimize_camera_parameters``); a camera seen in fewer than :data:`FULL_CAMERA_MIN_IMAGES`
+   ``optimize_camera_parameters``); a camera seen in fewer than :data:`.sfm_priors.FULL_CAMERA_MIN_IMAGES`
    images keeps one radial term and its principal point at the image centre. The images are
    then numbered by name (:func:`_number_images_by_name`): COLMAP numbers them in the order its
    extraction threads finish, and the rest follows the numbers.
@@ -23,7 +23,7 @@ CVPR 2016):
    COLMAP does not offer, and which in OpenSfM's weighting moves it only +0.05 %:
    ``benchmarks/bench_focal_prior.py``). Radial distortion and the principal point are refined,
    and once the mapper is done, refined again with OpenSfM's priors on them
-   (:func:`_adjust_with_intrinsic_priors`): without those priors they are what sets the ground
+   (:func:`.sfm_priors.adjust_with_intrinsic_priors`): without those priors they are what sets the ground
    height on a constant-height nadir flight (brighton: +0.9 m above ODM's cloud with two free
    radial terms; with the priors the dense DSM lies 0.24 m median, 0.43 m p90 from it, tilt 0.43
    deg, orthophoto offset 0.00 m; ``benchmarks/bench_engine.py --only brighton``). With one
@@ -44,9 +44,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,22 +54,15 @@ from numpy.typing import NDArray
 
 from prefect_odm.engine.camera import CameraPose, ImageMeta, Scene, rotation_tuple, utm_positions
 from prefect_odm.engine.direct import estimate_ground_z_m
+from prefect_odm.engine.sfm_priors import (
+    FULL_CAMERA_MIN_IMAGES,
+    ColmapRun,
+    adjust_with_intrinsic_priors,
+    refines_principal_point,
+)
 from prefect_odm.errors import ProcessingFailedError
 
 logger = logging.getLogger(__name__)
-
-FULL_CAMERA_MIN_IMAGES = 15
-"""Images a camera needs before bundle adjustment refines its full model.
-
-From this many images on, the camera is COLMAP's ``RADIAL`` (``f, cx, cy, k1, k2``: the radial
-part of ODM's default ``brown``) with the principal point refined, as OpenSfM refines it for ODM;
-below, ``SIMPLE_RADIAL`` (``f, cx, cy, k``) with the principal point at the image centre. A
-principal-point shift trades against the cameras' tilt, and a few images (one flight line)
-cannot tell them apart. On brighton split in two (about 10 images a submodel,
-``tests/test_align_wired.py``) the full model needs 2.09 deg of rotation between the two
-submodels, over the alignment's 2 deg gate; two radial terms with the principal point fixed
-leave their orthophotos 0.45 m apart after alignment; the simple camera 0.03 m. The count is of the images given, per camera. The focal length is
-held fixed in both."""
 
 MAX_FEATURES = 6000
 """SIFT features kept per image (COLMAP's default is 8192; fewer is faster on 2 cores)."""
@@ -96,31 +88,6 @@ GPS_ACCURACY_M = 3.0
 
 MIN_TRACK_LENGTH = 3
 """3D points seen in fewer images are dropped from the products."""
-
-INTRINSIC_PRIOR_SD = 0.01
-"""Standard deviation of the priors on the principal point (a share of the long image side) and
-on each distortion term (towards 0), as OpenSfM sets them for ODM (``principal_point_sd``,
-``radial_distortion_k1_sd``, ``radial_distortion_k2_sd``; OpenSfM's ``config.py``)."""
-
-REPROJECTION_SD = 0.004
-"""OpenSfM's ``reprojection_error_sd``, a share of the long image side: the weight of the
-intrinsic priors against COLMAP's reprojection residuals, which are in pixels."""
-
-
-@dataclass(frozen=True)
-class _Colmap:
-    """One COLMAP run: the images, their folder, the scratch folder, threads and the log."""
-
-    images: Sequence[ImageMeta]
-    image_dir: Path
-    work_dir: Path
-    threads: int
-    log: Callable[[str], None]
-
-    @property
-    def database(self) -> Path:
-        """COLMAP's feature and match database."""
-        return self.work_dir / "database.db"
 
 
 def reconstruct_sfm(
@@ -163,7 +130,7 @@ def reconstruct_sfm(
     import pycolmap
 
     work_dir.mkdir(parents=True, exist_ok=True)
-    run = _Colmap(images, image_dir, work_dir, max(1, int(max_concurrency)), log)
+    run = ColmapRun(images, image_dir, work_dir, max(1, int(max_concurrency)), log)
     run.database.unlink(missing_ok=True)
     previous_level = pycolmap.logging.minloglevel
     pycolmap.logging.minloglevel = 2  # COLMAP's INFO lines go to stderr; we log our own
@@ -173,7 +140,7 @@ def reconstruct_sfm(
         origin = _write_gps_priors(run, epsg, gps_accuracy_m)
         pairs = _match_neighbours(run, max_neighbours)
         model = _map_incrementally(run, pairs)
-        _adjust_with_intrinsic_priors(run, model)
+        adjust_with_intrinsic_priors(run, model)
         residual, scale = _align_to_gps(run, model, epsg, origin)
         cameras, points, colours = _scene_parts(model, origin)
         return Scene(
@@ -196,7 +163,7 @@ def reconstruct_sfm(
         pycolmap.logging.minloglevel = previous_level
 
 
-def _extract_features(run: _Colmap, resize_to: int, max_features: int) -> None:
+def _extract_features(run: ColmapRun, resize_to: int, max_features: int) -> None:
     """SIFT features of every image into the database, one camera per camera key.
 
     The camera is ``RADIAL`` for a key with :data:`FULL_CAMERA_MIN_IMAGES` images or more, else
@@ -296,7 +263,7 @@ def _number_images_by_name(database: Path) -> None:
         connection.close()
 
 
-def _write_gps_priors(run: _Colmap, epsg: int, accuracy_m: float) -> NDArray[np.float64]:
+def _write_gps_priors(run: ColmapRun, epsg: int, accuracy_m: float) -> NDArray[np.float64]:
     """Replace the database's pose priors by Cartesian UTM GPS positions (less an origin).
 
     COLMAP's feature extraction writes WGS 84 priors from EXIF; the bundle adjustment needs metric
@@ -326,7 +293,7 @@ def _write_gps_priors(run: _Colmap, epsg: int, accuracy_m: float) -> NDArray[np.
     return origin
 
 
-def _match_neighbours(run: _Colmap, max_neighbours: int) -> int:
+def _match_neighbours(run: ColmapRun, max_neighbours: int) -> int:
     """Match each image with its GPS neighbours within about one footprint; verified pairs."""
     import pycolmap
 
@@ -366,13 +333,7 @@ def _match_neighbours(run: _Colmap, max_neighbours: int) -> int:
     return pairs
 
 
-def _refines_principal_point(images: Sequence[ImageMeta]) -> bool:
-    """Whether every camera has the full model (:data:`FULL_CAMERA_MIN_IMAGES`)."""
-    per_camera = Counter(meta.camera_key for meta in images)
-    return bool(per_camera) and min(per_camera.values()) >= FULL_CAMERA_MIN_IMAGES
-
-
-def _map_incrementally(run: _Colmap, pairs: int) -> Any:
+def _map_incrementally(run: ColmapRun, pairs: int) -> Any:
     """COLMAP's incremental mapping with the focal length held fixed; the largest model.
 
     Raises:
@@ -386,7 +347,7 @@ def _map_incrementally(run: _Colmap, pairs: int) -> Any:
     options.num_threads = run.threads
     options.random_seed = 0
     options.ba_refine_focal_length = False
-    options.ba_refine_principal_point = _refines_principal_point(images)
+    options.ba_refine_principal_point = refines_principal_point(images)
     options.ba_refine_extra_params = True
     options.mapper.abs_pose_refine_focal_length = False
     options.min_model_size = 3
@@ -416,74 +377,8 @@ def _map_incrementally(run: _Colmap, pairs: int) -> Any:
     return model
 
 
-def _adjust_with_intrinsic_priors(run: _Colmap, model: Any) -> None:
-    """A last GPS-prior bundle adjustment of ``model`` (in place) with OpenSfM's camera priors.
-
-    COLMAP's bundle adjustment has no priors on a camera's intrinsics; OpenSfM's, which ODM runs,
-    holds the principal point near the image centre and every distortion term near zero, each
-    with :data:`INTRINSIC_PRIOR_SD`, against reprojection errors of :data:`REPROJECTION_SD`
-    (OpenSfM's ``bundle.py``, ``set_internal_parameters_prior_sd``). On a constant-height nadir
-    flight the distortion terms and the principal point are barely observable and move the
-    ground: on brighton the mapper's free ``k1`` = 0.014 and ``k2`` = 0.015 put the sparse points
-    +0.95 m above ODM's cloud (COLMAP's ``OPENCV``, with tangential terms, -3.06 m); with the
-    priors both camera models converge to ``k1`` = 0.001, ``k2`` = 0.011 and the points lie
-    0.14-0.17 m below it. The focal length stays fixed (see the module docstring). The priors
-    are Ceres ``NormalPrior`` residuals ``(p - p0) * REPROJECTION_SD * long side / sd`` in pixels
-    (``pyceres.factors``, C++), added to COLMAP's pose-prior bundle adjuster, whose GPS priors
-    are those of the mapper.
-    """
-    import pyceres
-    import pycolmap
-
-    started = time.perf_counter()
-    options = pycolmap.BundleAdjustmentOptions()
-    options.refine_focal_length = False
-    options.refine_principal_point = _refines_principal_point(run.images)
-    options.refine_extra_params = True
-    options.print_summary = False
-    options.ceres.solver_options.num_threads = run.threads
-    prior_options = pycolmap.PosePriorBundleAdjustmentOptions()
-    prior_options.ceres.prior_position_loss_function_type = pycolmap.LossFunctionType.CAUCHY
-    config = pycolmap.BundleAdjustmentConfig()
-    for image_id in model.reg_image_ids():
-        config.add_image(image_id)
-    db = pycolmap.Database.open(run.database)
-    try:
-        pose_priors = db.read_all_pose_priors()
-    finally:
-        db.close()
-    adjuster = pycolmap.create_pose_prior_ceres_bundle_adjuster(
-        options, prior_options, config, pose_priors, model
-    )
-    costs = []  # kept alive until the problem is solved
-    before = {}
-    for camera_id, camera in model.cameras.items():
-        target = np.zeros(len(camera.params))
-        target[:3] = camera.params[:3]  # f, cx, cy as COLMAP starts them; distortion 0
-        target[1:3] = (camera.width / 2.0, camera.height / 2.0)
-        long_side = float(max(camera.width, camera.height))
-        sd = np.full(len(camera.params), INTRINSIC_PRIOR_SD)
-        sd[:3] = INTRINSIC_PRIOR_SD * long_side  # the focal length is held constant anyway
-        # OpenSfM's cost (r_px / (REPROJECTION_SD L))^2 + ((p - p0) / sd)^2, times
-        # (REPROJECTION_SD L)^2: COLMAP's pixels plus ((p - p0) / sigma)^2
-        sigma = sd / (REPROJECTION_SD * long_side)
-        costs.append(pyceres.factors.NormalPrior(target, np.diag(np.square(sigma))))
-        adjuster.problem.add_residual_block(costs[-1], None, [camera.params])
-        before[camera_id] = np.array(camera.params, dtype=np.float64)
-    adjuster.solve()
-    changes = ", ".join(
-        f"k1 {before[i][3]:+.4f} -> {float(c.params[3]):+.4f}, principal point moved "
-        f"{float(np.hypot(*(np.asarray(c.params[1:3]) - before[i][1:3]))):.1f} px"
-        for i, c in model.cameras.items()
-    )
-    run.log(
-        f"Bundle adjustment with OpenSfM's camera priors: {changes} "
-        f"in {time.perf_counter() - started:.1f} s"
-    )
-
-
 def _align_to_gps(
-    run: _Colmap, model: Any, epsg: int, origin: NDArray[np.float64]
+    run: ColmapRun, model: Any, epsg: int, origin: NDArray[np.float64]
 ) -> tuple[NDArray[np.float64], float]:
     """Transform ``model`` (in place) onto the GPS positions, in UTM metres less ``origin``.
 

@@ -1,7 +1,7 @@
 """The stages of the built-in engine's pipeline, each reading and writing files in the task folder.
 
-A stage keeps its results on disk (:data:`STAGE_OUTPUTS` says which files mean it finished), so a
-run can resume from any stage, as ODM's ``--rerun-from`` does. Products are written at the paths
+A stage keeps its results on disk (:data:`.stage_files.STAGE_OUTPUTS` says which files mean it
+finished, :mod:`.stage_files` where each lies), so a run can resume from any stage, as ODM's ``--rerun-from`` does. Products are written at the paths
 the product registry gives (:data:`prefect_odm.registry.PRODUCTS`), with the report files in
 :data:`~prefect_odm.registry.REPORT_FOLDER`.
 """
@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,9 +18,27 @@ from numpy.typing import NDArray
 from prefect_odm.engine import dem, footprints, orthophoto, terrain, writers
 from prefect_odm.engine.camera import ImageMeta, Scene, read_images
 from prefect_odm.engine.pipeline_options import FEATURE_QUALITY_MAX_FEATURES
+from prefect_odm.engine.stage_files import (
+    CAMERAS,
+    DATASET,
+    DENSE_CLOUD,
+    DENSE_RECORD,
+    DSM,
+    DTM,
+    ENGINE_REPORT,
+    ORTHOPHOTO,
+    POINT_CLOUD,
+    RECONSTRUCTION_DIR,
+    SHOTS,
+    SURFACE,
+    SURFACE_GRID,
+    StageContext,
+    read_json_dict,
+    read_stage_seconds,
+    write_json,
+)
 from prefect_odm.errors import InputError, ProcessingFailedError
 from prefect_odm.grid import Grid, dem_cells_per_orthophoto_cell
-from prefect_odm.registry import PRODUCTS, REPORT_FILES, REPORT_FOLDER
 
 DIRECT_POINT_SPACING_M = 0.25
 """Spacing of the ground points the direct method writes to its point cloud."""
@@ -43,72 +59,6 @@ then hold several points of each pair). On brighton (20 cm cells at ``medium``) 
 FUSION_CELL_TO_SPACING = 2.0
 """The fusion cell (the consistency test's) is at least this many sample spacings, so that each
 pair has a few points in each cell."""
-
-ENGINE_REPORT = f"{REPORT_FOLDER}/engine.json"
-"""The engine's report: method, image counts, points, GSD, resolutions, seconds per stage."""
-
-SHOTS = f"{REPORT_FOLDER}/{REPORT_FILES['shots']}"
-CAMERAS = REPORT_FILES["cameras"]
-"""The camera models, at the top of the task's outputs as ODM writes them."""
-STAGE_SECONDS = f"{REPORT_FOLDER}/stage_seconds.json"
-DATASET = "images.json"
-RECONSTRUCTION_DIR = "opensfm"
-DENSE_RECORD = "openmvs/dense.json"
-"""What the dense stage did: ``{"dense": bool, ...}`` (pairs, points, image scale, cell)."""
-DENSE_CLOUD = "openmvs/scene_dense.npz"
-"""The fused dense cloud: ``xyz`` (n, 3) float64 UTM metres, ``rgb`` (n, 3) uint8."""
-SURFACE = "odm_dem/engine_surface.tif"
-"""The gap-free surface the orthophoto is draped on (on the DEM grid)."""
-SURFACE_GRID = "odm_dem/engine_dem.json"
-"""The DEM grid, GSD and resolution, as JSON."""
-
-ORTHOPHOTO = PRODUCTS["orthophoto"].odm_path
-DSM = PRODUCTS["dsm"].odm_path
-DTM = PRODUCTS["dtm"].odm_path
-POINT_CLOUD = PRODUCTS["point_cloud"].odm_path
-
-STAGE_OUTPUTS: dict[str, tuple[str, ...]] = {
-    "dataset": (DATASET,),
-    "opensfm": (f"{RECONSTRUCTION_DIR}/scene.json", f"{RECONSTRUCTION_DIR}/scene_points.npz"),
-    "openmvs": (DENSE_RECORD,),
-    "odm_dem": (SURFACE, SURFACE_GRID),
-    "odm_orthophoto": (ORTHOPHOTO,),
-    "odm_georeferencing": (POINT_CLOUD,),
-    "odm_report": (ENGINE_REPORT, SHOTS, CAMERAS),
-}
-"""Stage -> the files (relative to the task folder) whose presence means it finished."""
-
-
-@dataclass
-class StageContext:
-    """What every stage gets: the task folder, the typed options and the log.
-
-    Attributes:
-        task_dir: the task folder (images in ``task_dir/images``).
-        settings: option name -> typed value (:func:`.pipeline_options.settings`).
-        log: receives one progress line at a time.
-    """
-
-    task_dir: Path
-    settings: dict[str, Any]
-    log: Callable[[str], None]
-
-    @property
-    def images_dir(self) -> Path:
-        """The folder of the task's images."""
-        return self.task_dir / "images"
-
-    def path(self, relative: str) -> Path:
-        """A path inside the task folder."""
-        return self.task_dir / relative
-
-
-def write_json(path: Path, data: Any) -> None:
-    """Write ``data`` as indented JSON (temporary name, then renamed)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
 
 
 def _load_dataset(ctx: StageContext) -> tuple[list[ImageMeta], int]:
@@ -271,7 +221,7 @@ def _stage_openmvs(ctx: StageContext) -> None:
 
 def _load_dense(ctx: StageContext) -> tuple[NDArray[np.float64], NDArray[np.uint8]] | None:
     """The dense cloud ``(xyz, rgb)`` when the dense stage made one, else None."""
-    if not _read_json(ctx, DENSE_RECORD).get("dense"):
+    if not read_json_dict(ctx, DENSE_RECORD).get("dense"):
         return None
     with np.load(ctx.path(DENSE_CLOUD)) as data:
         return np.asarray(data["xyz"]), np.asarray(data["rgb"])
@@ -497,8 +447,8 @@ def _stage_report(ctx: StageContext) -> None:
         with rasterio.open(ortho) as src:
             ortho_cm = float(src.res[0] * 100.0)
     seconds = read_stage_seconds(ctx)
-    dense_record = _read_json(ctx, DENSE_RECORD)
-    dem_record = _read_json(ctx, SURFACE_GRID)
+    dense_record = read_json_dict(ctx, DENSE_RECORD)
+    dem_record = read_json_dict(ctx, SURFACE_GRID)
     write_json(
         ctx.path(ENGINE_REPORT),
         {
@@ -518,12 +468,6 @@ def _stage_report(ctx: StageContext) -> None:
     )
 
 
-def _read_json(ctx: StageContext, relative: str) -> dict[str, Any]:
-    """A JSON file of the task folder as a dict (empty when missing)."""
-    path = ctx.path(relative)
-    return dict(json.loads(path.read_text())) if path.exists() else {}
-
-
 STAGE_FUNCTIONS: dict[str, Callable[[StageContext], None]] = {
     "dataset": _stage_dataset,
     "opensfm": _stage_opensfm,
@@ -534,18 +478,3 @@ STAGE_FUNCTIONS: dict[str, Callable[[StageContext], None]] = {
     "odm_report": _stage_report,
 }
 """Stage name -> the function that runs it."""
-
-
-def read_stage_seconds(ctx: StageContext) -> dict[str, float]:
-    """Seconds per finished stage, from :data:`STAGE_SECONDS` (empty when missing)."""
-    path = ctx.path(STAGE_SECONDS)
-    if path.exists():
-        return {k: float(v) for k, v in json.loads(path.read_text()).items()}
-    return {}
-
-
-def stage_done(ctx: StageContext, stage: str) -> bool:
-    """True when the results of ``stage`` are on disk (the DSM too, when it is asked for)."""
-    if stage == "odm_dem" and ctx.settings["dsm"] and not ctx.path(DSM).exists():
-        return False
-    return all(ctx.path(p).exists() for p in STAGE_OUTPUTS[stage])

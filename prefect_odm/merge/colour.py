@@ -4,7 +4,8 @@ solved over every overlap. The one home of the rule the orthophoto merge and the
 from __future__ import annotations
 
 from prefect_odm.merge.balance import GainOffset, overlap_stats, solve_gain_offset
-from prefect_odm.merge.sources import GridPlan, overlap_samples
+from prefect_odm.merge.overlap_sampling import overlap_samples
+from prefect_odm.merge.sources import GridPlan
 
 
 def colour_corrections(plan: GridPlan, balance: bool) -> dict[str, GainOffset]:

@@ -53,6 +53,7 @@ from prefect_odm.merge.blocks import (
 )
 from prefect_odm.merge.cog import with_gdal_cache
 from prefect_odm.merge.footprints import resolve_ownership
+from prefect_odm.merge.overlap_sampling import overlap_samples
 from prefect_odm.merge.reports import DemMergeReport
 from prefect_odm.merge.seamline_rasters import seams_for
 from prefect_odm.merge.seamlines import OwnerLabels
@@ -63,7 +64,6 @@ from prefect_odm.merge.sources import (
     SourceReader,
     ThreadReaders,
     Window4,
-    overlap_samples,
     placed_reads,
     plan_grid,
     sources_in,

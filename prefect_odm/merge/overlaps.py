@@ -32,12 +32,12 @@ from rasterio.enums import Resampling
 from prefect_odm.align.height_tilt import DemOverlap, align_heights
 from prefect_odm.align.report import AlignmentOptions, AlignmentResult
 from prefect_odm.align.similarity import RasterCorrection
+from prefect_odm.merge.overlap_sampling import overlap_pairs
 from prefect_odm.merge.sources import (
     GridPlan,
     RasterSource,
     SourceReader,
     Window4,
-    overlap_pairs,
     plan_grid,
 )
 

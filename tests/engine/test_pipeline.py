@@ -457,7 +457,7 @@ def test_sfm_brighton_dense_products_against_odm(sfm_task: Path) -> None:
     """The default sfm run is dense (ODM's openmvs stage): figures against ODM's own cloud.
 
     The bounds are issue 12's: absolute, no plane removed. Without OpenSfM's priors on the
-    principal point and the distortion terms (``sfm.INTRINSIC_PRIOR_SD``) the ground sat +0.9 m
+    principal point and the distortion terms (``sfm_priors.INTRINSIC_PRIOR_SD``) the ground sat +0.9 m
     above ODM's (median |dz| 0.91 m, p90 1.05 m): the focal length and the distortion are barely
     observable on this constant-height flight, and the priors decide where the ground is. With
     one radial term and the principal point fixed (the camera of small blocks) the tilt is 0.98
