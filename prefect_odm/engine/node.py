@@ -22,7 +22,7 @@ import time
 import uuid as uuid_module
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TypedDict
+from typing import IO
 
 import psutil
 from pydantic import JsonValue
@@ -31,18 +31,15 @@ import prefect_odm
 from prefect_odm.engine import supervisor, task_files
 from prefect_odm.engine.api_records import (
     ActionAnswer,
-    GivenOption,
     InfoAnswer,
     OptionEntry,
     TaskInfo,
     TaskStatus,
-    TypedOptions,
     UuidAnswer,
 )
 from prefect_odm.engine.faults import Faults
 from prefect_odm.engine.options import (
     OptionSpec,
-    ValidatedOptions,
     load_pipeline,
     option_specs,
     parse_options_text,
@@ -56,8 +53,10 @@ from prefect_odm.engine.store import (
     PENDING,
     QUEUED,
     RUNNING,
+    OptionFields,
     TaskRecord,
     TaskStore,
+    option_fields,
 )
 from prefect_odm.engine.task_fields import parse_task_fields
 from prefect_odm.engine.uploads import (
@@ -108,28 +107,6 @@ class EngineConfig:
     never)."""
     faults: Faults = field(default_factory=Faults)
     """Fault injection (none by default)."""
-
-
-class OptionFields(TypedDict, total=False):
-    """The :class:`TaskRecord` fields that a task's options set, at init and at restart
-    (:func:`_option_fields` sets all four; empty: a restart keeps the task's options)."""
-
-    options: list[GivenOption]
-    typed_options: TypedOptions
-    ignored_options: list[str]
-    rerun_from: str | None
-
-
-def _option_fields(validated: ValidatedOptions) -> OptionFields:
-    """The record fields of validated options (``rerun_from``: the ``rerun-from`` option, None
-    when empty)."""
-    rerun_from = validated.typed.get("rerun-from")
-    return {
-        "options": validated.given,
-        "typed_options": validated.typed,
-        "ignored_options": validated.ignored,
-        "rerun_from": str(rerun_from) if rerun_from else None,
-    }
 
 
 def _lock_data_dir(data_dir: Path) -> IO[str]:
@@ -311,7 +288,7 @@ class Engine:
             webhook=parsed.webhook,
             outputs=parsed.outputs,
             skip_post_processing=parsed.skip_post_processing,
-            **_option_fields(validated),
+            **option_fields(validated),
         )
         with self.store.lock:
             existing = self.store.get(uuid)
@@ -486,7 +463,7 @@ class Engine:
             validated = validate_options(given, self.specs)
             if validated.errors:
                 return {"success": False, "error": json.dumps(validated.errors)}
-            changes = _option_fields(validated)
+            changes = option_fields(validated)
         task_dir = self.store.task_dir(record.uuid)
         (task_dir / task_files.ZIP_FILE).unlink(missing_ok=True)
         (task_dir / task_files.OUTPUT_FILE).write_text("", encoding="utf-8")

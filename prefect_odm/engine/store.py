@@ -35,6 +35,7 @@ from typing import Any, TypedDict
 from pydantic import JsonValue, TypeAdapter, ValidationError
 
 from prefect_odm.engine.api_records import GivenOption, TypedOptions
+from prefect_odm.engine.options import ValidatedOptions
 from prefect_odm.errors import StorageError
 
 logger = logging.getLogger(__name__)
@@ -173,6 +174,28 @@ class TaskRecord:
 
 _RECORD = TypeAdapter(TaskRecord)
 """Checks a table row against :class:`TaskRecord`'s fields (unknown keys are ignored)."""
+
+
+class OptionFields(TypedDict, total=False):
+    """The :class:`TaskRecord` fields that a task's options set, at init and at restart
+    (:func:`option_fields` sets all four; empty: a restart keeps the task's options)."""
+
+    options: list[GivenOption]
+    typed_options: TypedOptions
+    ignored_options: list[str]
+    rerun_from: str | None
+
+
+def option_fields(validated: ValidatedOptions) -> OptionFields:
+    """The record fields of validated options (``rerun_from``: the ``rerun-from`` option, None
+    when empty)."""
+    rerun_from = validated.typed.get("rerun-from")
+    return {
+        "options": validated.given,
+        "typed_options": validated.typed,
+        "ignored_options": validated.ignored,
+        "rerun_from": str(rerun_from) if rerun_from else None,
+    }
 
 
 class TaskStore:
