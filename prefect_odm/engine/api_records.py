@@ -43,7 +43,7 @@ class ClientOption(TypedDict):
 
 
 class GivenOption(TypedDict):
-    """One known option as the client gave it, with its value converted to the option's type."""
+    """One known option as the client gave it, its value converted to the option's type."""
 
     name: str
     value: OptionValue

@@ -48,7 +48,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from prefect_odm.engine.api_records import OptionEntry, OptionValue
+from prefect_odm.engine.api_records import OptionEntry
 from prefect_odm.engine.pipeline_options import (
     STAGES,
     bool_option,
@@ -57,6 +57,7 @@ from prefect_odm.engine.pipeline_options import (
     stage_option,
 )
 from prefect_odm.errors import InputError
+from prefect_odm.models import OptionValue
 from prefect_odm.registry import PRODUCTS, REPORT_FOLDER
 from prefect_odm.settings import get_settings
 
@@ -238,7 +239,7 @@ class StandInPipeline:
     def run(
         self,
         task_dir: Path,
-        options: Mapping[str, OptionValue],
+        options: Mapping[str, OptionValue | None],
         *,
         rerun_from: str | None = None,
         log: Callable[[str], None] = print,

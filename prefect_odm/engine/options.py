@@ -21,10 +21,10 @@ from prefect_odm.engine.api_records import (
     ClientOption,
     GivenOption,
     OptionEntry,
-    OptionValue,
     TypedOptions,
 )
 from prefect_odm.errors import InputError
+from prefect_odm.models import OptionValue
 from prefect_odm.nodes.option_check import BOOL_TEXT, OptionValueError, check_domain
 
 PIPELINE_MODULE = "prefect_odm.engine.pipeline"
@@ -39,7 +39,7 @@ class Pipeline(Protocol):
     def run(
         self,
         task_dir: Any,
-        options: Mapping[str, OptionValue],
+        options: Mapping[str, OptionValue | None],
         *,
         rerun_from: str | None = ...,
         log: Any = ...,
@@ -219,7 +219,7 @@ def coerce_value(spec: OptionSpec, value: JsonValue) -> OptionValue:
     return _to_text(value) if not isinstance(value, str) else value
 
 
-def default_value(spec: OptionSpec) -> OptionValue:
+def default_value(spec: OptionSpec) -> OptionValue | None:
     """The typed default of an option (``None`` when the default is empty or not convertible)."""
     if spec.value == "":
         return None if spec.type != "string" else ""

@@ -32,16 +32,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from prefect_odm.engine import pipeline_options
-from prefect_odm.engine.api_records import OptionValue
 from prefect_odm.engine.pipeline_options import METHODS, OPTIONS, STAGES
 from prefect_odm.errors import InputError
+from prefect_odm.models import OptionValue
 
 __all__ = ["METHODS", "OPTIONS", "STAGES", "run"]
 
 
 def run(
     task_dir: Path,
-    options: Mapping[str, OptionValue],
+    options: Mapping[str, OptionValue | None],
     *,
     rerun_from: str | None = None,
     log: Callable[[str], None] = print,

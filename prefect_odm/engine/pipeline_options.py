@@ -12,8 +12,9 @@ import math
 import os
 from collections.abc import Mapping
 
-from prefect_odm.engine.api_records import OptionEntry, OptionValue, TypedOptions
+from prefect_odm.engine.api_records import OptionEntry
 from prefect_odm.errors import InputError
+from prefect_odm.models import OptionValue
 from prefect_odm.plan.depthmaps import PC_QUALITY_LEVELS
 
 STAGES: tuple[str, ...] = (
@@ -250,14 +251,14 @@ SPECS: dict[str, OptionEntry] = {o["name"]: o for o in OPTIONS}
 """Option name -> its :data:`OPTIONS` entry."""
 
 
-def _number(value: OptionValue) -> float:
+def _number(value: OptionValue | None) -> float:
     """``value`` as a float (ValueError when it is None or text that is not a number)."""
     if value is None:
         raise ValueError(value)
     return float(value)
 
 
-def coerce(name: str, value: OptionValue) -> OptionValue:
+def coerce(name: str, value: OptionValue | None) -> OptionValue:
     """The typed value of option ``name`` (bool, int, float or text).
 
     Raises:
@@ -291,7 +292,7 @@ def coerce(name: str, value: OptionValue) -> OptionValue:
         raise InputError(f"option {name}: invalid value {value!r}") from exc
 
 
-def settings(options: Mapping[str, OptionValue]) -> TypedOptions:
+def settings(options: Mapping[str, OptionValue | None]) -> dict[str, OptionValue]:
     """Defaults of :data:`OPTIONS` overlaid with ``options`` (typed). Unknown names are ignored.
 
     Raises:
