@@ -8,7 +8,7 @@ tiled temporary GeoTIFF that becomes the COG (:func:`write_merged_raster`, :mod:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +26,7 @@ from prefect_odm.merge.cog import (
     write_cog,
 )
 from prefect_odm.merge.coverage import MIN_COVERAGE_OF_UNION
+from prefect_odm.merge.rasterio_options import BlocksProfile, CogOptions, GeoTiffOptions
 from prefect_odm.merge.sources import GridPlan, ThreadReaders
 
 _R = TypeVar("_R")
@@ -155,7 +156,7 @@ def check_coverage(out: Path, pixels: int, union: int) -> None:
         )
 
 
-def _blocks_profile(plan: GridPlan, creation_options: Mapping[str, Any]) -> dict[str, Any]:
+def _blocks_profile(plan: GridPlan, creation_options: GeoTiffOptions) -> BlocksProfile:
     return {
         "driver": "GTiff",
         "width": plan.grid.width,
@@ -173,12 +174,12 @@ def _blocks_profile(plan: GridPlan, creation_options: Mapping[str, Any]) -> dict
 def write_merged_raster(
     out: Path,
     plan: GridPlan,
-    creation_options: Mapping[str, Any],
+    creation_options: GeoTiffOptions,
     merge: BlockMerge[Any],
     readers: ThreadReaders,
     run: RasterRun,
     *,
-    cog_options: Mapping[str, Any],
+    cog_options: CogOptions,
     blocks_done: Callable[[], None] | None = None,
 ) -> tuple[int, int]:
     """Merge ``plan``'s grid block by block into a tiled GeoTIFF, check it, write the COG.
@@ -232,9 +233,27 @@ def write_merged_raster(
     return totals[0], totals[1]
 
 
+class RasterReportFields(TypedDict):
+    """The :class:`.reports.RasterMergeReport` fields that the grid and the pixel counts give
+    (the product's merge adds its own and ``ownership_from_footprints``, ``elapsed_seconds``)."""
+
+    path: str
+    submodel_ids: tuple[str, ...]
+    crs_wkt: str
+    crs_epsg: int | None
+    resolution_m: float
+    width: int
+    height: int
+    pixels: int
+    union_pixels: int
+    covered_area_m2: float
+    coverage_of_union: float
+    warped: tuple[str, ...]
+
+
 def raster_report_fields(
     out: Path, plan: GridPlan, pixels: int, union_pixels: int
-) -> dict[str, Any]:
+) -> RasterReportFields:
     """The :class:`.reports.RasterMergeReport` fields a grid plan and its pixel counts give.
 
     Args:
