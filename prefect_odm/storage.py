@@ -10,12 +10,13 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import fsspec
 from fsspec.core import url_to_fs
+from pydantic import JsonValue
 
 from prefect_odm.errors import InputError, StorageError
 
@@ -30,13 +31,34 @@ def local_path(url: str) -> Path:
     return Path(url[len("file://") :] if url.startswith("file://") else url)
 
 
-def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
-    """The fsspec filesystem and the path inside it for ``url``."""
+StorageOptions = Mapping[str, JsonValue]
+"""fsspec storage options of a URL (``{"endpoint_url": ..., "key": ..., "client_kwargs": {...}}``)."""
+
+
+def filesystem(
+    url: str, storage_options: StorageOptions | None = None
+) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The fsspec filesystem and the path inside it for ``url``.
+
+    Args:
+        url: a local path or an fsspec URL.
+        storage_options: the filesystem's options (credentials, endpoint), None for fsspec's
+            defaults and the environment's credentials.
+
+    Raises:
+        StorageError: fsspec has no filesystem for the URL (or its package is not installed).
+    """
     try:
-        fs, path = url_to_fs(url)
+        fs, path = url_to_fs(url, **(storage_options or {}))
     except (ImportError, ValueError) as exc:
         raise StorageError(f"{url}: cannot open this location ({exc})") from exc
     return fs, path
+
+
+def file_size_bytes(info: Mapping[str, object]) -> int:
+    """The ``size`` of an fsspec ``info`` entry, bytes (0 when it does not say)."""
+    size = info.get("size")
+    return int(size) if isinstance(size, int | float | str) and size else 0
 
 
 def exists(url: str) -> bool:

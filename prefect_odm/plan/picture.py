@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from prefect_odm.models import SplitPlan, Survey
 
@@ -345,12 +345,42 @@ def gps_markdown(plan: SplitPlan) -> list[str]:
     return lines
 
 
-def survey_gaps(plan: SplitPlan, survey: Survey) -> dict[str, Any]:
+class ShotGap(TypedDict):
+    """Missing shots between two images (:class:`prefect_odm.survey.flight_checks.SequenceGap`
+    with the images named); the gap's midpoint in the plan CRS and its length, metres."""
+
+    before: str
+    after: str
+    missing: int
+    x_m: float
+    y_m: float
+    length_m: float
+
+
+class CoverageHole(TypedDict):
+    """A hole in the camera coverage (:class:`prefect_odm.plan.coverage_gaps.CoverageGap`):
+    centre in the plan CRS and radius, metres; area, square metres."""
+
+    x_m: float
+    y_m: float
+    radius_m: float
+    area_m2: float
+
+
+class SurveyGaps(TypedDict):
+    """What :func:`survey_gaps` finds."""
+
+    sequence_gaps: list[ShotGap]
+    coverage_gaps: list[CoverageHole]
+    flight_tail_images: list[str]
+    """Names of the take-off and landing shots (kept in the plan)."""
+
+
+def survey_gaps(plan: SplitPlan, survey: Survey) -> SurveyGaps:
     """Missing shots, holes in camera coverage and take-off/landing tails of a survey.
 
     Returns:
-        ``{"sequence_gaps": [...], "coverage_gaps": [...], "flight_tail_images": [names]}``;
-        positions in the plan CRS, metres (see :func:`prefect_odm.survey.flight_checks.find_sequence_gaps`,
+        The gaps (see :class:`SurveyGaps`); positions in the plan CRS, metres (see :func:`prefect_odm.survey.flight_checks.find_sequence_gaps`,
         :func:`prefect_odm.plan.coverage_gaps.find_coverage_gaps`, :func:`prefect_odm.survey.flight_checks.flight_tail_mask`).
     """
     import numpy as np
@@ -360,7 +390,7 @@ def survey_gaps(plan: SplitPlan, survey: Survey) -> dict[str, Any]:
 
     position = {c.name: (c.x_m, c.y_m) for c in plan.cameras}
     images = [im for im in survey.images if im.name in position]
-    out: dict[str, Any] = {"sequence_gaps": [], "coverage_gaps": [], "flight_tail_images": []}
+    out: SurveyGaps = {"sequence_gaps": [], "coverage_gaps": [], "flight_tail_images": []}
     if len(images) < 4:
         return out
     x = np.array([position[im.name][0] for im in images])
