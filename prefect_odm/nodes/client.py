@@ -34,6 +34,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import requests
+from pydantic import JsonValue
 from pyodm import Node
 from pyodm.exceptions import (
     NodeConnectionError,
@@ -218,7 +219,9 @@ class NodeClient:
             fields["options"] = options_to_json(dict(options))
         return bool(self._post_form("/task/restart", fields, uuid).get("success", False))
 
-    def _post_form(self, route: str, fields: Mapping[str, str], uuid: str | None) -> dict[str, Any]:
+    def _post_form(
+        self, route: str, fields: Mapping[str, str], uuid: str | None
+    ) -> dict[str, JsonValue]:
         def go() -> Any:  # urlencoded, as pyodm's Task.cancel/remove/restart send it:
             # NodeODM reads these fields from urlencoded or JSON bodies only (never multipart)
             return self._node.post(route, data=dict(fields))
