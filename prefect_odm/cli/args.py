@@ -12,6 +12,8 @@ from prefect_odm.layout import PLAN_FILES
 from prefect_odm.settings import DEFAULT_SPLIT, DEFAULT_SPLIT_OVERLAP_M
 
 if TYPE_CHECKING:
+    from pydantic import JsonValue
+
     from prefect_odm.models import MergeOptions, ProcessingOptions
 
 DESCRIPTION = (
@@ -136,7 +138,7 @@ def processing_options(args: argparse.Namespace) -> ProcessingOptions:
 
     from prefect_odm.models import ProcessingOptions
 
-    extra: dict[str, Any] = {}
+    extra: dict[str, JsonValue] = {}
     for item in args.option:
         if "=" not in item:
             raise InputError(f"--option {item!r}: expected NAME=VALUE")
@@ -152,7 +154,7 @@ def processing_options(args: argparse.Namespace) -> ProcessingOptions:
             extra[name] = value
     if not math.isfinite(args.orthophoto_resolution):
         raise InputError("--orthophoto-resolution: must be a finite number of cm/pixel")
-    fields: dict[str, Any] = {
+    fields: dict[str, JsonValue] = {
         "orthophoto_resolution_cm": args.orthophoto_resolution,
         "dtm": args.dtm,
         "pipeline": args.pipeline,
@@ -160,7 +162,7 @@ def processing_options(args: argparse.Namespace) -> ProcessingOptions:
     if "dsm" in extra:
         fields["dsm"] = extra.pop("dsm")
     try:
-        return ProcessingOptions(**fields, extra=extra)
+        return ProcessingOptions.model_validate({**fields, "extra": extra})
     except ValidationError as exc:
         first = exc.errors()[0]
         where = str(first["loc"][0]) if first["loc"] else "options"

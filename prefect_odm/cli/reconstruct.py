@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import tempfile
-from typing import TYPE_CHECKING, Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 from prefect_odm import __version__, storage
 from prefect_odm.cli.args import merge_options, processing_options
@@ -23,6 +23,8 @@ from prefect_odm.layout import LAST_RUN_FILE, OutputLayout, join
 from prefect_odm.settings import get_settings
 
 if TYPE_CHECKING:
+    from pydantic import JsonValue
+
     from prefect_odm.models import Manifest, MergeOptions, ProcessingOptions
 
 
@@ -82,7 +84,8 @@ class RunRequest(TypedDict):
     nodes: list[str]
     split: int | str
     split_overlap_m: float
-    options: dict[str, Any]
+    options: dict[str, JsonValue]
+    """The processing options as JSON (``ProcessingOptions.model_dump(mode="json")``)."""
     allow_partial: bool
     version: str
 
