@@ -62,6 +62,11 @@ def file_size_bytes(info: Mapping[str, object]) -> int:
 
 
 def exists(url: str) -> bool:
+    """Whether a file or folder exists at ``url``.
+
+    Raises:
+        StorageError: fsspec has no filesystem for the URL.
+    """
     fs, path = filesystem(url)
     return bool(fs.exists(path))
 
@@ -81,6 +86,12 @@ def remove_if_present(url: str) -> None:
 
 
 def read_bytes(url: str) -> bytes:
+    """The bytes at ``url``.
+
+    Raises:
+        FileNotFoundError: nothing at ``url``.
+        StorageError: it cannot be read.
+    """
     fs, path = filesystem(url)
     try:
         with fs.open(path, "rb") as fh:
@@ -92,6 +103,8 @@ def read_bytes(url: str) -> bytes:
 
 
 def read_json(url: str) -> Any:
+    """The JSON document at ``url``; raises as :func:`read_bytes` does, and
+    :class:`json.JSONDecodeError` when it is not JSON."""
     return json.loads(read_bytes(url))
 
 
@@ -120,6 +133,12 @@ def write_bytes_atomic(url: str, data: bytes) -> None:
 
 
 def write_json_atomic(url: str, value: Any) -> None:
+    """Write ``value`` as indented JSON with sorted keys (values JSON does not know as
+    ``str``), atomically as :func:`write_bytes_atomic` does.
+
+    Raises:
+        StorageError: the location cannot be written.
+    """
     write_bytes_atomic(
         url, (json.dumps(value, indent=2, sort_keys=True, default=str) + "\n").encode()
     )

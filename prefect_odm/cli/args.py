@@ -180,6 +180,8 @@ class OneLineParser(argparse.ArgumentParser):
     every other bad input of the command line; ``--help`` still shows the usage."""
 
     def error(self, message: str) -> NoReturn:
+        """Exit with status 2 and one line naming the subcommand and the problem (argparse's
+        hook)."""
         sub = self.prog.removeprefix("prefect-odm").strip()
         where = f" {sub}" if sub else ""
         self.exit(2, f"prefect-odm{where}: error: {message} (see --help)\n")

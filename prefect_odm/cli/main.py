@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from prefect_odm.cli.args import build_parser, merge_options, processing_options
 from prefect_odm.cli.console import quiet_prefect_console
 from prefect_odm.cli.process import install_signal_handlers, prefect_start_error, start_embedded_api
-from prefect_odm.errors import InputError, NodeError, PlanningError, PrefectODMError
+from prefect_odm.errors import InputError, PlanningError, PrefectODMError
 from prefect_odm.layout import PLAN_FILES, OutputLayout, plan_file
 
 __all__ = ["build_parser", "main"]
@@ -37,35 +37,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(words)
     install_signal_handlers()
     try:
-        if args.command == "plan":
-            return _plan(args)
-        if args.command == "reconstruct":
-            from prefect_odm.cli.reconstruct import reconstruct_command
-
-            return reconstruct_command(args)
-        if args.command in ("setup", "automations"):
-            from prefect_odm.cli.ops import run as _run_ops
-
-            return _run_ops(args)
-        if args.command in ("clusters", "capacity"):
-            from prefect_odm.cli.clusters import run as _run_clusters
-
-            return _run_clusters(args)
-        if args.command == "slots":
-            return _slots(args)
-        if args.command == "merge":
-            return _merge_existing(args)
-        if args.command == "k8s":
-            return _k8s_render(args)
-        if args.command == "stac":
-            return _stac(args)
+        runner = _COMMANDS.get(args.command)  # ``engine`` after a global flag: nothing to do
+        return runner(args) if runner is not None else 0
     except (InputError, PlanningError) as exc:
         print(f"prefect-odm: error: {exc}", file=sys.stderr)
         return 2
-    except NodeError as exc:
-        print(f"prefect-odm: error: {exc}", file=sys.stderr)
-        return 1
-    except PrefectODMError as exc:
+    except PrefectODMError as exc:  # a node's failure (NodeError) among them
         print(f"prefect-odm: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -77,7 +54,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"prefect-odm: error: {one_line}", file=sys.stderr)
         return 1
-    return 0
+
+
+def _reconstruct(args: argparse.Namespace) -> int:
+    """``prefect-odm reconstruct`` (:mod:`prefect_odm.cli.reconstruct`)."""
+    from prefect_odm.cli.reconstruct import reconstruct_command
+
+    return reconstruct_command(args)
+
+
+def _ops(args: argparse.Namespace) -> int:
+    """``prefect-odm setup`` and ``automations`` (:mod:`prefect_odm.cli.ops`)."""
+    from prefect_odm.cli.ops import run
+
+    return run(args)
+
+
+def _clusters(args: argparse.Namespace) -> int:
+    """``prefect-odm clusters`` and ``capacity`` (:mod:`prefect_odm.cli.clusters`)."""
+    from prefect_odm.cli.clusters import run
+
+    return run(args)
 
 
 def _k8s_render(args: argparse.Namespace) -> int:
@@ -247,3 +244,18 @@ def _slots(args: argparse.Namespace) -> int:
         )
         print(f"  {unnamed} slots held by no process on this machine [{where}]")
     return 0
+
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "plan": _plan,
+    "reconstruct": _reconstruct,
+    "setup": _ops,
+    "automations": _ops,
+    "clusters": _clusters,
+    "capacity": _clusters,
+    "slots": _slots,
+    "merge": _merge_existing,
+    "k8s": _k8s_render,
+    "stac": _stac,
+}
+"""Subcommand -> what runs it (the modules behind them are imported only when they run)."""

@@ -119,6 +119,7 @@ class EmbeddedAPIStart:
     """:func:`start_embedded_api` in a background thread; :meth:`join` raises its error."""
 
     def __init__(self) -> None:
+        """Start the background thread at once (it runs :func:`start_embedded_api`)."""
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="prefect-api-start", daemon=True)
         self._thread.start()

@@ -144,6 +144,8 @@ class Engine:
     """
 
     def __init__(self, config: EngineConfig) -> None:
+        """Lock the data folder, read the task table and load the pipeline (nothing runs until
+        :meth:`start`)."""
         self.config = config
         self.data_dir = Path(config.data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)

@@ -43,7 +43,10 @@ class Pipeline(Protocol):
         *,
         rerun_from: str | None = ...,
         log: Any = ...,
-    ) -> None: ...
+    ) -> None:
+        """Process ``task_dir/images`` into ODM's outputs with the typed ``options``, from the
+        stage ``rerun_from`` on, one progress line at a time to ``log``."""
+        ...
 
 
 def load_pipeline(*, stand_in: bool = False) -> Pipeline:

@@ -211,6 +211,7 @@ class TaskStore:
     """
 
     def __init__(self, data_dir: Path) -> None:
+        """Create the task folder when missing and load the table (a torn one is recovered)."""
         self.data_dir = Path(data_dir)
         self.tasks_dir = self.data_dir / "tasks"
         self.tasks_dir.mkdir(parents=True, exist_ok=True)
@@ -362,10 +363,12 @@ class TaskStore:
         return sorted(records, key=lambda r: (r.date_created_ms, r.uuid))
 
     def __contains__(self, uuid: object) -> bool:
+        """Whether the table holds a task with this UUID (pending uploads included)."""
         with self._lock:
             return uuid in self._tasks
 
     def __iter__(self) -> Iterator[TaskRecord]:
+        """Copies of all records, in creation order (:meth:`all`)."""
         return iter(self.all())
 
     def add(self, record: TaskRecord) -> None:

@@ -151,6 +151,7 @@ class Supervisor:
         on_finished: Callable[[str], None] | None = None,
         poll_interval_seconds: float = 0.1,
     ) -> None:
+        """Set up the queue; no process starts before :meth:`start`."""
         self.store = store
         self.max_parallel_tasks = max(1, int(max_parallel_tasks))
         self.faults = faults or Faults()

@@ -294,6 +294,7 @@ class SourceReader:
     """
 
     def __init__(self, plan: GridPlan, resampling: Resampling = Resampling.bilinear) -> None:
+        """Nothing is opened until a source is first read."""
         self._plan = plan
         self._resampling = resampling
         self._open: dict[str, Any] = {}
@@ -444,6 +445,7 @@ class ThreadReaders:
     """One :class:`SourceReader` per worker thread, all closed together."""
 
     def __init__(self, plan: GridPlan) -> None:
+        """No reader exists until a thread asks for one (:meth:`get`)."""
         self._plan = plan
         self._local = threading.local()
         self._lock = threading.Lock()

@@ -62,10 +62,12 @@ class ScanStats:
 
     @property
     def metadata_bytes_per_image(self) -> float:
+        """Header bytes read per image (0 before any file)."""
         return self.metadata_bytes / self.files if self.files else 0.0
 
     @property
     def images_per_second(self) -> float:
+        """Files scanned per second of wall time (0 before any time passed)."""
         return self.files / self.seconds if self.seconds else 0.0
 
 
