@@ -30,7 +30,7 @@ from prefect_odm.merge.reports import CoverageReport, SubmodelCoverage
 
 MIN_COVERAGE_OF_UNION = 0.995
 """Merged covered area / union of the inputs' covered areas below which a merge fails (the
-block merges check their own pixels against it too, :func:`.blocks.check_coverage`)."""
+block merges check their own pixels against it too, :func:`.blocks.check_union_coverage`)."""
 
 MIN_COVERAGE_OF_PLANNED = 0.5
 """Merged covered area inside the planned footprint / the footprint's area below which the

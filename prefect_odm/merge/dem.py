@@ -48,7 +48,7 @@ from prefect_odm.merge.blend import blend_heights
 from prefect_odm.merge.blocks import (
     RasterMergeKeywords,
     RasterRun,
-    raster_report_fields,
+    raster_report,
     write_merged_raster,
 )
 from prefect_odm.merge.cog import with_gdal_cache
@@ -336,13 +336,13 @@ def merge_dems(
         run,
         cog_options={"compress": "DEFLATE", "predictor": True},
     )
+    grid = raster_report(out, plan, pixels, union_pixels, ownership_from_footprints=ownership is None,
+                         elapsed_seconds=time.perf_counter() - started)  # fmt: skip
     report = DemMergeReport(
-        **raster_report_fields(out, plan, pixels, union_pixels),
+        **dict(grid),
         vertical_offsets_m=dict(sorted(offsets.items())),
         overlap_median_diff_m=medians,
         heights_from_alignment=alignment is not None,
-        ownership_from_footprints=ownership is None,
-        elapsed_seconds=time.perf_counter() - started,
     )
     log.info(
         "merged %d DEMs into %s: %d px, vertical offsets removed %s, in %.1f s",

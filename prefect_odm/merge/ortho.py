@@ -48,7 +48,7 @@ from prefect_odm.merge.blend import (
 from prefect_odm.merge.blocks import (
     RasterMergeKeywords,
     RasterRun,
-    raster_report_fields,
+    raster_report,
     write_merged_raster,
 )
 from prefect_odm.merge.cog import with_gdal_cache
@@ -285,14 +285,16 @@ def _report(
 ) -> OrthoMergeReport:
     """The report of a finished orthophoto merge (logged)."""
     seams, before, after = blocks.seam_quality()
+    elapsed = time.perf_counter() - phases.started
+    grid = raster_report(
+        out, blocks.plan, *counts, ownership_from_footprints=derived, elapsed_seconds=elapsed
+    )
     report = OrthoMergeReport(
-        **raster_report_fields(out, blocks.plan, *counts),
+        **dict(grid),
         seams=seams,
         seam_mean_abs_diff_before=before,
         seam_mean_abs_diff_after=after,
         colour_correction=blocks.corrections_in,
-        ownership_from_footprints=derived,
-        elapsed_seconds=time.perf_counter() - phases.started,
         workers=run.workers,
         block_size=run.block_size,
         phase_seconds=phases.seconds,

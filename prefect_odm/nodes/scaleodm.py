@@ -37,19 +37,16 @@ from prefect_odm import storage
 from prefect_odm.errors import (
     InputError,
     NodeError,
-    OutOfMemoryError,
-    ProcessingFailedError,
     StorageError,
     TransientNodeError,
 )
 from prefect_odm.nodes.backend import (
-    CANCELED,
     NewTask,
     NodeInfo,
     NodeOption,
     TaskState,
-    poll_until_done,
 )
+from prefect_odm.nodes.polled import PolledBackend
 from prefect_odm.nodes.refs import public_url
 from prefect_odm.settings import get_settings
 
@@ -110,7 +107,7 @@ def is_scaleodm_url(url: str) -> bool:
     return url.startswith(SCHEME_PREFIX)
 
 
-class ScaleODMClient:
+class ScaleODMClient(PolledBackend):
     """One ScaleODM server (implements :class:`~prefect_odm.nodes.backend.NodeBackend`).
 
     Args:
@@ -124,6 +121,9 @@ class ScaleODMClient:
         InputError: no usable staging prefix.
     """
 
+    oom_markers = OOM_MARKERS
+    no_message = "task failed (ScaleODM gave no error message)"
+
     def __init__(
         self,
         url: str,
@@ -132,6 +132,7 @@ class ScaleODMClient:
         settings: ScaleODMSettings | None = None,
         timeout_seconds: float = 30.0,
     ) -> None:
+        """Check the URL and resolve the settings (nothing is sent to the server yet)."""
         self.url = public_url(url)
         api = self.url.removeprefix(SCHEME_PREFIX)
         if not api.startswith(("http://", "https://")):
@@ -145,6 +146,7 @@ class ScaleODMClient:
         self._session = requests.Session()
 
     def __repr__(self) -> str:
+        """The server's URL (the token never appears)."""
         return f"ScaleODMClient({self.url!r})"
 
     # HTTP
@@ -309,49 +311,6 @@ class ScaleODMClient:
         )
         logger.info("%s: task %s is ScaleODM task %s", self.url, uuid, remote)
         return uuid
-
-    def wait(
-        self,
-        uuid: str,
-        *,
-        poll_interval_seconds: float = 2.0,
-        max_wait_seconds: float = 24 * 3600.0,
-        max_poll_errors: int = 5,
-        on_progress: Callable[[TaskState], None] | None = None,
-    ) -> TaskState:
-        """Poll ``/task/{uuid}/info`` until the task ends.
-
-        Raises:
-            OutOfMemoryError: the task's pod was killed for memory.
-            ProcessingFailedError: the task failed or was cancelled.
-            TransientNodeError: ScaleODM stopped answering or forgot the task, or
-                ``max_wait_seconds`` passed.
-        """
-        return poll_until_done(
-            uuid,
-            node_url=self.url,
-            task_state=self.task_state,
-            classify_failure=self.classify_failure,
-            poll_interval_seconds=poll_interval_seconds,
-            max_wait_seconds=max_wait_seconds,
-            max_poll_errors=max_poll_errors,
-            on_progress=on_progress,
-        )
-
-    def classify_failure(self, state: TaskState) -> NodeError:
-        """Out of memory when Argo or ODM says so, else a processing failure."""
-        try:
-            last = self.output(state.uuid, -20)
-        except NodeError:
-            last = []
-        if state.status == CANCELED:
-            return ProcessingFailedError(
-                "task was cancelled", node_url=self.url, task_uuid=state.uuid, last_output=last
-            )
-        message = state.error_message or "task failed (ScaleODM gave no error message)"
-        text = " ".join([message, *last[-5:]]).lower()
-        kind = OutOfMemoryError if any(m in text for m in OOM_MARKERS) else ProcessingFailedError
-        return kind(message, node_url=self.url, task_uuid=state.uuid, last_output=last)
 
     def download(self, uuid: str, dest: Path) -> Path:
         """Copy the task's products from ``writeS3Path`` into ``dest`` (ODM's folder layout).
