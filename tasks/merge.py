@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, NotRequired, TypedDict, Unpack
+from typing import TYPE_CHECKING, NotRequired, Protocol, TypedDict, TypeVar, Unpack
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -84,40 +84,68 @@ class MergeContext:
         }
 
 
+_Report = TypeVar("_Report", OrthoMergeReport, DemMergeReport)
+_Made = TypeVar("_Made", OrthoMergeReport, DemMergeReport, covariant=True)
+
+
+class _RasterMerge(Protocol[_Made]):
+    """A raster merge of :mod:`prefect_odm.merge` (``merge_orthophotos``, ``merge_dems``)."""
+
+    def __call__(
+        self,
+        inputs: Mapping[str, Path],
+        out: Path,
+        *,
+        ownership: Ownership | None,
+        options: MergeOptions | None = ...,
+        alignment: AlignmentReport | None = ...,
+        seamlines: OwnerLabels | None = ...,
+        **raster: Unpack[RasterMergeKeywords],
+    ) -> _Made:
+        """Merge ``inputs`` (local rasters by submodel id) into ``out``; the report."""
+        ...
+
+
+def _fetch_and_merge(
+    merge: _RasterMerge[_Report],
+    inputs: Mapping[str, str],
+    out: Path,
+    context: MergeContext,
+    product: str,
+) -> _Report:
+    """Fetch ``product``'s inputs into the working folder and merge them with ``merge`` in the
+    merge's context."""
+    return merge(
+        _local_inputs(inputs, context.work, product), out, ownership=context.ownership,
+        options=context.options, alignment=context.alignment, seamlines=context.seamlines,
+        **context.raster_keywords(product),
+    )  # fmt: skip
+
+
 @task(name="merge_orthophotos", cache_policy=NO_CACHE)
-def merge_orthophotos(
+def fetch_and_merge_orthophotos(
     inputs: Mapping[str, str], out: Path, context: MergeContext
 ) -> OrthoMergeReport:
     """Merge submodel orthophotos (URLs, fetched first) into one RGBA COG at ``out`` (a local
     path); returns the report (see :func:`prefect_odm.merge.merge_orthophotos`)."""
-    from prefect_odm.merge import merge_orthophotos as _merge
+    from prefect_odm.merge import merge_orthophotos
 
-    local = _local_inputs(inputs, context.work, "orthophoto")
-    keywords = context.raster_keywords("orthophoto")
-    return _merge(
-        local, out, ownership=context.ownership, options=context.options,
-        alignment=context.alignment, seamlines=context.seamlines, **keywords,
-    )  # fmt: skip
+    return _fetch_and_merge(merge_orthophotos, inputs, out, context, "orthophoto")
 
 
 @task(name="merge_dems", cache_policy=NO_CACHE)
-def merge_dems(
+def fetch_and_merge_dems(
     inputs: Mapping[str, str], out: Path, context: MergeContext, product: str = "dsm"
 ) -> DemMergeReport:
     """Merge submodel DSMs (or DTMs, ``product``) into one float32 COG at ``out``; returns the
     report (see :func:`prefect_odm.merge.merge_dems`)."""
-    from prefect_odm.merge import merge_dems as _merge
+    from prefect_odm.merge import merge_dems
 
-    local = _local_inputs(inputs, context.work, product)
-    keywords = context.raster_keywords(product)
-    return _merge(
-        local, out, ownership=context.ownership, options=context.options,
-        alignment=context.alignment, seamlines=context.seamlines, **keywords,
-    )  # fmt: skip
+    return _fetch_and_merge(merge_dems, inputs, out, context, product)
 
 
 @task(name="merge_point_clouds", cache_policy=NO_CACHE)
-def merge_point_clouds(
+def fetch_and_merge_point_clouds(
     inputs: Mapping[str, str], out: Path, context: MergeContext
 ) -> PointCloudMergeReport:
     """Merge submodel LAZ files, each cropped to its own area, into one LAZ at ``out``
@@ -165,7 +193,7 @@ def check_coverage(
 
 
 @task(name="find_existing_outputs", cache_policy=NO_CACHE)
-def find_existing_outputs(inputs: list[str], work: Path) -> list[ExistingOutput]:
+def collect_existing_outputs(inputs: list[str], work: Path) -> list[ExistingOutput]:
     """Every OpenDroneMap output found at ``inputs`` (zip members extracted into ``work``),
     sorted by id (see :func:`prefect_odm.merge.find_existing_outputs`)."""
     from prefect_odm.merge import find_existing_outputs as _find
@@ -194,11 +222,11 @@ class _MergeRun:
         out = self.context.work / PRODUCTS[name].file_name
         report: ProductMergeReport
         if method == "orthophoto":
-            report = merge_orthophotos(inputs, out, self.context)
+            report = fetch_and_merge_orthophotos(inputs, out, self.context)
         elif method == "dem":
-            report = merge_dems(inputs, out, self.context, product=name)
+            report = fetch_and_merge_dems(inputs, out, self.context, product=name)
         else:
-            report = merge_point_clouds(inputs, out, self.context)
+            report = fetch_and_merge_point_clouds(inputs, out, self.context)
         self.reports[name] = report
         self.staged[name] = out
 

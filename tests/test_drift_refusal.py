@@ -8,8 +8,8 @@ import pytest
 from exif_gps_edit import drifted_copy
 
 from prefect_odm.plan.checks import altitude_prior_tilt_deg, plan_gps_refusal
-from prefect_odm.plan.planning import plan_submodels
-from prefect_odm.survey.scan import scan_survey
+from prefect_odm.plan.planning import plan_split
+from prefect_odm.survey.scan import scan_images
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +28,8 @@ def test_prior_tilt_of_a_plane_and_of_a_line() -> None:
 
 
 def test_untouched_brighton_is_planned(data_dir: Path) -> None:
-    survey = scan_survey(str(data_dir / "brighton_beach_1600" / "images"))
-    plan = plan_submodels(survey, split=10, split_overlap_m=20)
+    survey = scan_images(str(data_dir / "brighton_beach_1600" / "images"))
+    plan = plan_split(survey, split=10, split_overlap_m=20)
     assert plan_gps_refusal(plan, survey) is None
 
 

@@ -18,8 +18,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from prefect_odm.cli.args import build_parser, merge_options, processing_options
-from prefect_odm.cli.console import quiet_prefect_console
-from prefect_odm.cli.process import install_signal_handlers, prefect_start_error, start_embedded_api
+from prefect_odm.cli.process import (
+    install_signal_handlers,
+    prefect_environment,
+    prefect_start_error,
+    start_prefect,
+)
 from prefect_odm.errors import InputError, PlanningError, PrefectODMError
 from prefect_odm.layout import PLAN_FILES, OutputLayout, plan_file
 
@@ -122,17 +126,16 @@ def _plan(args: argparse.Namespace) -> int:
         check_embedded_options,
         embedded_memory_gib,
     )
-    from prefect_odm.plan.picture import plan_geojson, plan_png, plan_rows
-    from prefect_odm.plan.planning import plan_submodels
-    from prefect_odm.storage import write_json_atomic
-    from prefect_odm.survey.scan import scan_survey
+    from prefect_odm.plan.picture import plan_rows, write_plan_files
+    from prefect_odm.plan.planning import plan_split
+    from prefect_odm.survey.scan import scan_images
 
     options = processing_options(args)
     # The plan is made for the built-in engine (its memory model): its options are checked as
     # ``reconstruct`` checks them, so a plan never records an option a run would refuse.
     check_embedded_options(options.to_nodeodm())
-    survey = scan_survey(args.images)
-    plan = plan_submodels(
+    survey = scan_images(args.images)
+    plan = plan_split(
         survey,
         split=args.split,
         split_overlap_m=args.split_overlap_m,
@@ -147,10 +150,7 @@ def _plan(args: argparse.Namespace) -> int:
         raise InputError(f"{out}: cannot write the plan here ({exc.strerror})") from None
     if not os.access(out, os.W_OK | os.X_OK):
         raise InputError(f"{out}: cannot write the plan here (not writable)")
-    write_json_atomic(plan_file(str(out), "survey"), survey.model_dump(mode="json"))
-    write_json_atomic(plan_file(str(out), "plan"), plan.model_dump(mode="json"))
-    write_json_atomic(plan_file(str(out), "geojson"), plan_geojson(plan))
-    plan_png(plan, Path(plan_file(str(out), "png")))
+    write_plan_files(str(out), plan, survey)
     console = Console(soft_wrap=True)
     rows = plan_rows(plan)
     count = len(plan.submodels)
@@ -187,8 +187,7 @@ def _check_plan_file(url: str) -> None:
 
 def _merge_existing(args: argparse.Namespace) -> int:
     """``prefect-odm merge``: the ``merge_existing`` flow; prints the products."""
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    prefect_environment()
     from prefect_odm.cli.reconstruct import check_output_writable
     from prefect_odm.storage import check_inputs_exist
 
@@ -198,9 +197,7 @@ def _merge_existing(args: argparse.Namespace) -> int:
         _check_plan_file(args.plan)
     from prefect_odm.flows.merge_existing import merge_existing
 
-    quiet_prefect_console(args.verbose)
-    if not os.environ.get("PREFECT_API_URL"):
-        start_embedded_api()
+    start_prefect(args.verbose)
     manifest = merge_existing(
         inputs=args.inputs, output=args.output, plan=args.plan, options=merge_options(args)
     )
@@ -214,12 +211,10 @@ def _merge_existing(args: argparse.Namespace) -> int:
 
 def _slots(args: argparse.Namespace) -> int:
     """``prefect-odm slots``: the memory limit's use and holders (``--reset``: clear it)."""
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    embedded_api = prefect_environment()
     from prefect_odm.tasks.admission import reset_slots, slots_status
 
-    quiet_prefect_console(args.verbose)
-    if not os.environ.get("PREFECT_API_URL"):
-        start_embedded_api()
+    start_prefect(args.verbose)
     if args.reset:
         reset_slots(args.name)
         print(f"{args.name}: active slots reset to 0")
@@ -239,7 +234,7 @@ def _slots(args: argparse.Namespace) -> int:
     if unnamed > 0:
         where = (
             "released at the next run on this machine"
-            if not os.environ.get("PREFECT_API_URL")
+            if embedded_api
             else "held from another machine, or until their lease expires"
         )
         print(f"  {unnamed} slots held by no process on this machine [{where}]")

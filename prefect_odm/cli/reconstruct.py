@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Literal, TypedDict
 from prefect_odm import __version__, storage
 from prefect_odm.cli.args import merge_options, processing_options
 from prefect_odm.cli.console import quiet_prefect_console
-from prefect_odm.cli.process import EmbeddedAPIStart
+from prefect_odm.cli.process import EmbeddedAPIStart, prefect_environment
 from prefect_odm.errors import InputError
 from prefect_odm.layout import LAST_RUN_FILE, OutputLayout, join
 from prefect_odm.settings import get_settings
@@ -264,10 +264,7 @@ def reconstruct_command(args: argparse.Namespace) -> int:
         # the flow checks again; here a bad option costs no Prefect start-up
         check_embedded_options(options.to_nodeodm())
     check_output_writable(args.output)
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-    # The embedded server would try to send telemetry; this machine may have no route out.
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    embedded_api = not os.environ.get("PREFECT_API_URL")
+    embedded_api = prefect_environment()
 
     request = _run_request(args, options)
     unchanged = (

@@ -71,6 +71,33 @@ def plan_geojson(plan: SplitPlan) -> dict[str, Any]:
     }
 
 
+def write_plan_files(
+    folder: str, plan: SplitPlan, survey: Survey, *, pictures: bool = True
+) -> None:
+    """Write a plan folder (:data:`prefect_odm.layout.PLAN_FILES`) under ``folder``, a path or an
+    fsspec URL: ``survey.json``, then ``plan.geojson`` and ``plan.png`` (unless ``pictures`` is
+    False: this very plan's are stored already), ``plan.json`` last, since ``process_submodel``
+    runs read it and ``survey.json`` beside it. Each file is written atomically. The one writer
+    of these files (``prefect-odm plan`` and the flow's ``publish_plan``).
+
+    Raises:
+        StorageError: a file cannot be written.
+    """
+    import tempfile
+
+    from prefect_odm import storage
+    from prefect_odm.layout import PLAN_FILES, plan_file
+
+    storage.write_json_atomic(plan_file(folder, "survey"), survey.model_dump(mode="json"))
+    if pictures:
+        storage.write_json_atomic(plan_file(folder, "geojson"), plan_geojson(plan))
+        with tempfile.TemporaryDirectory() as tmp:
+            png = Path(tmp) / PLAN_FILES["png"]
+            plan_png(plan, png)
+            storage.put_file(png, plan_file(folder, "png"))
+    storage.write_json_atomic(plan_file(folder, "plan"), plan.model_dump(mode="json"))
+
+
 def plan_rows(plan: SplitPlan) -> list[dict[str, Any]]:
     """One row per submodel: ``submodel``, ``images``, ``overlap_images``, ``area_m2``,
     ``estimated_memory_gib`` (for tables and Prefect table artifacts)."""

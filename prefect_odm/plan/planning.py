@@ -33,7 +33,7 @@ The algorithm, in the plan's projected CRS (one UTM zone for the whole survey, m
    every pair is tied, a set one that leaves a submodel untied is refused.
 
 This module runs the steps on raw positions (:func:`plan_from_positions`) and on a scanned survey
-(:func:`plan_submodels`, which adds memory estimates, fingerprints and GeoJSON geometry). Holes in
+(:func:`plan_split`, which adds memory estimates, fingerprints and GeoJSON geometry). Holes in
 the coverage are found by :mod:`prefect_odm.plan.coverage_gaps`. Nothing here imports Prefect or does
 I/O.
 """
@@ -92,7 +92,7 @@ __all__ = [
     "memory_model_for",
     "merge_duplicate_parts",
     "plan_from_positions",
-    "plan_submodels",
+    "plan_split",
 ]
 
 #: Engine identities (lower-case prefixes) whose memory is estimated with the built-in model.
@@ -119,7 +119,7 @@ def plan_from_positions(
     geometry: bool = True,
     balance_load: bool = True,
 ) -> PositionPlan:
-    """Plan submodels on raw projected positions (the engine of :func:`plan_submodels`).
+    """Plan submodels on raw projected positions (the engine of :func:`plan_split`).
 
     Args:
         x_m, y_m: camera positions in a projected CRS, metres, shape ``(n,)``.
@@ -392,7 +392,7 @@ def _with_checks(
     return plan.model_copy(update={"fingerprint": plan_fingerprint(plan, images), **extra})
 
 
-def plan_submodels(
+def plan_split(
     survey: Survey,
     *,
     split: int | Literal["auto"] = DEFAULT_SPLIT,

@@ -414,7 +414,7 @@ def _survey(images: str, accepted: list[_FileResult], rejected: list[_FileResult
     )
 
 
-def scan_survey_with_stats(
+def scan_images_with_stats(
     images: str,
     *,
     policy: Literal["exclude", "fail"] = "exclude",
@@ -422,7 +422,7 @@ def scan_survey_with_stats(
     max_workers: int = 8,
     use_identity_cache: bool = True,
 ) -> tuple[Survey, ScanStats]:
-    """:func:`scan_survey`, also returning the :class:`ScanStats` of the scan."""
+    """:func:`scan_images`, also returning the :class:`ScanStats` of the scan."""
     if policy not in ("exclude", "fail"):
         raise InputError(f"unknown policy {policy!r}; expected 'exclude' or 'fail'")
     t0 = time.perf_counter()
@@ -447,7 +447,7 @@ def scan_survey_with_stats(
     return survey, stats
 
 
-def scan_survey(
+def scan_images(
     images: str,
     *,
     policy: Literal["exclude", "fail"] = "exclude",
@@ -477,7 +477,7 @@ def scan_survey(
         NoImagesError: no image files, or none of them readable.
         StorageError: the location cannot be listed.
     """
-    return scan_survey_with_stats(
+    return scan_images_with_stats(
         images,
         policy=policy,
         storage_options=storage_options,
