@@ -1,6 +1,6 @@
 """NodeODM client: pyodm behind a wrapper that keeps pyodm 1.5.13's defects away from users.
 
-The defects handled here (see DESIGN.md, "NodeODM client"):
+The defects handled here (see DESIGN.md, "Nodes and placement"):
 
 * ``Node.url``/``Node.get`` take a mutable default ``query={}`` and write the token into it, so a
   token leaks to every later request of every ``Node`` object, other hosts included.
@@ -142,19 +142,13 @@ class NodeClient(PolledBackend):
         try:
             return fn()
         except (NodeConnectionError, NodeServerError, requests.RequestException) as exc:
-            raise TransientNodeError(
-                f"{what} failed: {self._scrub(str(exc))}", node_url=self.url, task_uuid=task_uuid
-            ) from None
+            said = self._scrub(str(exc))
+            raise self.error(TransientNodeError, f"{what} failed: {said}", task_uuid) from None
         except NodeResponseError as exc:
-            raise NodeError(
-                f"{what}: node answered {self._scrub(str(exc))!r}",
-                node_url=self.url,
-                task_uuid=task_uuid,
-            ) from None
+            said = self._scrub(str(exc))
+            raise self.error(NodeError, f"{what}: node answered {said!r}", task_uuid) from None
         except OdmError as exc:  # any other pyodm error
-            raise NodeError(
-                f"{what}: {self._scrub(str(exc))}", node_url=self.url, task_uuid=task_uuid
-            ) from None
+            raise self.error(NodeError, f"{what}: {self._scrub(str(exc))}", task_uuid) from None
 
     # -- node level -----------------------------------------------------------------------
 
@@ -185,13 +179,10 @@ class NodeClient(PolledBackend):
         except NodeResponseError as exc:
             if is_unknown_task_error(str(exc), uuid):
                 return None
-            raise NodeError(
-                f"task info: {self._scrub(str(exc))}", node_url=self.url, task_uuid=uuid
-            ) from None
+            raise self.error(NodeError, f"task info: {self._scrub(str(exc))}", uuid) from None
         except (NodeConnectionError, NodeServerError, requests.RequestException) as exc:
-            raise TransientNodeError(
-                f"task info failed: {self._scrub(str(exc))}", node_url=self.url, task_uuid=uuid
-            ) from None
+            said = self._scrub(str(exc))
+            raise self.error(TransientNodeError, f"task info failed: {said}", uuid) from None
         status = raw.get("status") or {}
         return TaskState(
             uuid=uuid,

@@ -9,9 +9,12 @@ the reading of a failure (cancelled, out of memory, or failed) are the same, and
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar
 
 from prefect_odm.errors import NodeError, OutOfMemoryError, ProcessingFailedError
 from prefect_odm.nodes.backend import CANCELED, TaskState, poll_until_done
+
+E = TypeVar("E", bound=NodeError)
 
 LAST_LINES_READ = 20
 """Console lines read from a failed task (kept in the error)."""
@@ -33,6 +36,10 @@ class PolledBackend:
     """Lower-case texts that mean the task ran out of memory."""
     no_message: str = "task failed (the node gave no error message)"
     """The error of a failed task whose node gave no message."""
+
+    def error(self, kind: type[E], message: str, uuid: str | None = None) -> E:
+        """A node error of ``kind`` naming this node and the task ``uuid`` (when there is one)."""
+        return kind(message, node_url=self.url, task_uuid=uuid)
 
     def task_state(self, uuid: str, *, with_output: int | None = None) -> TaskState | None:
         """The task's state, or ``None`` when the node does not know the task."""

@@ -172,27 +172,19 @@ class ScaleODMClient(PolledBackend):
                 method, self._api + route, params=params, timeout=self.timeout_seconds, **kwargs
             )
         except requests.RequestException as exc:
-            raise TransientNodeError(
-                f"{method} {route}: {type(exc).__name__}", node_url=self.url, task_uuid=uuid
-            ) from exc
+            said = type(exc).__name__
+            raise self.error(TransientNodeError, f"{method} {route}: {said}", uuid) from exc
         if answer.status_code == 404 and missing_ok:
             return None
         if answer.status_code >= 400:
             said = _problem_text(answer)
             kind = TransientNodeError if answer.status_code >= 500 else NodeError
-            raise kind(
-                f"{method} {route}: HTTP {answer.status_code} {said!r}",
-                node_url=self.url,
-                task_uuid=uuid,
-            )
+            raise self.error(kind, f"{method} {route}: HTTP {answer.status_code} {said!r}", uuid)
         try:
             return answer.json()
         except ValueError as exc:
-            raise NodeError(
-                f"{method} {route}: not JSON ({answer.text[:80]!r})",
-                node_url=self.url,
-                task_uuid=uuid,
-            ) from exc
+            said = answer.text[:80]
+            raise self.error(NodeError, f"{method} {route}: not JSON ({said!r})", uuid) from exc
 
     # where a task's files are
 
