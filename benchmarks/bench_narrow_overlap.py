@@ -14,7 +14,8 @@ It prints the command's exit status and last line, the time of each stage (``sca
 ``process``, ``merge``, from the manifest), the plan's seams (shared images and what ties them),
 the alignment's gates, and, per overlap, the orthophoto shift between the two submodels after
 the applied alignment (phase correlation on 20 m tiles, ``merge.overlaps.ortho_shifts`` with
-the manifest's corrections) and its median over the overlaps. A run the plan refuses prints its
+the manifest's corrections; 64 px tiles where the orthophotos are coarser than 31 cm) and its
+median over the overlaps. A run the plan refuses prints its
 one line and how long the refusal took.
 
 The baseline, in the same process: ``prefect-odm plan`` of the same survey and split (the
@@ -26,6 +27,7 @@ Usage::
         [--pipeline sfm|direct] [--engines 2] [--work DIR]
     python benchmarks/bench_narrow_overlap.py --survey grid --split 25 --split-overlap-m 10
         --pipeline direct --engines 6
+    python benchmarks/bench_narrow_overlap.py --figures OUT/<survey fingerprint>
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
+
+import rasterio
 
 REPO = Path(__file__).resolve().parents[1]
 BRIGHTON = REPO.parent / "shared" / "data" / "brighton_beach_1600" / "images"
@@ -82,17 +86,26 @@ def seam_figures(survey_dir: Path) -> None:
         d.name.rsplit("-", 1)[0]: d / "odm_orthophoto.tif"
         for d in sorted((survey_dir / "submodels").iterdir())
     }
+    # 20 m tiles, or 64 pixels where the orthophotos are coarser (the phase correlation's least)
+    res_m = 0.0
+    for path in orthos.values():
+        with rasterio.open(path) as ds:
+            res_m = max(res_m, float(ds.res[0]))
+    tile_m = max(20.0, 64 * res_m)
     started = time.perf_counter()
-    shifts = ortho_shifts(orthos, corrections=report.raster_corrections(), tile_m=20.0)
+    shifts = ortho_shifts(orthos, corrections=report.raster_corrections(), tile_m=tile_m)
     took = time.perf_counter() - started
     for (a, b), sh in sorted(shifts.items()):
         print(f"  {a}|{b}: orthophoto shift {sh.magnitude_m:.3f} m "
-              f"({sh.dx_m:+.3f}, {sh.dy_m:+.3f}) over {sh.tiles} tiles of 20 m")  # fmt: skip
-    if shifts:
-        median = statistics.median(sh.magnitude_m for sh in shifts.values())
-        worst = max(sh.magnitude_m for sh in shifts.values())
-        print(f"orthophoto shift between submodels: median {median:.3f} m, max {worst:.3f} m "
-              f"over {len(shifts)} overlaps (measured in {took:.1f} s)")  # fmt: skip
+              f"({sh.dx_m:+.3f}, {sh.dy_m:+.3f}) over {sh.tiles} tiles of {tile_m:.0f} m")  # fmt: skip
+    if not shifts:
+        print(f"orthophoto shift: no overlap has enough clear {tile_m:.0f} m tiles")
+        return
+    median = statistics.median(sh.magnitude_m for sh in shifts.values())
+    worst = max(sh.magnitude_m for sh in shifts.values())
+    print(f"orthophoto shift between submodels: median {median:.3f} m, max {worst:.3f} m "
+          f"over {len(shifts)} of {len(plan.neighbours)} seams ({tile_m:.0f} m tiles, measured "
+          f"in {took:.1f} s)")  # fmt: skip
 
 
 def main() -> None:
@@ -104,7 +117,11 @@ def main() -> None:
     parser.add_argument("--pipeline", choices=["sfm", "direct"], default="sfm")
     parser.add_argument("--engines", type=int, default=2)
     parser.add_argument("--work", help="keep everything here (default: a temporary folder)")
+    parser.add_argument("--figures", metavar="SURVEY_DIR", help="only print a run's seam figures")
     args = parser.parse_args()
+    if args.figures:
+        seam_figures(Path(args.figures))
+        return
     work = Path(args.work or tempfile.mkdtemp(prefix="bench-narrow-"))
     work.mkdir(parents=True, exist_ok=True)
     if args.survey == "grid":
