@@ -97,19 +97,31 @@ def _cell_xy(plan: GridPlan, window: Window4, shape: tuple[int, int]) -> tuple[F
 
 def ground_heights(dsms: Mapping[str, Path]) -> dict[str, float]:
     """Submodel id -> median DSM height (metres), read decimated to at most 512 px a side."""
+    return ground_heights_and_relief(dsms)[0]
+
+
+def ground_heights_and_relief(
+    dsms: Mapping[str, Path],
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Submodel id -> median DSM height, and -> the larger distance from it to the 2nd and 98th
+    height percentiles (metres), read decimated to at most 512 px a side."""
     plan = plan_grid(dsms, resolution_m=None, crs_epsg=None, value_bands=1)
     reader = SourceReader(plan, Resampling.nearest)
-    out: dict[str, float] = {}
+    heights: dict[str, float] = {}
+    relief: dict[str, float] = {}
     try:
         for src in plan.sources:
             f = max(1, -(-max(src.height, src.width) // 512))
             shape = (max(1, src.height // f), max(1, src.width // f))
             values, valid = reader.read(src, src.window, out_shape=shape)
             if valid.any():
-                out[src.submodel_id] = float(np.median(values[0][valid]))
+                mid = float(np.median(values[0][valid]))
+                low, high = np.percentile(values[0][valid], [2, 98])
+                heights[src.submodel_id] = mid
+                relief[src.submodel_id] = float(max(mid - low, high - mid))
     finally:
         reader.close()
-    return out
+    return heights, relief
 
 
 def dem_overlaps(
