@@ -22,6 +22,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -40,10 +41,14 @@ from prefect_odm.align import (
 from prefect_odm.align import (
     align_submodels as solve_submodels,
 )
+from prefect_odm.align.similarity import RasterCorrection
 from prefect_odm.align.stage_records import StageCheck, StageName
 from prefect_odm.align.stages import judge_stage, lean_refusals, refusals
 from prefect_odm.errors import InputError
 from prefect_odm.models import MergeOptions
+
+if TYPE_CHECKING:
+    from prefect_odm.merge.overlaps import OrthoShift
 
 GpsPositions = Mapping[str, tuple[float, float, float]]
 
@@ -153,20 +158,21 @@ def build_alignment(
     with tempfile.TemporaryDirectory(prefix="prefect-odm-align-") as tmp:
         dsms = _local(products, "dsm", Path(tmp))
         orthos = _local(products, "orthophoto", Path(tmp))
-        result = _solve(tables, dsms, orthos, options, gps, crs_epsg)
-        if result is None:
+        if tables is None and len(dsms) < 2 and len(orthos) < 2:
             return None
+        stages = _StageJudge(dsms, orthos, options.alignment, crs_epsg)
+        result = _solve(tables, dsms, orthos, options, gps, crs_epsg, stages.matched(None))
         heights, relief = ground_heights_and_relief(dsms) if dsms else ({}, {})
         report = AlignmentReport(result=result, ground_heights_m=heights, relief_m=relief)
-        stages = _StageJudge(report, dsms, orthos, options.alignment, crs_epsg)
-        refused = stages.judge(report.first_stage, result)
+        refused = stages.judge(report, report.first_stage, result)
         if result.method == "cameras" and options.alignment.refine_from_products:
             if len(dsms) > 1:
+                fixes = report.raster_corrections()
                 report.refinement = align_from_products(
-                    dsms, orthos, options.alignment,
-                    corrections=report.raster_corrections(), crs_epsg=crs_epsg,
+                    dsms, orthos, options.alignment, corrections=fixes, crs_epsg=crs_epsg,
+                    matched=stages.matched(fixes),
                 )  # fmt: skip
-                refused += stages.judge("refined", report.refinement)
+                refused += stages.judge(report, "refined", report.refinement)
     final = report.final_stage()
     applied = (report.applies(report.first_stage), report.applies("refined"))
     failures = check_report(result, report.refinement, options.alignment, applied=applied,
@@ -179,11 +185,11 @@ def build_alignment(
 
 class _StageJudge:
     """Measures and judges the stages of one alignment in order, recording each in
-    ``report.stages`` (:mod:`prefect_odm.align.stages`): the products as they are first."""
+    ``report.stages`` (:mod:`prefect_odm.align.stages`), the products as they are first; the
+    orthophoto feature matches are found once, here (none without ``check_stages``)."""
 
     def __init__(
         self,
-        report: AlignmentReport,
         dsms: Mapping[str, Path],
         orthos: Mapping[str, Path],
         options: AlignmentOptions,
@@ -191,20 +197,31 @@ class _StageJudge:
     ) -> None:
         from prefect_odm.merge.overlaps_seams import SeamMeter
 
-        self._report, self._options = report, options
+        self._options = options
         self._meter = SeamMeter(dsms, orthos, crs_epsg) if options.check_stages else None
-        seams = self._meter.measure() if self._meter is not None else []
-        report.stages = [StageCheck(stage="none", applied=True, seams=seams)]
 
-    def judge(self, name: StageName, result: AlignmentResult) -> list[GateFailure]:
-        """Judge the stage ``name`` (solved as ``result``, already set in the report); returns
-        its refusals (beyond plausible, or a lean the rasters cannot carry)."""
-        report, options = self._report, self._options
+    def matched(
+        self, corrections: Mapping[str, RasterCorrection] | None
+    ) -> dict[tuple[str, str], OrthoShift] | None:
+        """The orthophoto offsets the matches measure after ``corrections`` (None: unchecked)."""
+        from prefect_odm.merge.overlaps_seams import matched_shifts
+
+        return None if self._meter is None else matched_shifts(self._meter.matches, corrections)
+
+    def judge(
+        self, report: AlignmentReport, name: StageName, result: AlignmentResult
+    ) -> list[GateFailure]:
+        """Judge the stage ``name`` (solved as ``result``, already set in ``report``) against
+        the stages before it; returns its refusals (beyond plausible, or a lean the rasters
+        cannot carry)."""
+        options, meter = self._options, self._meter
+        if not report.stages:
+            report.stages = [StageCheck(stage="none", applied=True,
+                                        seams=meter.measure() if meter else [])]  # fmt: skip
         refused = refusals(result, options) + lean_refusals(result, report.relief_m, options)
         before = report.final_stage()
-        trial = StageCheck(stage=name, applied=True)
-        report.stages = [*report.stages, trial]  # measured as it would be applied
-        seams = self._meter.measure(report.raster_corrections()) if self._meter else []
+        report.stages = [*report.stages, StageCheck(stage=name, applied=True)]
+        seams = meter.measure(report.raster_corrections()) if meter else []  # as if applied
         check = judge_stage(name, result, seams, before.seams if before else [], refused, options)
         report.stages = [*report.stages[:-1], check]
         return refused
@@ -217,12 +234,12 @@ def _solve(
     options: MergeOptions,
     gps: GpsPositions | None,
     crs_epsg: int | None,
-) -> AlignmentResult | None:
-    """From the cameras when every submodel has them, else from the products (None: neither)."""
+    matched: Mapping[tuple[str, str], OrthoShift] | None,
+) -> AlignmentResult:
+    """From the cameras when every submodel has them, else from the products (``matched``:
+    the offsets feature matches measure on them)."""
     if tables is not None:
         return solve_submodels(tables, options.alignment, gps=gps or None)
     from prefect_odm.merge.overlaps import align_from_products
 
-    if len(dsms) < 2 and len(orthos) < 2:
-        return None
-    return align_from_products(dsms, orthos, options.alignment, crs_epsg=crs_epsg)
+    return align_from_products(dsms, orthos, options.alignment, crs_epsg=crs_epsg, matched=matched)

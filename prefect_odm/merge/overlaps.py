@@ -57,6 +57,10 @@ touching at a corner had two tiles, (1.08, -1.21) and (-9.84, 16.46) pixels; the
 orthophotos against the rendered truth were 0.27 m apart."""
 PREDICT_PIXEL_M = 0.1
 """Pixel size the solve's phase correlation reads at (decimated, nearest), metres."""
+MATCHED_SHIFT_M = 2.5
+"""An overlap whose orthophotos feature matches put farther apart than this (metres) takes their
+offset in the solve: an eighth of :data:`ALIGN_TILE_M`, where a tile's content is a quarter
+away from its neighbour's and wrong peaks begin (a peak counts up to a quarter of the tile)."""
 ALIGN_TILE_M = 20.0
 """Tile side of the orthophoto shifts the alignment solves from, metres (more tiles than the
 50 m the figures use: narrow overlaps then still give several)."""
@@ -288,13 +292,15 @@ def align_from_products(
     *,
     corrections: Mapping[str, RasterCorrection] | None = None,
     crs_epsg: int | None = None,
+    matched: Mapping[tuple[str, str], OrthoShift] | None = None,
 ) -> AlignmentResult:
     """Height, tilt and shift per submodel from its products alone (no cameras).
 
     The orthophoto offsets in the overlaps (:func:`ortho_shifts`) give the shifts and the DSM
     differences (:func:`dem_overlaps`) the height planes, solved jointly by
     :func:`~prefect_odm.align.align_heights`. Without DSMs, only the shifts (as height-free
-    samples at the overlap centres).
+    samples at the overlap centres). Where feature matches (``matched``) put an overlap's
+    offset beyond :data:`MATCHED_SHIFT_M`, farther than the tiles see, theirs is used.
 
     Args:
         dsms: submodel id -> local DSM (may be empty).
@@ -303,6 +309,8 @@ def align_from_products(
         corrections: corrections already solved (from the cameras): the products are measured
             with them applied, so the result refines them.
         crs_epsg: the grid's CRS.
+        matched: ``(first, second)`` -> the offset feature matches measure after
+            ``corrections`` (:func:`.overlaps_seams.matched_shifts`), or None.
 
     Raises:
         ValueError: fewer than two submodels with a DSM or an orthophoto.
@@ -318,6 +326,8 @@ def align_from_products(
         if len(orthophotos) > 1
         else {}
     )
+    far = {k: s for k, s in (matched or {}).items() if s.magnitude_m > MATCHED_SHIFT_M}
+    shifts = {**shifts, **far}
     if len(dsms) > 1:
         overlaps = dem_overlaps(dsms, corrections=fix, shifts=shifts, crs_epsg=crs_epsg)
         centres = _centres(dsms, crs_epsg)

@@ -22,6 +22,7 @@ import numpy as np
 from prefect_odm.align.similarity import RasterCorrection
 from prefect_odm.align.stage_records import DsmSeam, OrthoSeam, OverlapSeam
 from prefect_odm.merge.overlap_sampling import dsm_seam, overlap_samples
+from prefect_odm.merge.overlaps import OrthoShift
 from prefect_odm.merge.overlaps_matches import OverlapMatches, displacements, orthophoto_matches
 from prefect_odm.merge.sources import plan_grid
 
@@ -67,6 +68,19 @@ def ortho_seam(
         shift_m=(float(dx), float(dy)),
         median_m=float(np.median(np.hypot(d[:, 0], d[:, 1]))),
     )
+
+
+def matched_shifts(
+    matches: list[OverlapMatches], corrections: Mapping[str, RasterCorrection] | None = None
+) -> dict[tuple[str, str], OrthoShift]:
+    """``(first, second)`` -> the median displacement of each overlap's matches after
+    ``corrections``, as an :class:`.overlaps.OrthoShift` (``tiles``: the matches)."""
+    out = {}
+    for m in matches:
+        dx, dy = np.median(displacements(m, corrections), axis=0)
+        out[(m.first, m.second)] = OrthoShift(m.first, m.second, float(dx), float(dy),
+                                              len(m.xy_first))  # fmt: skip
+    return out
 
 
 class SeamMeter:
