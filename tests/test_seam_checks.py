@@ -126,3 +126,34 @@ def _check_by_hand(dsms: dict[str, Path], fix: RasterCorrection, median_m: float
 def test_matches_need_neighbours(tmp_path: Path) -> None:
     products = _pair(tmp_path)
     assert orthophoto_matches({"submodel-000": Path(products["submodel-000"]["orthophoto"])}) == []
+
+
+def test_products_far_apart_are_aligned_from_the_matches(tmp_path: Path) -> None:
+    from prefect_odm.tasks.align import build_alignment
+
+    from prefect_odm.align import AlignmentOptions
+    from prefect_odm.models import MergeOptions
+
+    products = _pair(tmp_path)
+    far = RasterCorrection(((1.0, 0.0, 12.0), (0.0, 1.0, -4.0)), (0.0, 0.0), 0.0, 1.0,
+                           (0.7, 0.0, 0.0))  # fmt: skip
+    move_products(products["submodel-001"], far)
+    shots: dict[str, str | None] = {sid: None for sid in products}
+    # 12.6 m is beyond the 5 m correction gate (each submodel moves half): accepted here
+    report = build_alignment(products, shots, MergeOptions(accept_alignment=True), None, 32615)
+    assert report is not None and report.result.method == "dem"
+    none, applied = report.stage("none"), report.final_stage()
+    assert none is not None and applied is not None and applied.stage == "products"
+    (before,), (after,) = none.seams, applied.seams
+    assert before.orthophoto is not None and before.orthophoto.median_m > 12.0
+    assert after.orthophoto is not None and after.orthophoto.median_m < 0.1, after
+    assert after.dsm is not None and abs(after.dsm.median_m) < 0.05, after
+    assert {f.figure for f in report.failures} == {"max_correction_m"}
+    # from the 20 m tiles alone (no matches), the 12.6 m stays
+    tiles_only = MergeOptions(accept_alignment=True, alignment=AlignmentOptions(check_stages=False))
+    blind = build_alignment(products, shots, tiles_only, None, 32615)
+    assert blind is not None
+    (seam,) = SeamMeter({}, _paths(products, "orthophoto"), 32615).measure(
+        blind.raster_corrections()
+    )
+    assert seam.orthophoto is not None and seam.orthophoto.median_m > 5.0, seam

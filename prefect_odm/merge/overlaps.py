@@ -29,7 +29,7 @@ import numpy as np
 from numpy.typing import NDArray
 from rasterio.enums import Resampling
 
-from prefect_odm.align.height_tilt import DemOverlap, align_heights
+from prefect_odm.align.height_tilt import DemOverlap, after_shifts, align_heights
 from prefect_odm.align.report import AlignmentOptions, AlignmentResult
 from prefect_odm.align.similarity import RasterCorrection
 from prefect_odm.merge.overlap_sampling import overlap_pairs
@@ -326,8 +326,8 @@ def align_from_products(
         if len(orthophotos) > 1
         else {}
     )
-    far = {k: s for k, s in (matched or {}).items() if s.magnitude_m > MATCHED_SHIFT_M}
-    shifts = {**shifts, **far}
+    if any(s.magnitude_m > MATCHED_SHIFT_M for s in (matched or {}).values()):
+        return _far_apart(dsms, orthophotos, options, corrections, crs_epsg, matched or {})
     if len(dsms) > 1:
         overlaps = dem_overlaps(dsms, corrections=fix, shifts=shifts, crs_epsg=crs_epsg)
         centres = _centres(dsms, crs_epsg)
@@ -335,6 +335,31 @@ def align_from_products(
         centres = _centres(orthophotos, crs_epsg)
         overlaps = [_shift_only(s, centres) for s in shifts.values()]
     return align_heights(ids, np.array([centres[sid] for sid in ids]), overlaps, options)
+
+
+def _far_apart(
+    dsms: Mapping[str, Path],
+    orthophotos: Mapping[str, Path],
+    options: AlignmentOptions,
+    corrections: Mapping[str, RasterCorrection] | None,
+    crs_epsg: int | None,
+    matched: Mapping[tuple[str, str], OrthoShift],
+) -> AlignmentResult:
+    """Products feature matches put farther apart than the tiles see: first the shifts the
+    matches give, then :func:`align_from_products` on the products so shifted (DSM samples
+    and tiles where the ground is the same), written as one correction."""
+    ids = sorted(set(dsms) | set(orthophotos))
+    centres = _centres(orthophotos, crs_epsg)
+    flat = options.model_copy(update={"refine_bowl": False})
+    first = align_heights(ids, np.array([centres[sid] for sid in ids]),
+                          [_shift_only(s, centres) for s in matched.values()], flat)  # fmt: skip
+    fix = dict(corrections or {})
+    moved = {}
+    for t in first.transforms:
+        step = t.raster_correction(0.0)
+        moved[t.submodel_id] = fix[t.submodel_id].then(step) if t.submodel_id in fix else step
+    second = align_from_products(dsms, orthophotos, options, corrections=moved, crs_epsg=crs_epsg)
+    return after_shifts(first, second)
 
 
 def _shift_only(shift: OrthoShift, centres: Mapping[str, tuple[float, float]]) -> DemOverlap:
