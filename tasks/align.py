@@ -26,14 +26,13 @@ from typing import TYPE_CHECKING
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect_odm.tasks.align_stages import StageJudge, refine_stages
 
 from prefect_odm import storage
 from prefect_odm.align import (
-    AlignmentOptions,
     AlignmentReport,
     AlignmentResult,
     CameraTable,
-    GateFailure,
     check_report,
     raise_for_failures,
     read_shots_geojson,
@@ -41,9 +40,6 @@ from prefect_odm.align import (
 from prefect_odm.align import (
     align_submodels as solve_submodels,
 )
-from prefect_odm.align.similarity import RasterCorrection
-from prefect_odm.align.stage_records import StageCheck, StageName
-from prefect_odm.align.stages import judge_stage, lean_refusals, refusals
 from prefect_odm.errors import InputError
 from prefect_odm.models import MergeOptions
 
@@ -160,19 +156,21 @@ def build_alignment(
         orthos = _local(products, "orthophoto", Path(tmp))
         if tables is None and len(dsms) < 2 and len(orthos) < 2:
             return None
-        stages = _StageJudge(dsms, orthos, options.alignment, crs_epsg)
-        result = _solve(tables, dsms, orthos, options, gps, crs_epsg, stages.matched(None))
+        judge = StageJudge(dsms, orthos, options.alignment, crs_epsg)
+        result = _solve(tables, dsms, orthos, options, gps, crs_epsg, judge.matched(None))
         heights, relief = ground_heights_and_relief(dsms) if dsms else ({}, {})
         report = AlignmentReport(result=result, ground_heights_m=heights, relief_m=relief)
-        refused = stages.judge(report, report.first_stage, result)
-        if result.method == "cameras" and options.alignment.refine_from_products:
-            if len(dsms) > 1:
-                fixes = report.raster_corrections()
-                report.refinement = align_from_products(
-                    dsms, orthos, options.alignment, corrections=fixes, crs_epsg=crs_epsg,
-                    matched=stages.matched(fixes),
-                )  # fmt: skip
-                refused += stages.judge(report, "refined", report.refinement)
+        judge.start(report)
+        check, refused = judge.judge(report, report.first_stage, result)
+        report.stages = [*report.stages, check]
+
+        def refine(on: AlignmentReport) -> AlignmentResult:
+            fixes = on.raster_corrections()
+            return align_from_products(dsms, orthos, options.alignment, corrections=fixes,
+                                       crs_epsg=crs_epsg, matched=judge.matched(fixes))  # fmt: skip
+
+        if result.method == "cameras" and options.alignment.refine_from_products and len(dsms) > 1:
+            refused += refine_stages(report, judge, refine)
     final = report.final_stage()
     applied = (report.applies(report.first_stage), report.applies("refined"))
     failures = check_report(result, report.refinement, options.alignment, applied=applied,
@@ -181,50 +179,6 @@ def build_alignment(
     raise_for_failures(failures, accept=options.accept_alignment)
     report.failures, report.accepted = failures, bool(failures)
     return report
-
-
-class _StageJudge:
-    """Measures and judges the stages of one alignment in order, recording each in
-    ``report.stages`` (:mod:`prefect_odm.align.stages`), the products as they are first; the
-    orthophoto feature matches are found once, here (none without ``check_stages``)."""
-
-    def __init__(
-        self,
-        dsms: Mapping[str, Path],
-        orthos: Mapping[str, Path],
-        options: AlignmentOptions,
-        crs_epsg: int | None,
-    ) -> None:
-        from prefect_odm.merge.overlaps_seams import SeamMeter
-
-        self._options = options
-        self._meter = SeamMeter(dsms, orthos, crs_epsg) if options.check_stages else None
-
-    def matched(
-        self, corrections: Mapping[str, RasterCorrection] | None
-    ) -> dict[tuple[str, str], OrthoShift] | None:
-        """The orthophoto offsets the matches measure after ``corrections`` (None: unchecked)."""
-        from prefect_odm.merge.overlaps_seams import matched_shifts
-
-        return None if self._meter is None else matched_shifts(self._meter.matches, corrections)
-
-    def judge(
-        self, report: AlignmentReport, name: StageName, result: AlignmentResult
-    ) -> list[GateFailure]:
-        """Judge the stage ``name`` (solved as ``result``, already set in ``report``) against
-        the stages before it; returns its refusals (beyond plausible, or a lean the rasters
-        cannot carry)."""
-        options, meter = self._options, self._meter
-        if not report.stages:
-            report.stages = [StageCheck(stage="none", applied=True,
-                                        seams=meter.measure() if meter else [])]  # fmt: skip
-        refused = refusals(result, options) + lean_refusals(result, report.relief_m, options)
-        before = report.final_stage()
-        report.stages = [*report.stages, StageCheck(stage=name, applied=True)]
-        seams = meter.measure(report.raster_corrections()) if meter else []  # as if applied
-        check = judge_stage(name, result, seams, before.seams if before else [], refused, options)
-        report.stages = [*report.stages[:-1], check]
-        return refused
 
 
 def _solve(

@@ -23,7 +23,7 @@ from prefect_odm.align import (
     align_submodels,
 )
 from prefect_odm.align.stage_records import DsmSeam, OrthoSeam, OverlapSeam
-from prefect_odm.align.stages import lean_refusals, refusals, worsened
+from prefect_odm.align.stages import lean_refusals, refusals, seam_m, worsened
 from prefect_odm.models import MergeOptions
 
 PAIR = "submodel-000|submodel-001"
@@ -72,10 +72,15 @@ def test_a_camera_stage_that_worsens_the_seam_is_dropped(tmp_path: Path) -> None
     (moved,) = cameras.seams
     assert moved.orthophoto is not None and moved.orthophoto.median_m == pytest.approx(3.0, abs=0.1)
     assert not cameras.applied and not cameras.refused
-    assert any("orthophoto median displacement" in why for why in cameras.reasons), cameras.reasons
-    # The refinement is solved on the products as they are, and moves nothing much.
+    assert any("seam 3." in why and "orthophoto 3.0" in why for why in cameras.reasons), cameras
+    # The camera step with its refinement (which takes the 3 m back) and the refinement alone
+    # are both tried against the products as they are; the one with the smaller seams applies:
+    # the refinement alone, which moves nothing much.
+    tried = {s.solved_on: s for s in report.stages if s.stage == "refined"}
+    assert tried.keys() == {"cameras", "none"} and not tried["cameras"].applied
+    assert tried["cameras"].reasons[0].startswith("the refinement alone leaves smaller seams")
     refined = report.stage("refined")
-    assert refined is not None and refined.applied
+    assert refined is tried["none"] and refined.applied
     fixes = report.raster_corrections()
     assert all(np.hypot(*_moved_m(f, centre)) < 0.1 for f in fixes.values())
     final = report.final_stage()
@@ -114,12 +119,14 @@ def _seam(ortho_m: float | None, dsm_p90_m: float | None) -> OverlapSeam:
     )  # fmt: skip
 
 
-def test_worse_means_any_seam_figure_grows_beyond_the_tolerance() -> None:
-    assert worsened([_seam(0.20, 0.30)], [_seam(0.24, 0.10)], 0.05) == []
-    (why,) = worsened([_seam(0.20, 0.30)], [_seam(0.26, 0.10)], 0.05)
-    assert why.startswith("a|b: orthophoto median displacement 0.260 m against 0.200 m")
-    (why,) = worsened([_seam(0.20, 0.30)], [_seam(0.10, 0.40)], 0.05)
-    assert why.startswith("a|b: DSM p90 |dz| 0.400 m against 0.300 m")
+def test_worse_means_an_overlaps_seam_grows_beyond_the_tolerance() -> None:
+    # the seam is hypot(orthophoto median displacement, DSM p90 |dz|): 0.5 m before
+    assert seam_m(_seam(0.30, 0.40)) == pytest.approx(0.5)
+    assert worsened([_seam(0.30, 0.40)], [_seam(0.50, 0.10)], 0.05) == []
+    (why,) = worsened([_seam(0.30, 0.40)], [_seam(0.30, 0.48)], 0.05)
+    assert why.startswith("a|b: seam 0.566 m (orthophoto 0.300 m, DSM p90 0.480 m) against 0.500 m")
+    (why,) = worsened([_seam(0.20, None)], [_seam(0.26, None)], 0.05)
+    assert why.startswith("a|b: seam 0.260 m (orthophoto 0.260 m, DSM -) against 0.200 m")
     (why,) = worsened([_seam(0.20, None)], [], 0.05)
     assert "not measurable after" in why
     assert worsened([_seam(None, None)], [_seam(5.0, 5.0)], 0.05) == []

@@ -15,6 +15,7 @@ from prefect_odm.tasks.align import build_alignment
 
 from prefect_odm.align import AlignmentError, AlignmentOptions, read_shots_geojson
 from prefect_odm.merge import merge_dems
+from prefect_odm.merge.alignment_figures import stage_label
 from prefect_odm.merge.overlaps import dem_overlaps, ortho_shifts
 from prefect_odm.models import MergeOptions, SplitPlan
 from prefect_odm.ownership import Ownership
@@ -73,7 +74,7 @@ def _check_report_shows_the_merged_figures(alignment, survey_dir: Path, report: 
         return [[c.strip() for c in r[-3:]] for r in rows if r[0].strip() == label]
 
     shown = dsm_cells("merged DSM (merge.json)")
-    assert len(shown) == len(merged) and shown == dsm_cells(final.stage)
+    assert len(shown) == len(merged) and shown == dsm_cells(stage_label(final))
     for cells, (_, seam) in zip(shown, sorted(merged.items()), strict=True):
         assert cells == [f"{seam['median_m']:+.3f}", f"{seam['p90_m']:.3f}", str(seam["samples"])]
 

@@ -71,8 +71,8 @@ class AlignmentOptions(BaseModel):
     seam_tolerance_m: float = Field(
         0.05,
         ge=0,
-        description="A stage worsens a seam when its orthophoto median displacement or DSM p90 "
-        "|dz| in an overlap grows by more than this, metres.",
+        description="A stage worsens a seam when, in an overlap, hypot(orthophoto median "
+        "displacement, DSM p90 |dz|) grows by more than this, metres.",
     )
     max_seam_m: float = Field(
         1.0,

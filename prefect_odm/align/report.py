@@ -352,8 +352,10 @@ class AlignmentReport(BaseModel):
         return "cameras" if self.result.method == "cameras" else "products"
 
     def stage(self, name: StageName) -> StageCheck | None:
-        """The check of one stage, or None when it was not checked."""
-        return next((s for s in self.stages if s.stage == name), None)
+        """The check of one stage (the applied one when it was tried twice: ``refined`` on the
+        cameras and on the products as they are), or None when it was not checked."""
+        named = [s for s in self.stages if s.stage == name]
+        return next((s for s in named if s.applied), named[-1] if named else None)
 
     def applies(self, name: StageName) -> bool:
         """Whether the merge applies a stage (stages never checked are applied)."""

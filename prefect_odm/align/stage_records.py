@@ -74,6 +74,9 @@ class StageCheck(BaseModel):
         reasons: why it is not applied (empty when applied).
         refused: not applied because the correction is beyond plausible or leans more than a
             raster correction can carry: ``accept_alignment`` does not apply it either.
+        solved_on: for ``refined``, the stage whose corrected products it was solved on
+            (``cameras``, or ``none`` when the camera step is not applied).
+        notes: what else was decided (a camera step applied only with its refinement).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -84,3 +87,5 @@ class StageCheck(BaseModel):
     solver_rms_m: dict[str, float] = Field(default_factory=dict)
     reasons: list[str] = Field(default_factory=list)
     refused: bool = False
+    solved_on: StageName | None = None
+    notes: list[str] = Field(default_factory=list)

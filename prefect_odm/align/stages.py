@@ -16,9 +16,9 @@ Each stage's correction is judged before it is applied:
   98th height percentile is refused for every product (:func:`lean_refusals`): 0.25 m is
   1.4 deg over 10 m of relief, 0.7 deg over 20 m;
 * **confirmed** (:func:`worsened`): with ``check_stages``, a stage whose products show, in any
-  overlap, an orthophoto median displacement or a DSM p90 ``|dz|`` more than
-  ``seam_tolerance_m`` above the applied stage before it (the products as they are, first) is
-  not applied, with the reason recorded.
+  overlap, a seam (the orthophoto median displacement and the DSM p90 ``|dz|`` as one
+  distance, :func:`seam_m`) more than ``seam_tolerance_m`` above the applied stage before it
+  (the products as they are, first) is not applied, with the reason recorded.
 """
 
 from __future__ import annotations
@@ -86,14 +86,18 @@ def lean_refusals(
     return out
 
 
-def _figures(seam: OverlapSeam | None) -> dict[str, float]:
-    """The figures a stage is judged on, by name (metres), those measured."""
-    out: dict[str, float] = {}
-    if seam is not None and seam.orthophoto is not None:
-        out["orthophoto median displacement"] = seam.orthophoto.median_m
-    if seam is not None and seam.dsm is not None:
-        out["DSM p90 |dz|"] = seam.dsm.p90_m
-    return out
+def seam_m(seam: OverlapSeam) -> float | None:
+    """An overlap's seam as one distance, metres: ``hypot`` of its orthophoto median
+    displacement and its DSM p90 ``|dz|`` (those measured; None when neither is)."""
+    parts = [f.median_m for f in (seam.orthophoto,) if f is not None]
+    parts += [f.p90_m for f in (seam.dsm,) if f is not None]
+    return float(np.hypot.reduce(parts)) if parts else None
+
+
+def _parts(seam: OverlapSeam) -> str:
+    o, d = seam.orthophoto, seam.dsm
+    ortho = f"orthophoto {o.median_m:.3f} m" if o is not None else "orthophoto -"
+    return f"{ortho}, DSM p90 {d.p90_m:.3f} m" if d is not None else f"{ortho}, DSM -"
 
 
 def worsened(
@@ -101,22 +105,25 @@ def worsened(
 ) -> list[str]:
     """Why ``after`` is worse than ``before`` (empty: no overlap is worse).
 
-    An overlap is worse when its orthophoto median displacement or its DSM p90 ``|dz|`` grows
-    by more than ``tolerance_m``, or when a figure measured before can no longer be measured
-    (the products moved apart). Overlaps new in ``after`` are not judged.
+    An overlap is worse when its seam (:func:`seam_m`: the orthophoto median displacement and
+    the DSM p90 ``|dz|`` as one distance) grows by more than ``tolerance_m``, or when it can no
+    longer be measured (the products moved apart). Overlaps new in ``after`` are not judged.
     """
     now = {s.overlap: s for s in after}
     out = []
     for old in before:
-        new = _figures(now.get(old.overlap))
-        for name, was_m in _figures(old).items():
-            if name not in new:
-                out.append(f"{old.overlap}: {name} {was_m:.3f} m before, not measurable after")
-            elif new[name] > was_m + tolerance_m:
-                out.append(
-                    f"{old.overlap}: {name} {new[name]:.3f} m against {was_m:.3f} m before "
-                    f"(seam_tolerance_m={tolerance_m:g})"
-                )
+        was = seam_m(old)
+        new = now.get(old.overlap)
+        is_ = seam_m(new) if new is not None else None
+        if was is None:
+            continue
+        if new is None or is_ is None:
+            out.append(f"{old.overlap}: seam {was:.3f} m before, not measurable after")
+        elif is_ > was + tolerance_m:
+            out.append(
+                f"{old.overlap}: seam {is_:.3f} m ({_parts(new)}) against {was:.3f} m "
+                f"({_parts(old)}) before (seam_tolerance_m={tolerance_m:g})"
+            )
     return out
 
 

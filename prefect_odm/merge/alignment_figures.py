@@ -14,7 +14,7 @@ import io
 import numpy as np
 
 from prefect_odm.align.report import AlignmentReport, AlignmentResult
-from prefect_odm.align.stage_records import OverlapSeam
+from prefect_odm.align.stage_records import OverlapSeam, StageCheck
 from prefect_odm.merge.reports import DemMergeReport
 
 ALIGNMENT_PNG = "alignment.png"
@@ -92,18 +92,26 @@ def stage_lines(report: AlignmentReport, dsm: DemMergeReport | None = None) -> l
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for st in report.stages:
-        label = st.stage if st.applied or st.stage == "none" else f"{st.stage} (NOT APPLIED)"
-        lines += [_seam_row(label, s, st.solver_rms_m.get(s.overlap)) for s in st.seams]
+        lines += [_seam_row(stage_label(st), s, st.solver_rms_m.get(s.overlap)) for s in st.seams]
     if dsm is not None and dsm.overlap_seams:
         for key, d in sorted(dsm.overlap_seams.items()):
             first, second = key.split("|")
             seam = OverlapSeam(overlap=key, first=first, second=second, dsm=d)
             lines.append(_seam_row("merged DSM (merge.json)", seam, None))
     final = report.final_stage()
-    lines += ["", f"Applied: **{final.stage if final is not None else 'none'}**."]
+    applied = [stage_label(s) for s in report.stages if s.applied and s.stage != "none"]
+    lines += ["", f"Applied: **{', '.join(applied) or 'none'}**; the merged products are "
+              f"those of stage {stage_label(final) if final else 'none'}."]  # fmt: skip
     for st in report.stages:
-        lines += [f"- {st.stage} not applied: {why}" for why in st.reasons]
+        lines += [f"- {stage_label(st)}: {note}" for note in st.notes]
+        lines += [f"- {stage_label(st)}: {why}" for why in st.reasons]
     return lines
+
+
+def stage_label(stage: StageCheck) -> str:
+    """A stage's name in ``report.md``: ``refined on cameras``, ``cameras (NOT APPLIED)``."""
+    name = f"{stage.stage} on {stage.solved_on}" if stage.solved_on else stage.stage
+    return name if stage.applied or stage.stage == "none" else f"{name} (NOT APPLIED)"
 
 
 def alignment_lines(report: AlignmentReport | None, dsm: DemMergeReport | None = None) -> list[str]:

@@ -299,8 +299,9 @@ def align_from_products(
     The orthophoto offsets in the overlaps (:func:`ortho_shifts`) give the shifts and the DSM
     differences (:func:`dem_overlaps`) the height planes, solved jointly by
     :func:`~prefect_odm.align.align_heights`. Without DSMs, only the shifts (as height-free
-    samples at the overlap centres). Where feature matches (``matched``) put an overlap's
-    offset beyond :data:`MATCHED_SHIFT_M`, farther than the tiles see, theirs is used.
+    samples at the overlap centres). Feature matches (``matched``) give the offset of an
+    overlap without three clear tiles; where they put one beyond :data:`MATCHED_SHIFT_M`,
+    farther than the tiles see, the products are first shifted by them (:func:`_far_apart`).
 
     Args:
         dsms: submodel id -> local DSM (may be empty).
@@ -328,6 +329,8 @@ def align_from_products(
     )
     if any(s.magnitude_m > MATCHED_SHIFT_M for s in (matched or {}).values()):
         return _far_apart(dsms, orthophotos, options, corrections, crs_epsg, matched or {})
+    # an overlap too narrow for three clear tiles takes the matches' offset
+    shifts = {**(matched or {}), **shifts}
     if len(dsms) > 1:
         overlaps = dem_overlaps(dsms, corrections=fix, shifts=shifts, crs_epsg=crs_epsg)
         centres = _centres(dsms, crs_epsg)
