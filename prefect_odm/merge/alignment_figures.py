@@ -190,10 +190,9 @@ def alignment_png(report: AlignmentReport) -> bytes:
     return buf.getvalue()
 
 
-_FIGURE_NAME = {
-    True: "seam measured on the products (larger of orthophoto median, DSM p90)",
-    False: "rms after",
-}
+_FIGURE_NAME = {True: "seam on the products", False: "rms after"}
+"""What the overlap figures are: the applied stage's seams (orthophoto median displacement or
+DSM p90, the larger), else the solver's rms."""
 
 
 def _overlap_figures(report: AlignmentReport) -> dict[tuple[str, str], float]:
