@@ -326,6 +326,7 @@ def plan_markdown(plan: SplitPlan, survey: Survey) -> str:
 
 GPS_WARNING_TITLES = {
     "altitude_trend": "altitude trend",
+    "altitude_jump": "altitude jumps",
     "implausible_speed": "implausible speed",
     "position_jump": "position jumps",
 }
@@ -335,7 +336,7 @@ def gps_markdown(plan: SplitPlan) -> list[str]:
     """The plan report's "GPS before compute" section: one row per GPS warning, or "None found."."""
     lines = ["", "## GPS before compute", ""]
     if not plan.gps_warnings:
-        return [*lines, "None found (altitude trend, speeds, jumping positions checked)."]
+        return [*lines, "None found (altitude trend and jumps, speeds, jumping positions checked)."]
     lines += ["| check | value | threshold | detail |", "|---|---:|---:|---|"]
     lines += [
         f"| {GPS_WARNING_TITLES[w.kind]} | {w.value:.2f} | {w.threshold:g} | "
