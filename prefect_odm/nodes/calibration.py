@@ -18,9 +18,10 @@ import json
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from prefect_odm import storage
-from prefect_odm.errors import NodeError, ProcessingFailedError
+from prefect_odm.errors import NodeError, ProcessingFailedError, TransientNodeError
 from prefect_odm.layout import OutputLayout
 from prefect_odm.models import SplitPlan, Survey
 from prefect_odm.nodes.backend import COMPLETED, NodeBackend, task_uuid
@@ -47,10 +48,13 @@ def calibrate_cameras(
 ) -> str:
     """The ``cameras.json`` text calibrated once for the plan's submodels (stored, or made).
 
+    A task that fails is tried on another node (a fresh UUID), as many times as the pool has
+    nodes.
+
     Raises:
-        ProcessingFailedError: the calibration task failed, or gave no camera (the message
-            starts with "camera calibration" and names the node).
-        NodeError: a node refused or stopped answering.
+        ProcessingFailedError: the calibration task failed on every node tried, or gave no
+            camera (the message starts with "camera calibration" and names the node).
+        TransientNodeError: the last node tried stopped answering.
     """
     names = calibration_images(plan, survey)
     altitudes = plan_altitudes(plan, names)
@@ -64,28 +68,60 @@ def calibrate_cameras(
     memory = estimate_peak_memory_gib(
         len(names), megapixels, options, model=memory_model_for(plan.engine_identity)
     )
-    uuid = task_uuid(fp, 0)
-    with pool.lease(memory, what="camera calibration") as node:
-        client = clients[node.key]
-        state = client.task_state(uuid)
-        if state is None:
-            log(f"camera calibration: {len(names)} images on {client.url} as task {uuid}")
-            files = upload_files(plan, survey, names, layout.calibration_file(fp, "geo.txt"))
-            client.create_task(
-                uuid, files, options, name=f"calibration-{fp[:12]}", outputs=[CAMERAS_JSON]
-            )
-        elif state.finished and state.status != COMPLETED and not client.restart(uuid):
-            raise client.classify_failure(state)
+    failed: list[str] = []
+    for attempt in range(max(1, len(pool.nodes))):
         try:
+            text = _calibrate_on(plan, survey, layout, pool, clients, (fp, names, attempt),
+                                 options, memory, failed, log)  # fmt: skip
+        except (ProcessingFailedError, TransientNodeError) as exc:
+            if attempt + 1 >= max(1, len(pool.nodes)):
+                raise
+            log(f"{str(exc).splitlines()[0]}; trying another node")
+            continue
+        storage.write_bytes_atomic(stored, text.encode("utf-8"))
+        return text
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
+def _calibrate_on(
+    plan: SplitPlan,
+    survey: Survey,
+    layout: OutputLayout,
+    pool: NodePool,
+    clients: Mapping[str, NodeBackend],
+    what: tuple[str, list[str], int],
+    options: dict[str, Any],
+    memory_gib: float,
+    failed: list[str],
+    log: Callable[[str], None],
+) -> str:
+    """One attempt (``what`` = fingerprint, images, attempt number) on a node not in
+    ``failed``; a node whose task fails is added to ``failed``."""
+    fp, names, attempt = what
+    uuid = task_uuid(fp, attempt)
+    with pool.lease(memory_gib, what="camera calibration", exclude=failed) as node:
+        client = clients[node.key]
+        try:
+            state = client.task_state(uuid)
+            if state is None:
+                log(f"camera calibration: {len(names)} images on {client.url} as task {uuid}")
+                geo = layout.calibration_file(fp, "geo.txt")
+                files = upload_files(plan, survey, names, geo)
+                client.create_task(
+                    uuid, files, options, name=f"calibration-{fp[:12]}", outputs=[CAMERAS_JSON]
+                )
+            elif state.finished and state.status != COMPLETED and not client.restart(uuid):
+                raise client.classify_failure(state)
             client.wait(uuid)
+            return _downloaded_cameras(client, uuid)
         except NodeError as exc:
+            failed.append(node.key)
+            if isinstance(exc, TransientNodeError):
+                raise
             raise ProcessingFailedError(
                 f"camera calibration ({len(names)} images, task {uuid} on {client.url}) "
                 f"failed: {str(exc).splitlines()[0]}"
             ) from exc
-        text = _downloaded_cameras(client, uuid)
-    storage.write_bytes_atomic(stored, text.encode("utf-8"))
-    return text
 
 
 def _downloaded_cameras(client: NodeBackend, uuid: str) -> str:
