@@ -12,7 +12,7 @@ Per submodel and for the merge: the DSM's grid against the orthophoto's and the 
 shares (``bench_engine.dsm_against_orthophoto``); the measured heights (the DSM's measured band)
 against the mean height of ODM's cloud per DSM cell (median and p90 of |dz|, signed median, tilt
 of the plane fitted to dz), and against the single-block DSM (same figures, over the cells both
-measure). Then the wall time of each run and ``shared / own``.
+measure). Then the wall and CPU time of each run and ``shared / own``.
 """
 
 from __future__ import annotations
@@ -89,8 +89,12 @@ def dz_lines(dsm: Path, reference: Any, single: Path | None) -> list[str]:
     return lines
 
 
-def run_quickstart(images: Path, out: Path, extra: list[str]) -> float | None:
-    """Run the Quickstart into ``out`` unless it holds a merged DSM; seconds, or None."""
+def run_quickstart(images: Path, out: Path, extra: list[str]) -> tuple[float, float] | None:
+    """Run the Quickstart into ``out`` unless it holds a merged DSM; ``(wall seconds, CPU
+    seconds of the command and every process it waited for: the engine and its tasks)``, or
+    None when it was not run."""
+    import resource
+
     if sorted(out.glob("*/merged/dsm.tif")):
         return None
     env = dict(os.environ)
@@ -100,6 +104,48 @@ def run_quickstart(images: Path, out: Path, extra: list[str]) -> float | None:
         sys.executable, "-m", "prefect_odm.cli", "reconstruct", str(images),
         "--output", str(out), "--split", "10", "--split-overlap-m", "20", *extra,
     ]  # fmt: skip
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - started
+    seconds = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return seconds, cpu
+
+
+def render(survey: Path, reference: Any, folder: Path, label: str) -> list[Path]:
+    """PNGs of a run's merged products: the DSM's hillshade, its measured heights minus ODM's
+    cloud (blue -1 m .. red +1 m, grey where either has none) and the orthophoto, 1/4 size."""
+    import cv2
+    import rasterio
+
+    folder.mkdir(parents=True, exist_ok=True)
+    merged = survey / "merged"
+    with rasterio.open(merged / "dsm.tif") as src:
+        z = src.read(1).astype(np.float64)
+        z[z == src.nodata] = np.nan
+        res = float(src.res[0])
+    gy, gx = np.gradient(np.where(np.isfinite(z), z, np.nanmedian(z)), res)
+    shade = np.clip(255 * (0.5 + 0.5 * (-gx - gy) / np.sqrt(2 + gx * gx + gy * gy)), 0, 255)
+    paths = [folder / f"{label}_dsm_hillshade.png", folder / f"{label}_dz_vs_odm.png"]
+    cv2.imwrite(str(paths[0]), np.where(np.isfinite(z), shade, 0).astype(np.uint8))
+    measured, transform = _measured(merged / "dsm.tif")
+    col = np.floor((reference[:, 0] - transform.c) / res).astype(np.int64)
+    row = np.floor((transform.f - reference[:, 1]) / res).astype(np.int64)
+    ok = (col >= 0) & (col < z.shape[1]) & (row >= 0) & (row < z.shape[0])
+    sums = np.zeros(z.shape)
+    counts = np.zeros(z.shape)
+    np.add.at(sums, (row[ok], col[ok]), reference[ok, 2])
+    np.add.at(counts, (row[ok], col[ok]), 1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        dz = measured - sums / counts
+    t = np.clip((dz + 1.0) / 2.0, 0, 1)  # -1 m blue, 0 white, +1 m red
+    bgr = np.stack([255 * np.minimum(1, 2 - 2 * t), 255 * (1 - np.abs(2 * t - 1)),
+                    255 * np.minimum(1, 2 * t)], axis=-1)  # fmt: skip
+    bgr[~np.isfinite(dz)] = 96
+    cv2.imwrite(str(paths[1]), bgr.astype(np.uint8))
+    with rasterio.open(merged / "odm_orthophoto.tif") as src:
+        rgba = src.read(out_shape=(src.count, src.height // 4, src.width // 4))
+    paths.append(folder / f"{label}_orthophoto.png")
+    cv2.imwrite(str(paths[2]), np.moveaxis(rgba[[2, 1, 0]], 0, -1))
+    return paths

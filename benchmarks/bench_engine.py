@@ -230,7 +230,7 @@ def dsm_against_orthophoto(dsm_path: Path, ortho_path: Path, reference: Any) -> 
     return line
 
 
-def quickstart(out: Path, threads: int) -> None:
+def quickstart(out: Path, threads: int, png: Path | None = None) -> None:
     """The Quickstart's figures (``benchmarks/_quickstart.py``): the single block, then the
     Quickstart with each submodel calibrating its own camera and with the shared calibration,
     each submodel and merge against ODM's cloud and the single block, and the run times."""
@@ -269,10 +269,18 @@ def quickstart(out: Path, threads: int) -> None:
             )
             for line in _quickstart.dz_lines(folder / dsm_name, reference, single):
                 print(f"{name}: {line}")
+        if png is not None:
+            for path in _quickstart.render(survey, reference, png, mode):
+                print(f"wrote {path}")
     own, shared = seconds["own"], seconds["shared"]
-    times = ", ".join(f"{m} {'-' if t is None else f'{t:.1f} s'}" for m, t in seconds.items())
-    ratio = f"; shared / own {shared / own:.2f}" if own and shared else ""
-    print(f"\nQuickstart wall time ({threads} threads in the engine's tasks): {times}{ratio}")
+    times = ", ".join(
+        f"{m} " + ("not run now" if t is None else f"{t[0]:.1f} s (CPU {t[1]:.1f} s)")
+        for m, t in seconds.items()
+    )
+    ratio = ""
+    if own and shared:
+        ratio = f"; shared / own: wall {shared[0] / own[0]:.2f}, CPU {shared[1] / own[1]:.2f}"
+    print(f"\nQuickstart ({threads} threads in the engine's tasks): {times}{ratio}")
 
 
 def main() -> None:
@@ -288,7 +296,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quickstart is not None:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
-        quickstart(args.quickstart, args.threads)
+        quickstart(args.quickstart, args.threads, args.png)
         return
     root = args.keep or Path(tempfile.mkdtemp(prefix="bench_engine_"))
     root.mkdir(parents=True, exist_ok=True)

@@ -35,7 +35,7 @@ def test_two_real_nodeodm_nodes_one_failing_complete_through_the_merge(
     assert {r.status for r in manifest.submodels} == {"completed"}
     assert len(manifest.submodels) >= 2
     assert {"orthophoto", "dsm"} <= set(manifest.products)
-    # the camera calibration ran on the healthy node (after the failing one) and every
+    # the camera calibration ran (on another node when the failing one took it) and every
     # submodel got its cameras.json, NodeODM's canned one, as ODM's cameras option
     import json
     from pathlib import Path
