@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -62,8 +63,9 @@ def run(images: Path, output: Path, extra: list[str]) -> tuple[int, float, list[
     started = time.perf_counter()
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - started
-    words = ("geo.txt", "not level", "unusable", "error")
-    lines = [ln for ln in (done.stdout + done.stderr).splitlines() if any(w in ln for w in words)]
+    said = " ".join((done.stdout + done.stderr).split())  # the console wraps long lines
+    found = re.findall(r"(GPS altitude unreliable.*?geo\.txt|GPS altitude unusable.*?again)", said)
+    lines = found + [ln for ln in done.stderr.splitlines() if "error" in ln or "not level" in ln]
     return done.returncode, seconds, lines
 
 

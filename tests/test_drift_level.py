@@ -35,7 +35,8 @@ def test_drifting_altitude_reconstructs_level_with_the_default_command(
     assert code == 0
     assert "warning: GPS altitude unreliable (altitude trend): each camera's altitude" in said
     assert "sent to the nodes as geo.txt" in said
-    (survey,) = out.iterdir()
+    (merged_dsm,) = out.glob("*/merged/dsm.tif")
+    survey = merged_dsm.parents[1]
     (report,) = survey.glob("submodels/*/report/engine.json")
     stats = json.loads(report.read_text())["stats"]
     print(stats)
