@@ -103,6 +103,7 @@ class OutputLayout:
     plan_png = _Under("plan_dir", PLAN_FILES["png"])
     submodels_dir = _Under("survey_dir", "submodels")
     merged_dir = _Under("survey_dir", "merged")
+    calibration_dir = _Under("survey_dir", "calibration")
     report_dir = _Under("survey_dir", "report")
     report_md = _Under("report_dir", "report.md")
     #: The merge reports.
@@ -127,6 +128,14 @@ class OutputLayout:
         starts, so a later run knows a UUID no node has as a task may hold a killed upload's
         files (the node keeps them) and takes the next attempt's UUID instead."""
         return join(self.submodel_dir(submodel_id, fingerprint), "uploads", task_uuid)
+
+    def calibration_file(self, fingerprint: str, file_name: str) -> str:
+        """A file of the survey's camera calibration (``cameras.json``, its ``geo.txt``)."""
+        return join(self.calibration_dir, fingerprint[:12], file_name)
+
+    def submodel_input(self, submodel_id: str, fingerprint: str, file_name: str) -> str:
+        """A file sent to the node with the images (``geo.txt``), stored under ``inputs/``."""
+        return join(self.submodel_dir(submodel_id, fingerprint), "inputs", file_name)
 
     def submodel_report_file(self, submodel_id: str, fingerprint: str, file_name: str) -> str:
         """A report file a node returned (``odm_report/<file_name>``), stored under ``report/``."""

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from prefect_odm.align.report import AlignmentOptions, AlignmentReport
 from prefect_odm.errors import HeaderProblem as HeaderProblem  # re-exported
 from prefect_odm.registry import ProductName as ProductName  # re-exported
-from prefect_odm.survey.gps_records import GpsWarning
+from prefect_odm.survey.gps_records import AltitudeCorrection, GpsWarning
 
 OptionValue = str | int | float | bool
 
@@ -296,6 +296,12 @@ class SplitPlan(BaseModel):
         default_factory=list,
         description="What the camera GPS shows wrong before compute (gps_quality.check_gps): "
         "altitude trends, implausible speeds, jumping positions. Not in the fingerprint.",
+    )
+    altitude_correction: AltitudeCorrection | None = Field(
+        None,
+        description="Set when the plan replaced unreliable GPS altitudes by take-off height + "
+        "relative altitude (plan/altitudes.py): the cameras' z_m are those, every node gets them "
+        "as geo.txt. Enters the fingerprints through the cameras' heights.",
     )
     neighbours: list[NeighbourPair] = Field(
         default_factory=list,

@@ -1,4 +1,5 @@
-"""Issue 30/31: a survey whose GPS altitude drifts is refused at the plan, before any upload."""
+"""Issue 30/31: a survey whose GPS altitude drifts, with no relative altitude to correct it
+(``tests/test_altitude_correction.py``), is refused at the plan, before any upload."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from prefect_odm.survey.scan import scan_images
 
 @pytest.fixture(scope="module")
 def drifted(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """brighton with its GPS altitude drifting +1.7 m per image (EXIF and XMP)."""
+    """brighton with its GPS altitude drifting +1.7 m per image (EXIF and XMP), its relative
+    altitudes hidden."""
     folder = tmp_path_factory.mktemp("drift") / "images"
-    drifted_copy(data_dir / "brighton_beach_1600" / "images", folder, 1.7)
+    drifted_copy(data_dir / "brighton_beach_1600" / "images", folder, 1.7, keep_relative=False)
     return folder
 
 

@@ -127,8 +127,8 @@ again: the two values would disagree)."""
 
 def processing_options(args: argparse.Namespace) -> ProcessingOptions:
     """The processing options of ``--orthophoto-resolution``, ``--dtm``, ``--pipeline`` and
-    ``--option NAME=VALUE`` (a JSON value, else the text; ``--option dsm=false`` sets the DSM
-    field). The values are checked once, by :class:`~prefect_odm.models.ProcessingOptions`
+    ``--option NAME=VALUE`` (a JSON value, else the text; a JSON object or list stays its text,
+    as ODM's ``cameras`` and ``boundary`` take it; ``--option dsm=false`` sets the DSM field). The values are checked once, by :class:`~prefect_odm.models.ProcessingOptions`
     (the same check the Python API gets); the nodes' ``/options`` check follows in the flow.
 
     Raises:
@@ -149,9 +149,11 @@ def processing_options(args: argparse.Namespace) -> ProcessingOptions:
         if name in _FLAG_OPTIONS:
             raise InputError(f"--option {name}: set it with {_FLAG_OPTIONS[name]} instead")
         try:
-            extra[name] = json.loads(value)
+            parsed = json.loads(value)
         except json.JSONDecodeError:
-            extra[name] = value
+            parsed = value
+        # an object or a list stays the JSON text ODM takes (cameras, boundary)
+        extra[name] = value if isinstance(parsed, dict | list) else parsed
     if not math.isfinite(args.orthophoto_resolution):
         raise InputError("--orthophoto-resolution: must be a finite number of cm/pixel")
     fields: dict[str, JsonValue] = {

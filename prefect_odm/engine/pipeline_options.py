@@ -198,6 +198,15 @@ OPTIONS: list[OptionEntry] = [
         "positive integer",
         "Match each image with this many nearest images by GPS (0: 20). Default: 0",
     ),
+    option(
+        "cameras",
+        "string",
+        "",
+        "json",
+        "Camera calibrations to use instead of calibrating (the JSON text of a cameras.json, as "
+        "ODM writes it and takes it with --cameras): a camera found there keeps its focal "
+        "length, principal point and radial terms fixed in structure from motion. Default: none",
+    ),
     stage_option("end-with", "odm_report", "End processing at this stage. Default: odm_report"),
     stage_option(
         "rerun-from", "", "Rerun processing from this stage, reusing the earlier stages' results."

@@ -353,22 +353,29 @@ def plan_markdown(plan: SplitPlan, survey: Survey) -> str:
 
 GPS_WARNING_TITLES = {
     "altitude_trend": "altitude trend",
+    "altitude_jump": "altitude jumps",
     "implausible_speed": "implausible speed",
     "position_jump": "position jumps",
 }
 
 
 def gps_markdown(plan: SplitPlan) -> list[str]:
-    """The plan report's "GPS before compute" section: one row per GPS warning, or "None found."."""
+    """The plan report's "GPS before compute" section: one row per GPS warning, or "None found.",
+    then what the reconstruction does about the altitudes and the cameras' calibration."""
     lines = ["", "## GPS before compute", ""]
     if not plan.gps_warnings:
-        return [*lines, "None found (altitude trend, speeds, jumping positions checked)."]
-    lines += ["| check | value | threshold | detail |", "|---|---:|---:|---|"]
-    lines += [
-        f"| {GPS_WARNING_TITLES[w.kind]} | {w.value:.2f} | {w.threshold:g} | "
-        f"{_md_escape(w.message)} |"
-        for w in plan.gps_warnings
-    ]
+        lines.append("None found (altitude trend and jumps, speeds, jumping positions checked).")
+    else:
+        lines += ["| check | value | threshold | detail |", "|---|---:|---:|---|"]
+        lines += [
+            f"| {GPS_WARNING_TITLES[w.kind]} | {w.value:.2f} | {w.threshold:g} | "
+            f"{_md_escape(w.message)} |"
+            for w in plan.gps_warnings
+        ]
+    if plan.altitude_correction is not None:
+        lines += ["", f"{plan.altitude_correction.message}."]
+    if "cameras" in plan.options.extra and plan.options.extra["cameras"] not in ("", "{}"):
+        lines += ["", "Every submodel holds one camera calibration (the `cameras` option)."]
     return lines
 
 

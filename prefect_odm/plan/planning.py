@@ -60,6 +60,7 @@ from prefect_odm.models import (
     SplitPlan,
     Survey,
 )
+from prefect_odm.plan.altitudes import altitude_correction
 from prefect_odm.plan.checks import gps_warnings
 from prefect_odm.plan.core_areas import core_areas, multipoint, overlap_members
 from prefect_odm.plan.memory import MemoryModel, max_images_within
@@ -80,6 +81,7 @@ from prefect_odm.plan.plan_records import (
     camera_positions,
     plan_fingerprint,
     submodel_records,
+    with_altitudes,
 )
 from prefect_odm.plan.position_plan import PositionPlan, merge_duplicate_parts
 from prefect_odm.settings import DEFAULT_SPLIT, DEFAULT_SPLIT_OVERLAP_M
@@ -381,13 +383,21 @@ def _with_checks(
     pairs: list[NeighbourPair],
     widened_from_m: float | None,
 ) -> SplitPlan:
-    """``plan`` with its GPS checks, warnings, neighbour pairs and fingerprint filled in."""
+    """``plan`` with its GPS checks, warnings, neighbour pairs and fingerprint filled in; its
+    camera altitudes corrected where the GPS altitude is unreliable
+    (:func:`~prefect_odm.plan.altitudes.altitude_correction`)."""
     gps, lines = gps_warnings([(im.name, im) for im in images], x, y)
+    correction = altitude_correction(images, gps)
+    if correction is not None:
+        plan = with_altitudes(plan, images, correction[1])
+        lines.append(correction[0].message)
+        logger.warning("%s", correction[0].message)
     extra = {
         "warnings": warnings + lines,
         "gps_warnings": gps,
         "neighbours": pairs,
         "split_overlap_asked_m": widened_from_m,
+        "altitude_correction": None if correction is None else correction[0],
     }
     return plan.model_copy(update={"fingerprint": plan_fingerprint(plan, images), **extra})
 
