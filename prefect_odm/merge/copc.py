@@ -30,7 +30,7 @@ import pyproj
 
 from prefect_odm.errors import MergeError
 from prefect_odm.merge.copc_file import CopcFileWriter, CopcHeader
-from prefect_odm.merge.las_points import convert_points
+from prefect_odm.merge.las_points import COPC_FORMAT, convert_points
 from prefect_odm.merge.octree import (
     CELL_POINTS,
     MAX_DEPTH,
@@ -43,9 +43,6 @@ from prefect_odm.merge.octree import (
 from prefect_odm.merge.spill import SpillStore
 
 log = logging.getLogger(__name__)
-
-COPC_FORMAT = {0: 6, 1: 6, 2: 7, 3: 7, 6: 6, 7: 7, 8: 8}
-"""The COPC point format (6, 7 or 8) a LAS point format is written as."""
 
 COPC_MEDIA_TYPE = "application/vnd.laszip+copc"
 """Media type of a COPC file (the STAC point-cloud extension's and copc.io's)."""
@@ -100,6 +97,7 @@ class CopcBuilder:
         self._lo = np.full(3, np.inf)
         self._hi = np.full(3, -np.inf)
         self._returns = np.zeros(16, dtype=np.int64)
+        self._gps = [np.inf, -np.inf]
         self.points = 0
 
     def write_points(self, points: laspy.ScaleAwarePointRecord) -> None:
@@ -118,6 +116,8 @@ class CopcBuilder:
         for axis, values in enumerate(xyz):
             self._lo[axis] = min(self._lo[axis], float(values.min()))
             self._hi[axis] = max(self._hi[axis], float(values.max()))
+        gps = np.asarray(points.gps_time)
+        self._gps = [min(self._gps[0], float(gps.min())), max(self._gps[1], float(gps.max()))]
         returns = np.asarray(points.return_number, dtype=np.int64)
         self._returns += np.bincount(returns, minlength=16)[:16]
         records = np.empty(len(points), dtype=self._dtype)
@@ -142,10 +142,11 @@ class CopcBuilder:
             point_format=int(self.header.point_format.id),
             scales=(float(s[0]), float(s[1]), float(s[2])),
             offsets=(float(o[0]), float(o[1]), float(o[2])),
-            wkt=crs.to_wkt() if crs is not None else "",
+            crs=crs,
             mins=(float(self._lo[0]), float(self._lo[1]), float(self._lo[2])),
             maxs=(float(self._hi[0]), float(self._hi[1]), float(self._hi[2])),
             points_by_return=tuple(int(v) for v in self._returns[1:16]),
+            gps_time=(float(self._gps[0]), float(self._gps[1])),
             cube=self.cube,
         )
 

@@ -28,18 +28,19 @@ class SpillStore:
     Args:
         dtype: the structured dtype of every record (raw LAS point records, for the writer).
         parent: folder to make the temporary spill folder in (None: the system's).
-        budget_bytes: records held in memory before every buffer is flushed to its file.
+        budget_bytes: records held in memory before every buffer is flushed to its file
+            (None: :data:`SPILL_BUDGET_BYTES`).
     """
 
     def __init__(
         self,
         dtype: np.dtype,
         parent: Path | None = None,
-        budget_bytes: int = SPILL_BUDGET_BYTES,
+        budget_bytes: int | None = None,
     ) -> None:
         self.dtype = dtype
         self._folder = Path(tempfile.mkdtemp(prefix="prefect-odm-spill-", dir=parent))
-        self._budget = budget_bytes
+        self._budget = SPILL_BUDGET_BYTES if budget_bytes is None else budget_bytes
         self._buffers: dict[SpillKey, list[NDArray[np.void]]] = {}
         self._counts: dict[SpillKey, int] = {}
         self._files: dict[SpillKey, Path] = {}
