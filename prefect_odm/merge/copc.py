@@ -30,7 +30,7 @@ import pyproj
 
 from prefect_odm.errors import MergeError
 from prefect_odm.merge.copc_file import CopcFileWriter, CopcHeader
-from prefect_odm.merge.las_points import COPC_FORMAT, convert_points
+from prefect_odm.merge.las_points import COPC_FORMAT, convert_points, take_records
 from prefect_odm.merge.octree import (
     CELL_POINTS,
     MAX_DEPTH,
@@ -121,11 +121,13 @@ class CopcBuilder:
         returns = np.asarray(points.return_number, dtype=np.int64)
         self._returns += np.bincount(returns, minlength=16)[:16]
         records = np.empty(len(points), dtype=self._dtype)
-        records["point"] = points.array
-        records["key"] = keys
+        as_bytes = records.view(np.uint8).reshape(len(points), self._dtype.itemsize)
+        size = points.array.dtype.itemsize  # whole-record byte copies (no field-by-field copy)
+        as_bytes[:, :size] = points.array.view(np.uint8).reshape(len(points), size)
+        as_bytes[:, size:] = keys.view(np.uint8).reshape(len(points), 8)
         cells = cell_of(keys, self.depth).astype(np.uint16)  # < 2**15: depth <= 5
         order = np.argsort(cells, kind="stable")
-        records, cells = records[order], cells[order]
+        records, cells = take_records(records, order), cells[order]
         starts = np.flatnonzero(np.r_[True, cells[1:] != cells[:-1]])
         for start, stop in zip(starts, np.r_[starts[1:], cells.size], strict=True):
             self._cells.append((self.depth, int(cells[start])), records[start:stop])
@@ -185,10 +187,9 @@ class CopcBuilder:
                     continue
                 records = self._cells.take(key)
                 build = build_cell(records["key"], depth)
-                points = records["point"][build.order]
+                ordered = take_records(records, build.order)
                 for node, start, stop in build.nodes:
-                    writer.add(node, points[start:stop])
-                ordered = records[build.order]
+                    writer.add(node, ordered["point"][start:stop])
                 for node, start, stop in build.ancestors:
                     ancestors.append(node, ordered[start:stop])
             for upper in ancestors.keys():
@@ -203,7 +204,7 @@ class CopcBuilder:
         for part in self._cells.take_chunks((depth, cell), _SPLIT_CHUNK):
             child = cell_of(part["key"], depth + 1)
             order = np.argsort(child, kind="stable")
-            part, child = part[order], child[order]
+            part, child = take_records(part, order), child[order]
             starts = np.flatnonzero(np.r_[True, child[1:] != child[:-1]])
             for start, stop in zip(starts, np.r_[starts[1:], child.size], strict=True):
                 children.add((depth + 1, int(child[start])))

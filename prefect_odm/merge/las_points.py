@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import laspy
 import numpy as np
@@ -163,6 +164,23 @@ def output_header(
     header.offsets = offsets
     header.add_crs(crs)
     return header
+
+
+def take_records(records: NDArray[Any], index: NDArray[Any]) -> NDArray[Any]:
+    """``records[index]`` (an index or a boolean mask) for a structured array, through a void
+    view: numpy copies each record as one block then, about eight times faster than field by
+    field (0.07 s instead of 0.56 s for 2 million 44-byte records)."""
+    void = records.view(np.dtype((np.void, records.dtype.itemsize)))
+    return void[index].view(records.dtype)
+
+
+def select_points(
+    chunk: laspy.ScaleAwarePointRecord, index: NDArray[Any]
+) -> laspy.ScaleAwarePointRecord:
+    """The points of ``chunk`` at ``index`` (or where a boolean mask is true)."""
+    return laspy.ScaleAwarePointRecord(
+        take_records(chunk.array, index), chunk.point_format, chunk.scales, chunk.offsets
+    )
 
 
 def integer_shift(inp: laspy.LasHeader, header: laspy.LasHeader) -> tuple[int, int, int] | None:

@@ -44,6 +44,7 @@ from prefect_odm.merge.las_points import (
     output_crs,
     output_header,
     read_headers,
+    select_points,
     shifted,
     union_bounds,
 )
@@ -154,10 +155,10 @@ class _Streamer:
         assert self.writer is not None, "the streamer writes only inside _write_all"
         if count:
             if shift is not None:
-                self.writer.write_points(shifted(chunk[keep], shift, self.header))
+                self.writer.write_points(shifted(select_points(chunk, keep), shift, self.header))
             else:
                 sel = None if xyz is None else (xyz[0][keep], xyz[1][keep], xyz[2][keep])
-                self.writer.write_points(convert_points(chunk[keep], self.header, sel))
+                self.writer.write_points(convert_points(select_points(chunk, keep), self.header, sel))
         return count
 
 

@@ -48,10 +48,11 @@ class SpillStore:
         self._made = 0
 
     def append(self, key: SpillKey, records: NDArray[np.void]) -> None:
-        """Add ``records`` (a copy is kept) after those already under ``key``."""
+        """Add ``records`` after those already under ``key``; the store keeps the array itself
+        until it is flushed (the caller must not change it afterwards)."""
         if records.size == 0:
             return
-        self._buffers.setdefault(key, []).append(np.array(records, dtype=self.dtype, copy=True))
+        self._buffers.setdefault(key, []).append(records)
         self._counts[key] = self._counts.get(key, 0) + int(records.size)
         self._held += int(records.nbytes)
         if self._held > self._budget:
@@ -66,7 +67,7 @@ class SpillStore:
             path = self._files[key]
             with path.open("ab") as fh:
                 for part in parts:
-                    fh.write(part.view(np.uint8).tobytes())
+                    part.tofile(fh)
         self._buffers.clear()
         self._held = 0
 

@@ -252,3 +252,25 @@ def test_copc_refuses_points_outside_their_header_bounds(tmp_path):
     with pytest.raises(MergeError, match=r"lying\.laz.*outside the bounds"):
         write_copc(src, tmp_path / "lying.copc.laz")
     assert not (tmp_path / "lying.copc.laz").exists()
+
+
+def test_the_command_line_and_the_layout_follow_the_point_cloud_format() -> None:
+    from prefect_odm.cli.args import build_parser, merge_options
+    from prefect_odm.layout import OutputLayout
+
+    parser = build_parser()
+    default = merge_options(parser.parse_args(["merge", "odm/", "-o", "out"]))
+    plain = merge_options(
+        parser.parse_args(["reconstruct", "img/", "-o", "out", "--point-cloud-format", "laz"])
+    )
+    assert (default.point_cloud_format, plain.point_cloud_format) == ("copc", "laz")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["merge", "odm/", "-o", "out", "--point-cloud-format", "ept"])
+    layout = OutputLayout("out", "f" * 64)
+    assert layout.merged_product("point_cloud", "copc").endswith(
+        "/merged/odm_georeferenced_model.copc.laz"
+    )
+    assert layout.merged_product("point_cloud", "laz").endswith(
+        "/merged/odm_georeferenced_model.laz"
+    )
+    assert layout.merged_product("dsm", "copc").endswith("/merged/dsm.tif")
