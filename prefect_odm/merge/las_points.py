@@ -171,7 +171,8 @@ def take_records(records: NDArray[Any], index: NDArray[Any]) -> NDArray[Any]:
     view: numpy copies each record as one block then, about eight times faster than field by
     field (0.07 s instead of 0.56 s for 2 million 44-byte records)."""
     void = records.view(np.dtype((np.void, records.dtype.itemsize)))
-    return void[index].view(records.dtype)
+    taken: NDArray[Any] = void[index].view(records.dtype)
+    return taken
 
 
 def select_points(

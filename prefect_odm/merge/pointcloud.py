@@ -158,7 +158,9 @@ class _Streamer:
                 self.writer.write_points(shifted(select_points(chunk, keep), shift, self.header))
             else:
                 sel = None if xyz is None else (xyz[0][keep], xyz[1][keep], xyz[2][keep])
-                self.writer.write_points(convert_points(select_points(chunk, keep), self.header, sel))
+                self.writer.write_points(
+                    convert_points(select_points(chunk, keep), self.header, sel)
+                )
         return count
 
 
