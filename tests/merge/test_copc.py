@@ -274,3 +274,26 @@ def test_the_command_line_and_the_layout_follow_the_point_cloud_format() -> None
         "/merged/odm_georeferenced_model.laz"
     )
     assert layout.merged_product("dsm", "copc").endswith("/merged/dsm.tif")
+
+
+@pytest.mark.parametrize("source_format", [0, 1, 2, 3])
+def test_the_fast_conversion_to_copc_formats_equals_laspy_dimension_by_dimension(source_format):
+    from prefect_odm.merge.las_points import _copy_dimensions, convert_points
+
+    rng = np.random.default_rng(source_format)
+    header = laspy.LasHeader(point_format=source_format, version="1.2")
+    header.offsets, header.scales = np.array([500_000.0, 5e6, 0.0]), np.array([0.01] * 3)
+    src = laspy.ScaleAwarePointRecord.zeros(5000, header=header)
+    raw = src.array.view(np.uint8).reshape(5000, -1)
+    raw[:, 12:] = rng.integers(0, 256, raw[:, 12:].shape, dtype=np.uint8)  # every bit set somewhere
+    src["scan_angle_rank"] = rng.integers(-90, 91, 5000)
+    src.X, src.Y, src.Z = (rng.integers(0, 10**6, 5000) for _ in range(3))
+    out_header = laspy.LasHeader(point_format=7 if source_format in (2, 3) else 6, version="1.4")
+    out_header.offsets, out_header.scales = np.array([499_990.0, 5e6, 0.0]), header.scales
+    fast = convert_points(src, out_header)
+    slow = laspy.ScaleAwarePointRecord.zeros(5000, header=out_header)
+    _copy_dimensions(src, slow)
+    slow.x, slow.y, slow.z = src.x, src.y, src.z
+    for name in out_header.point_format.dimension_names:
+        assert np.asarray(fast[name]).tobytes() == np.asarray(slow[name]).tobytes(), name
+    assert np.allclose(fast.x, src.x) and np.array_equal(fast.X, np.asarray(src.X) + 1000)
