@@ -153,11 +153,7 @@ def write_stac(run_folder: str, manifest: Manifest | None = None) -> str:
         ),
         license="other",
     )
-    merged: dict[str, str] = {
-        p: layout.merged_product(p, point_cloud_format_of(manifest.products[p]))
-        for p in PRODUCTS
-        if p in manifest.products
-    }
+    merged = _merged_products(layout, manifest)
     items = [_item(MERGED_ITEM_ID, merged, manifest, _common_options(manifest), None)]
     for result in manifest.submodels:
         if result.status == "failed":
@@ -191,6 +187,16 @@ def write_stac(run_folder: str, manifest: Manifest | None = None) -> str:
     collection.make_asset_hrefs_relative()  # the Collection's own (manifest, report)
     collection.save(pystac.CatalogType.SELF_CONTAINED, stac_io=FsspecStacIO())
     return join(stac_root, "collection.json")
+
+
+def _merged_products(layout: OutputLayout, manifest: Manifest) -> dict[str, str]:
+    """Product -> its path in this run folder's ``merged/`` (the point cloud's file name, COPC or
+    LAZ, as the manifest's URL names it)."""
+    return {
+        p: layout.merged_product(p, point_cloud_format_of(manifest.products[p]))
+        for p in PRODUCTS
+        if p in manifest.products
+    }
 
 
 def _in_folder_or_stored(in_folder: str, stored: str) -> str:
