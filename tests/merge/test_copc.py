@@ -146,6 +146,13 @@ def test_merged_copc_is_complete_and_equal_to_the_plain_merge(merged_brighton):
     assert np.all(np.asarray(info.center) - info.halfsize <= header.mins)
     assert np.all(np.asarray(info.center) + info.halfsize >= header.maxs)
     assert info.spacing == pytest.approx(2 * info.halfsize / 128)
+    # the root hierarchy page: one 32-byte entry per node, at the offset the info VLR gives
+    assert info.hierarchy_root_size == 32 * len(entries)
+    with copc_path.open("rb") as fh:
+        fh.seek(info.hierarchy_root_offset - 60)  # the EVLR's header precedes its data
+        assert (
+            fh.read(24)[2:6] == b"copc" and info.hierarchy_root_offset > header.offset_to_point_data
+        )
     assert np.allclose(header.mins, plain_las.header.mins) and np.allclose(
         header.maxs, plain_las.header.maxs
     )
