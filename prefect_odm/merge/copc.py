@@ -201,8 +201,8 @@ class CopcBuilder:
                 ordered = take_records(self._cells.take(key), build.order)
                 for node, start, stop in build.nodes:
                     writer.add(node, ordered[start:stop])
-                for node, start, stop in build.ancestors:
-                    ancestors.append(node, ordered[start:stop])
+                for node, start, stop in build.ancestors:  # copied: not the whole cell kept
+                    ancestors.append(node, ordered[start:stop], copy=True)
             for upper in ancestors.keys():
                 level, x, y, z = upper
                 writer.add((level, x, y, z), ancestors.take(upper))

@@ -48,12 +48,19 @@ class SpillStore:
         self._held = 0
         self._made = 0
 
-    def append(self, key: SpillKey, records: NDArray[Any]) -> None:
-        """Add ``records`` after those already under ``key``; the store keeps the array itself
-        until it is flushed (the caller must not change it afterwards)."""
+    def append(self, key: SpillKey, records: NDArray[Any], *, copy: bool = False) -> None:
+        """Add ``records`` after those already under ``key``.
+
+        Args:
+            key: the spill key.
+            records: the records; without ``copy`` the store keeps this array itself until it
+                is flushed (the caller must not change it, and a slice keeps its whole base
+                array alive: pass slices that together cover their base, or copy).
+            copy: keep a copy (for a small slice of a large array).
+        """
         if records.size == 0:
             return
-        self._buffers.setdefault(key, []).append(records)
+        self._buffers.setdefault(key, []).append(records.copy() if copy else records)
         self._counts[key] = self._counts.get(key, 0) + int(records.size)
         self._held += int(records.nbytes)
         if self._held > self._budget:
