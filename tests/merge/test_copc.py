@@ -146,6 +146,11 @@ def test_merged_copc_is_complete_and_equal_to_the_plain_merge(merged_brighton):
     assert np.all(np.asarray(info.center) - info.halfsize <= header.mins)
     assert np.all(np.asarray(info.center) + info.halfsize >= header.maxs)
     assert info.spacing == pytest.approx(2 * info.halfsize / 128)
+    # the info VLR first, right after the 375-byte LAS 1.4 header (COPC 1.0 requires it there)
+    with copc_path.open("rb") as fh:
+        start = fh.read(429)
+    assert start[377:381] == b"copc" and int.from_bytes(start[393:395], "little") == 1
+    assert start[104] == 7 | 0x80  # point format 7, compressed
     # the root hierarchy page: one 32-byte entry per node, at the offset the info VLR gives
     assert info.hierarchy_root_size == 32 * len(entries)
     with copc_path.open("rb") as fh:
