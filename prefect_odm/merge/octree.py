@@ -34,7 +34,7 @@ CELLS_PER_NODE_SIDE = 2**CELL_BITS
 """Sampling cells per node side (COPC viewers expect about 128: spacing = node width / 128)."""
 MAX_DEPTH = GRID_BITS - CELL_BITS
 """Deepest octree level (8); every point not kept above lands in a node of this level."""
-LEAF_POINTS = 50000
+LEAF_POINTS = 50_000
 """A node whose remaining points number at most this many keeps them all (no children); on
 brighton (940,393 points) 50,000 gives 65 nodes, a 10 m box reading 28 % of the file (20,000:
 149 nodes, 22 %, a 7 % larger file)."""
