@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from prefect_odm.align.report import AlignmentOptions, AlignmentReport
 from prefect_odm.errors import HeaderProblem as HeaderProblem  # re-exported
+from prefect_odm.registry import PointCloudFormat
 from prefect_odm.registry import ProductName as ProductName  # re-exported
 from prefect_odm.survey.gps_records import AltitudeCorrection, GpsWarning
 
@@ -454,4 +455,11 @@ class MergeOptions(BaseModel):
     accept_alignment: bool = Field(
         False,
         description="Merge even when alignment quality gates fail; the report then says so.",
+    )
+    point_cloud_format: PointCloudFormat = Field(
+        "copc",
+        description="How the merged point cloud is written: 'copc' = a COPC file "
+        "(odm_georeferenced_model.copc.laz: LAZ 1.4 with an octree, read by range request by "
+        "QGIS, PDAL and web viewers); 'laz' = a plain LAZ (odm_georeferenced_model.laz) in the "
+        "submodels' point format, as ODM writes it.",
     )

@@ -32,7 +32,7 @@ from prefect_odm.merge.reports import (
 )
 from prefect_odm.models import MergeOptions
 from prefect_odm.ownership import Ownership
-from prefect_odm.registry import PRODUCTS, MergeMethod, ProductName
+from prefect_odm.registry import PRODUCTS, MergeMethod, PointCloudFormat, ProductName
 
 if TYPE_CHECKING:  # the merge adapters (rasterio) are imported when a task runs
     from prefect_odm.merge.blocks import RasterMergeKeywords
@@ -148,8 +148,9 @@ def fetch_and_merge_dems(
 def fetch_and_merge_point_clouds(
     inputs: Mapping[str, str], out: Path, context: MergeContext
 ) -> PointCloudMergeReport:
-    """Merge submodel LAZ files, each cropped to its own area, into one LAZ at ``out``
-    (see :func:`prefect_odm.merge.merge_point_clouds`)."""
+    """Merge submodel LAZ files, each cropped to its own area, into one COPC or LAZ file at
+    ``out`` (``context.options.point_cloud_format``; see
+    :func:`prefect_odm.merge.merge_point_clouds`)."""
     from prefect_odm.merge import merge_point_clouds as _merge
 
     local = _local_inputs(inputs, context.work, "point_cloud")
@@ -161,6 +162,7 @@ def fetch_and_merge_point_clouds(
         progress=_on_progress("point_cloud"),
         alignment=context.alignment,
         seamlines=context.seamlines,
+        point_cloud_format=context.options.point_cloud_format,
     )
 
 
@@ -219,7 +221,9 @@ class _MergeRun:
 
     def merge(self, name: ProductName, method: MergeMethod, inputs: Mapping[str, str]) -> None:
         """Merge one product into the staging folder with its registry method."""
-        out = self.context.work / PRODUCTS[name].file_name
+        out = self.context.work / PRODUCTS[name].merged_file_name(
+            self.context.options.point_cloud_format
+        )
         report: ProductMergeReport
         if method == "orthophoto":
             report = fetch_and_merge_orthophotos(inputs, out, self.context)
@@ -302,14 +306,15 @@ class MergeKeywords(TypedDict):
 
 def merge_products(
     products: Mapping[str, Mapping[str, str]],
-    layout_merged: Callable[[str], str],
+    layout_merged: Callable[[str, PointCloudFormat], str],
     **kw: Unpack[MergeKeywords],
 ) -> MergedProducts:
     """Merge each product from the inputs that have it, check coverage, store the results.
 
     Args:
         products: submodel id -> product name -> URL.
-        layout_merged: product name -> URL where the merged product is stored.
+        layout_merged: (product name, point-cloud format) -> URL where the merged product is
+            stored (:meth:`prefect_odm.layout.OutputLayout.merged_product`).
         **kw: ``ownership``, ``crs_epsg``, ``planned_footprint``, ``options``, ``alignment`` (see
             :class:`MergeKeywords`).
 
@@ -349,7 +354,7 @@ def merge_products(
             )
         stored: dict[str, str] = {}
         for staged, path in run.staged.items():
-            stored[staged] = layout_merged(staged)
+            stored[staged] = layout_merged(staged, options.point_cloud_format)
             storage.put_file(path, stored[staged])
             # the report names the stored product, not the staging file deleted below
             run.reports[staged] = run.reports[staged].model_copy(update={"path": stored[staged]})

@@ -166,6 +166,7 @@ class AlignmentError(PrefectODMError, ValueError):
     """
 
     def __init__(self, failures: Sequence[GateFailure], ways_on: str = "") -> None:
+        """Join the failures' messages, then ``ways_on``, into the one error line."""
         self.failures = list(failures)
         self.ways_on = ways_on
         lines = "; ".join(f.message for f in self.failures)

@@ -196,13 +196,23 @@ def _add_accept_alignment(p: argparse.ArgumentParser) -> None:
         help="merge even when the alignment between submodels fails its quality gates "
         "(the report then says so)",
     )
+    p.add_argument(
+        "--point-cloud-format",
+        choices=["copc", "laz"],
+        default="copc",
+        help="merged point cloud as COPC (odm_georeferenced_model.copc.laz, streamed by QGIS "
+        "and web viewers) or as a plain LAZ (odm_georeferenced_model.laz); default copc",
+    )
 
 
 def merge_options(args: argparse.Namespace) -> MergeOptions:
-    """The merge options of the command line (``--accept-alignment``)."""
+    """The merge options of the command line (``--accept-alignment``, ``--point-cloud-format``)."""
     from prefect_odm.models import MergeOptions
 
-    return MergeOptions(accept_alignment=bool(getattr(args, "accept_alignment", False)))
+    return MergeOptions(
+        accept_alignment=bool(getattr(args, "accept_alignment", False)),
+        point_cloud_format=getattr(args, "point_cloud_format", "copc"),
+    )
 
 
 def _add_slots_and_stac_parsers(sub: Any) -> argparse.ArgumentParser:
