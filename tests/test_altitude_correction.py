@@ -12,8 +12,8 @@ from exif_gps_edit import drifted_copy, in_capture_order, lagged_copy
 from prefect_odm.plan.altitudes import geo_txt
 from prefect_odm.plan.calibration import calibration_images, needs_calibration
 from prefect_odm.plan.checks import plan_gps_refusal
-from prefect_odm.plan.planning import plan_submodels
-from prefect_odm.survey.scan import scan_survey
+from prefect_odm.plan.planning import plan_split
+from prefect_odm.survey.scan import scan_images
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +33,8 @@ def copies(brighton: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
 
 
 def test_untouched_survey_keeps_its_gps_altitudes(brighton: Path) -> None:
-    survey = scan_survey(str(brighton))
-    plan = plan_submodels(survey, split=10, split_overlap_m=20)
+    survey = scan_images(str(brighton))
+    plan = plan_split(survey, split=10, split_overlap_m=20)
     assert plan.altitude_correction is None
     by_name = {im.name: im for im in survey.images}
     assert all(c.z_m == pytest.approx(by_name[c.name].altitude_m) for c in plan.cameras)
@@ -43,8 +43,8 @@ def test_untouched_survey_keeps_its_gps_altitudes(brighton: Path) -> None:
 def test_drifting_altitude_becomes_take_off_plus_relative(
     brighton: Path, copies: dict[str, Path]
 ) -> None:
-    survey = scan_survey(str(copies["drift"]))
-    plan = plan_submodels(survey, split=10, split_overlap_m=20)
+    survey = scan_images(str(copies["drift"]))
+    plan = plan_split(survey, split=10, split_overlap_m=20)
     correction = plan.altitude_correction
     assert correction is not None and correction.reasons == ["altitude_trend"]
     # the first shot carries no drift: the take-off height is the untouched survey's there
@@ -57,7 +57,7 @@ def test_drifting_altitude_becomes_take_off_plus_relative(
     assert any("sent to the nodes as geo.txt" in w for w in plan.warnings)
     assert plan_gps_refusal(plan, survey) is None
     # the altitudes enter the fingerprints: the same images with other altitudes differ
-    untouched = plan_submodels(scan_survey(str(brighton)), split=10, split_overlap_m=20)
+    untouched = plan_split(scan_images(str(brighton)), split=10, split_overlap_m=20)
     assert [s.image_names for s in plan.submodels] == [s.image_names for s in untouched.submodels]
     differ = {s.id: s.fingerprint for s in plan.submodels} != {
         s.id: s.fingerprint for s in untouched.submodels
@@ -73,8 +73,8 @@ def test_drifting_altitude_becomes_take_off_plus_relative(
 
 
 def test_altitude_lagging_on_turns_is_corrected(copies: dict[str, Path]) -> None:
-    survey = scan_survey(str(copies["lag"]))
-    plan = plan_submodels(survey, split=10, split_overlap_m=20)
+    survey = scan_images(str(copies["lag"]))
+    plan = plan_split(survey, split=10, split_overlap_m=20)
     jumps = [w for w in plan.gps_warnings if w.kind == "altitude_jump"]
     assert len(jumps) == 1
     assert sorted(jumps[0].images) == [
@@ -91,26 +91,22 @@ def test_altitude_lagging_on_turns_is_corrected(copies: dict[str, Path]) -> None
 
 
 def test_drift_without_relative_altitude_is_refused(copies: dict[str, Path]) -> None:
-    survey = scan_survey(str(copies["drift-no-relative"]))
+    survey = scan_images(str(copies["drift-no-relative"]))
     assert all(im.relative_altitude_m is None for im in survey.images)
-    plan = plan_submodels(survey, split=10, split_overlap_m=20)
+    plan = plan_split(survey, split=10, split_overlap_m=20)
     assert plan.altitude_correction is None
     refusal = plan_gps_refusal(plan, survey)
     assert refusal is not None and "GPS altitude unusable" in refusal
 
 
 def test_calibration_is_shared_between_two_submodels_only(brighton: Path) -> None:
-    survey = scan_survey(str(brighton))
-    split = plan_submodels(survey, split=10, split_overlap_m=20)
+    survey = scan_images(str(brighton))
+    split = plan_split(survey, split=10, split_overlap_m=20)
     assert len(split.submodels) == 2 and needs_calibration(split)
     # brighton's 18 images are under the calibration's 30: all of them
     assert calibration_images(split, survey) == sorted(im.name for im in survey.images)
-    assert not needs_calibration(plan_submodels(survey))  # one submodel: nothing to share
+    assert not needs_calibration(plan_split(survey))  # one submodel: nothing to share
     given = split.options.model_copy(update={"extra": {"cameras": "{}"}})
-    assert not needs_calibration(
-        plan_submodels(survey, split=10, split_overlap_m=20, options=given)
-    )
+    assert not needs_calibration(plan_split(survey, split=10, split_overlap_m=20, options=given))
     direct = split.options.model_copy(update={"pipeline": "direct"})
-    assert not needs_calibration(
-        plan_submodels(survey, split=10, split_overlap_m=20, options=direct)
-    )
+    assert not needs_calibration(plan_split(survey, split=10, split_overlap_m=20, options=direct))
