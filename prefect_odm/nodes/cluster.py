@@ -176,7 +176,8 @@ def connect_nodes(
     listed = _listed_now(sources)
     wanted = _wanted(plain, tokens, settings)
     fixed = {w[0] for w in wanted}
-    wanted += _wanted([u for u in listed if u not in fixed], tokens, settings)
+    from_sources = sorted({u for found in listed.values() for u in found} - fixed)
+    wanted += _wanted(from_sources, tokens, settings)
     probes = probe_nodes(wanted, client_factory, probe_timeout_seconds)
     if all(p.info is None for p in probes):
         said = [f"{p.url} ({p.problem})" for p in probes]
@@ -205,7 +206,7 @@ def _listed_now(sources: Sequence[NodeSource]) -> dict[str, list[str]]:
             listed[source.spec] = source.resolve()
         except TransientNodeError as exc:
             raise InputError(str(exc)) from None
-    return {spec: urls for spec, urls in listed.items()}
+    return listed
 
 
 def _wanted(
