@@ -238,7 +238,7 @@ def _add_k8s_parser(sub: Any) -> None:
             "capacity endpoint",
         ),
         ("--gib-per-pod", int, 16, "memory of one fleet pod, GiB (KEDA's target value)"),
-        ("--min-replicas", int, 0, "fewest fleet pods"),
+        ("--min-replicas", int, 1, "fewest fleet pods (keep 1 for runs reading it by dns+)"),
         ("--max-replicas", int, 10, "most fleet pods"),
     ):
         k8s_render.add_argument(
