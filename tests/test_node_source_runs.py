@@ -87,7 +87,7 @@ def test_nodes_join_and_leave_a_run_through_its_node_file(
     task after it left, and no submodel is processed twice."""
     a, b = (NodeClient(e.url) for e in two_engines)
     survey = scan_survey(str(brighton_images))
-    options = ProcessingOptions(pipeline="direct")
+    options = ProcessingOptions(pipeline="direct", orthophoto_resolution_cm=20)  # fast
     plan = plan_submodels(survey, split=3, split_overlap_m=10, options=options)
     plan = plan.model_copy(update={"submodels": plan.submodels[:4]})  # four are enough
     nodes_file = tmp_path / "nodes.txt"
