@@ -307,3 +307,20 @@ def test_node_clients_iterate_a_snapshot():
         clients.add("http://b:1", FakeNode("http://b:1"))  # type: ignore[arg-type]
         seen.append(key)
     assert seen == ["http://a:1"] and sorted(clients) == ["http://a:1", "http://b:1"]
+
+
+def test_the_command_line_takes_sources_and_scaleodm_urls(tmp_path, monkeypatch, capsys):
+    from prefect_odm.cli.args import build_parser
+
+    monkeypatch.chdir(tmp_path)
+    args = build_parser().parse_args(
+        ["reconstruct", "imgs", "-o", "out", "--nodes", "scaleodm+http://scaleodm:31100",
+         "dns+http://nodeodm.odm.svc:3000", "--nodes-file", "fleet/nodes.txt"]
+    )  # fmt: skip
+    assert args.nodes == ["scaleodm+http://scaleodm:31100", "dns+http://nodeodm.odm.svc:3000"]
+    assert args.nodes_file == f"file://{tmp_path / 'fleet' / 'nodes.txt'}"
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["reconstruct", "i", "-o", "o", "--nodes", "dns+http://fleet"])
+    assert exit_.value.code == 2
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert "argument --nodes: 'dns+http://fleet': a DNS node source is dns+http://name:port" in line
