@@ -324,3 +324,13 @@ def test_the_command_line_takes_sources_and_scaleodm_urls(tmp_path, monkeypatch,
     assert exit_.value.code == 2
     (line,) = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert "argument --nodes: 'dns+http://fleet': a DNS node source is dns+http://name:port" in line
+
+
+def test_a_listed_node_marked_dead_is_asked_again_a_fixed_one_is_not():
+    fleet = Fleet(["http://a:1"], fixed=frozenset({"http://b:1"}))
+    fleet.refresh()
+    fleet.pool.mark_down("http://a:1")  # the runner found it dead (a pod restarting)
+    fleet.pool.mark_down("http://b:1")
+    fleet.refresh()
+    assert fleet.usable() == ["http://a:1"]  # answered again: back in placement
+    assert fleet.asked.count("http://a:1") == 2 and fleet.asked.count("http://b:1") == 1

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from prefect_odm.errors import InputError, NodeError
 from prefect_odm.nodes.backend import NodeBackend
@@ -138,8 +138,13 @@ class NodeMembership:
                 self.pool.set_gone(key)
                 logger.warning("node %s left its source: no new work, its running tasks go on", key)
         self.refused &= wanted
+        # new nodes, returning ones, and listed ones set aside as dead (a pod restarted there)
         asked = sorted(
-            key for key in wanted - self.refused if key not in in_pool or in_pool[key].gone
+            key
+            for key in wanted - self.refused
+            if key not in in_pool
+            or in_pool[key].gone
+            or (in_pool[key].down and key not in self.fixed)
         )
         loads = [n.key for n in self.pool.nodes if not n.gone and not n.down]
         if not asked and not loads:
@@ -152,8 +157,8 @@ class NodeMembership:
             wait(asked_all, timeout=self.probe_timeout_seconds)
         finally:
             ex.shutdown(wait=False, cancel_futures=True)  # a silent node is asked next time
-        joined = [f.result() if f.done() else None for f in probes]
-        reported = [f.result() if f.done() else None for f in counts]
+        joined = [_answer(key, f) for key, f in zip(asked, probes, strict=True)]
+        reported = [_answer(key, f) for key, f in zip(loads, counts, strict=True)]
         for key, client_node in zip(asked, joined, strict=True):
             if client_node is None:
                 continue
@@ -182,3 +187,18 @@ class NodeMembership:
             return None
         count = raw.get("taskQueueCount")
         return count if isinstance(count, int) and not isinstance(count, bool) else None
+
+
+T = TypeVar("T")
+
+
+def _answer(key: str, future: Future[T]) -> T | None:
+    """A node's answer, or ``None`` when it gave none in time or its request failed in a way
+    the node's client does not classify (logged: one node must not stop every placement)."""
+    if not future.done():
+        return None
+    error = future.exception()
+    if error is not None:
+        logger.warning("node %s: /info failed: %s", key, error)
+        return None
+    return future.result()
