@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 import yaml
-from keda_standin import FleetStandIn, Pod, ScaledObjectSpec, engine_tasks
+from keda_standin import FleetStandIn, Pod, ScaledObjectSpec, engine_tasks, newest_ready_first
 from odm_server import free_port, stop_group
 
 from prefect_odm.k8s.render import RenderSettings, render
@@ -151,9 +151,11 @@ def run_on_fleet(
     env: dict[str, str],
     replicas: tuple[int, int] = (1, 3),
     operator: Callable[[FleetStandIn, threading.Event], None] | None = None,
+    rank: Callable[[list[Pod]], list[Pod]] = newest_ready_first,
 ) -> FleetRun:
     """Run brighton on a stand-in fleet of ``replicas`` = (min, max) engines, with ``operator``
-    acting on the fleet meanwhile; wait until the fleet is back at its minimum.
+    acting on the fleet meanwhile and pods removed in ``rank``'s order (the ReplicaSet's by
+    default); wait until the fleet is back at its minimum.
 
     ``env`` is the environment of ``capacity serve`` (its ``PREFECT_API_URL``); a process worker
     on :data:`POOL` must be running and :func:`prepare_deployment` done.
@@ -169,7 +171,7 @@ def run_on_fleet(
         container["lifecycle"]["preStop"]["exec"]["command"],
         nodes_file,
         work / "pods",
-        rank=busiest_first,
+        rank=rank,
         engine_options={"method": "direct", "max_parallel_tasks": 1},
     )
     stop = threading.Event()

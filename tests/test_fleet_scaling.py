@@ -16,6 +16,7 @@ import pytest
 from fleet_run import (
     POOL,
     SUBMODELS,
+    busiest_first,
     figures,
     lower_max_when_all_placed,
     prepare_deployment,
@@ -35,7 +36,11 @@ def test_a_survey_completes_while_the_fleet_scales(
     worker = prefect_server.start_worker(tmp_path / "worker.log", pool=POOL)
     try:
         run = run_on_fleet(
-            brighton_images, tmp_path, prefect_server.env, operator=lower_max_when_all_placed
+            brighton_images,
+            tmp_path,
+            prefect_server.env,
+            operator=lower_max_when_all_placed,
+            rank=busiest_first,
         )
     finally:
         stop_group(worker)

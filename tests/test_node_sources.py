@@ -242,6 +242,7 @@ def test_a_source_that_cannot_be_read_keeps_its_last_list():
 
 
 def test_each_refresh_records_the_tasks_shared_nodes_report():
+    """A node whose reported tasks fill its slots gets no more: the submodel waits for a slot."""
     fleet = Fleet(["http://a:1", "http://b:1"])
     fleet.refresh()
     fleet.nodes["http://a:1"].queued = 1  # another run's task
@@ -251,7 +252,12 @@ def test_each_refresh_records_the_tasks_shared_nodes_report():
     assert loads == {"http://a:1": 1, "http://b:1": 0}
     fleet.nodes["http://b:1"].alive = True
     with fleet.pool.lease(1.0, what="submodel-000") as node:
-        assert node.key == "http://b:1"  # a is busy with the other run's task
+        assert node.key == "http://b:1"  # a's one slot holds the other run's task
+    fleet.nodes["http://b:1"].queued = 1
+    fleet.refresh()
+    with pytest.raises(TransientNodeError, match="no node had room"):  # wait, do not queue
+        with fleet.pool.lease(1.0, what="submodel-001", timeout_seconds=0.2):
+            pass
 
 
 def test_a_placement_waits_for_a_node_to_join(monkeypatch):

@@ -11,8 +11,9 @@ that stop answering are marked down and get no more work.
 A pool fed by a node source (:mod:`prefect_odm.nodes.membership`) calls its ``refresh`` hook at
 each placement, outside its lock: nodes join (:meth:`NodePool.add_node`) and leave
 (:meth:`NodePool.set_gone`: no new work, running tasks go on) during the run. Such nodes may be
-shared with other runs, so placement also counts the tasks each node reported and breaks ties by
-a hash of the submodel and the node (rendezvous hashing), which spreads runs that start at the
+shared with other runs, so a node whose reported tasks fill its slots gets no more (the submodel
+waits for a free slot anywhere rather than queue behind another run's task), and ties are broken
+by a hash of the submodel and the node (rendezvous hashing), which spreads runs that start at the
 same moment without talking to each other.
 
 This is the in-process admission that works in every mode; across processes and machines the
@@ -61,9 +62,11 @@ class PoolNode:
         return max(self.running, self.reported_tasks) / max(1, self.max_parallel_tasks)
 
     def fits(self, memory_gib: float) -> bool:
+        """Usable, a task slot free (of this run's, and of what the node reported from every
+        run) and the memory this run has not taken."""
         return (
             self.usable
-            and self.running < self.max_parallel_tasks
+            and max(self.running, self.reported_tasks) < self.max_parallel_tasks
             and self.used_memory_gib + memory_gib <= self.memory_gib + 1e-9
         )
 
