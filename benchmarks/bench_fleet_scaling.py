@@ -15,7 +15,10 @@ removed engine's tasks at its removal and how long its pre-stop wait held it, en
 held during the run (a removed engine until it stopped), and tasks per engine; then the ratios
 scaled / baseline of run time and engine-seconds.
 
-    python benchmarks/bench_fleet_scaling.py
+    python benchmarks/bench_fleet_scaling.py [--scaled-first]
+
+The first run of the process pays for a cold server and worker; ``--scaled-first`` swaps the
+order to show how much.
 """
 
 from __future__ import annotations
@@ -53,6 +56,10 @@ def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
 def main() -> None:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
+    order = [("baseline: fixed 3", (3, 3)), ("scaled 1-3", (1, 3))]
+    if "--scaled-first" in sys.argv[1:]:
+        order.reverse()
+
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
         work = Path(tmp)
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
@@ -70,7 +77,7 @@ def main() -> None:
                 worker = start_worker(env, work / "worker.log")
                 try:
                     runs = {}
-                    for name, replicas in (("baseline: fixed 3", (3, 3)), ("scaled 1-3", (1, 3))):
+                    for name, replicas in order:
                         (work / name[:5]).mkdir()
                         run = run_on_fleet(IMAGES, work / name[:5], env, replicas)
                         assert all(r.status == "completed" for r in run.manifest.submodels)
