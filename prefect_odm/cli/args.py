@@ -65,15 +65,49 @@ def _resolution_value(text: str) -> float:
 def _node_url(text: str) -> str:
     from urllib.parse import urlparse
 
+    from prefect_odm.nodes.sources import is_source, source_for
+
+    if is_source(text):  # dns+http://name:port or file:///path, read again during the run
+        try:
+            source_for(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return text
     try:
         parsed = urlparse(text)
         parsed.port  # noqa: B018 - raises ValueError on a port that is not a number
     except ValueError:
         parsed = None
-    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname:
+    schemes = ("http", "https", "scaleodm+http", "scaleodm+https")
+    if parsed is None or parsed.scheme not in schemes or not parsed.hostname:
         shown = text.split("?", 1)[0].rsplit("@", 1)[-1]  # never echo a token or password
         raise argparse.ArgumentTypeError(f"{shown!r} is not a node URL (expected http://host:port)")
     return text
+
+
+def _nodes_file(text: str) -> str:
+    """``--nodes-file PATH`` as the node source ``file:///absolute/path``."""
+    from pathlib import Path
+
+    return f"file://{Path(text).expanduser().resolve()}"
+
+
+def _add_node_args(p: argparse.ArgumentParser) -> None:
+    """``--nodes`` and ``--nodes-file`` (node sources: :mod:`prefect_odm.nodes.sources`)."""
+    p.add_argument(
+        "--nodes",
+        nargs="+",
+        metavar="URL",
+        type=_node_url,
+        help="NodeODM node URLs, or dns+http://name:port (every address one node, resolved "
+        "again during the run) (default: the built-in engine)",
+    )
+    p.add_argument(
+        "--nodes-file",
+        type=_nodes_file,
+        metavar="PATH",
+        help="a file of node URLs, one a line, read again when it changes during the run",
+    )
 
 
 def _add_split_args(p: argparse.ArgumentParser) -> None:
@@ -254,7 +288,7 @@ def _add_k8s_parser(sub: Any) -> None:
             "capacity endpoint",
         ),
         ("--gib-per-pod", int, 16, "memory of one fleet pod, GiB (KEDA's target value)"),
-        ("--min-replicas", int, 0, "fewest fleet pods"),
+        ("--min-replicas", int, 1, "fewest fleet pods (keep 1 for runs reading it by dns+)"),
         ("--max-replicas", int, 10, "most fleet pods"),
     ):
         k8s_render.add_argument(
@@ -273,13 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     rec = sub.add_parser("reconstruct", help="split, process and merge a survey")
     rec.add_argument("images", help="folder or fsspec URL of geotagged images")
     rec.add_argument("--output", "-o", required=True, help="output folder or fsspec URL")
-    rec.add_argument(
-        "--nodes",
-        nargs="+",
-        metavar="URL",
-        type=_node_url,
-        help="NodeODM node URLs (default: the built-in engine)",
-    )
+    _add_node_args(rec)
     _add_split_args(rec)
     _add_option_args(rec)
     rec.add_argument(

@@ -256,7 +256,9 @@ def reconstruct_command(args: argparse.Namespace) -> int:
 
     check_local_images(args.images)
     check_output_outside_images(args.images, args.output)
-    args.nodes = _tokens_out_of_urls(args.nodes or [])
+    nodes_file = getattr(args, "nodes_file", None)
+    given = [*(args.nodes or []), *([nodes_file] if nodes_file else [])]
+    args.nodes = _tokens_out_of_urls(given)
     options = processing_options(args)
     if not args.nodes:
         from prefect_odm.nodes.cluster import check_embedded_options

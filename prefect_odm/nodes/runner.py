@@ -435,7 +435,13 @@ class SubmodelRunner:
                 f"{sid}: task {uuid} {STATUS_WORDS[state.status]} earlier; restarting on {client.url}"
             )
             if not client.restart(uuid):
-                raise client.classify_failure(state)
+                # A node that cannot restart a task (ScaleODM) gets a new one, as the retry asks.
+                raise StaleTaskError(
+                    f"task {uuid} {STATUS_WORDS[state.status]} earlier and the node cannot "
+                    "restart it",
+                    node_url=client.url,
+                    task_uuid=uuid,
+                )
         else:
             self.log(f"{sid}: re-attached to running task {uuid} on {client.url}")
 
