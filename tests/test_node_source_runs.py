@@ -21,8 +21,8 @@ from prefect_odm.models import ProcessingOptions
 from prefect_odm.nodes.client import RUNNING, NodeClient
 from prefect_odm.nodes.cluster import connect_nodes
 from prefect_odm.nodes.runner import SubmodelRunner
-from prefect_odm.plan.planning import plan_submodels
-from prefect_odm.survey.scan import scan_survey
+from prefect_odm.plan.planning import plan_split
+from prefect_odm.survey.scan import scan_images
 
 pytestmark = pytest.mark.integration
 
@@ -86,9 +86,9 @@ def test_nodes_join_and_leave_a_run_through_its_node_file(
     removed once B runs one: B takes work, its running task ends and is downloaded, it gets no
     task after it left, and no submodel is processed twice."""
     a, b = (NodeClient(e.url) for e in two_engines)
-    survey = scan_survey(str(brighton_images))
+    survey = scan_images(str(brighton_images))
     options = ProcessingOptions(pipeline="direct", orthophoto_resolution_cm=20)  # fast
-    plan = plan_submodels(survey, split=3, split_overlap_m=10, options=options)
+    plan = plan_split(survey, split=3, split_overlap_m=10, options=options)
     plan = plan.model_copy(update={"submodels": plan.submodels[:4]})  # four are enough
     nodes_file = tmp_path / "nodes.txt"
     write_nodes(nodes_file, [a.url])

@@ -148,13 +148,13 @@ def test_a_failed_task_takes_the_same_path_on_scaleodm_as_on_a_nodeodm_node(
     from prefect_odm.layout import OutputLayout
     from prefect_odm.nodes.cluster import connect_nodes
     from prefect_odm.nodes.runner import SubmodelRunner
-    from prefect_odm.plan.planning import plan_submodels
-    from prefect_odm.survey.scan import scan_survey
+    from prefect_odm.plan.planning import plan_split
+    from prefect_odm.survey.scan import scan_images
 
     url, images, tasks_made = failing_node
-    survey = scan_survey(images)
+    survey = scan_images(images)
     options = ProcessingOptions(pipeline="direct", orthophoto_resolution_cm=20)
-    plan = plan_submodels(survey, split=10, split_overlap_m=20, options=options)
+    plan = plan_split(survey, split=10, split_overlap_m=20, options=options)
     sid = plan.submodels[0].id
     layout = OutputLayout(str(tmp_path / "out"), survey.fingerprint)
 
