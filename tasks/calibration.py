@@ -52,13 +52,13 @@ def calibrate_cameras(
     plan: SplitPlan, survey: Survey, layout: OutputLayout, cluster: Cluster | None
 ) -> str:
     """The ``cameras.json`` text for the plan's submodels
-    (:func:`prefect_odm.nodes.calibration.calibrate_cameras`), on the run's nodes or the
+    (:func:`prefect_odm.nodes.calibration.run_calibration`), on the run's nodes or the
     built-in engine."""
-    from prefect_odm.nodes.calibration import calibrate_cameras as _calibrate
+    from prefect_odm.nodes.calibration import run_calibration
 
     logger = get_run_logger()
     with _nodes(cluster, plan.options.pipeline) as nodes:
-        return _calibrate(plan, survey, layout, nodes.pool, nodes.clients, log=logger.info)
+        return run_calibration(plan, survey, layout, nodes.pool, nodes.clients, log=logger.info)
 
 
 def with_shared_calibration(

@@ -38,7 +38,7 @@ from prefect_odm.plan.planning import memory_model_for
 CAMERAS_JSON = "cameras.json"
 
 
-def calibrate_cameras(
+def run_calibration(
     plan: SplitPlan,
     survey: Survey,
     layout: OutputLayout,
