@@ -289,3 +289,36 @@ def test_clusters_table_shows_a_live_built_in_engine_node(
     assert (
         missing.stderr.strip() == "prefect-odm: error: no cluster directory block named 'no-such'"
     )
+
+
+def test_a_run_taken_from_the_global_queue_counts_for_the_cluster_it_runs_on(
+    pg_prefect: tuple[str, Postgres], prefect_api: str, waiting_runs: dict[str, Any]
+) -> None:
+    """A submodel run of the global queue tags itself ``cluster:<name>`` once it runs: its
+    memory is that cluster's (wanted and running); a run still waiting there is no cluster's.
+    The tagged run is counted in PostgreSQL too."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Running
+
+    from prefect_odm.clusters.capacity import PlanMemory, cluster_tag, queue_figures
+
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("process_submodel/capacity-test")
+        taken = client.create_flow_run_from_deployment(
+            deployment.id, tags=["memory-gib:6", cluster_tag("cap-c")], work_queue_name="global"
+        )
+        client.set_flow_run_state(taken.id, Running(), force=True)
+        client.create_flow_run_from_deployment(
+            deployment.id, tags=["memory-gib:3"], work_queue_name="global"
+        )
+        spec = ClusterSpec(name="cap-c", work_pool=POOL, nodes=[])
+        counted = queue_figures(client, spec, PlanMemory(), global_queue="global")
+        alone = queue_figures(client, spec, PlanMemory())
+    assert (counted.wanted_memory_gib, counted.running_memory_gib) == (6.0, 6.0)
+    assert counted.queue_depth == 0 and alone.wanted_memory_gib == 0.0
+    rows = pg_prefect[1].sql(
+        "prefect",
+        "SELECT count(*) FROM flow_run fr JOIN work_queue wq ON fr.work_queue_id = wq.id "
+        "WHERE wq.name = 'global' AND fr.state_type = 'RUNNING' AND fr.tags ? 'cluster:cap-c'",
+    )
+    assert rows == "1"

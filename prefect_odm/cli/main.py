@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from prefect_odm.cli.ops import run as _run_ops
 
             return _run_ops(args)
-        if args.command in ("clusters", "capacity"):
+        if args.command in ("clusters", "capacity", "requeue"):
             from prefect_odm.cli.clusters import run as _run_clusters
 
             return _run_clusters(args)
