@@ -84,6 +84,7 @@ class RoutedChildren:
         one is failed, its error naming the dead-letter run)."""
         states = list(self.session.states)
         by_size = sorted(pending, key=lambda s: (-self.plan.submodel(s).estimated_memory_gib, s))
+        decisions: list[RouteDecision] = []
         for sid in by_size:
             gib = self.plan.submodel(sid).estimated_memory_gib
             try:
@@ -91,7 +92,7 @@ class RoutedChildren:
             except RoutingError as exc:
                 self._dead_letter(sid, str(exc))
                 continue
-            self._start(sid, decision, 1, ())
+            decisions.append(decision)
             # each decision adds its memory to the cluster it chose
             states = [
                 replace(s, memory_in_use_gib=s.memory_in_use_gib + gib)
@@ -99,6 +100,7 @@ class RoutedChildren:
                 else s
                 for s in states
             ]
+        self._start_all(decisions, 1, ())  # concurrently, from tasks of this run
         self._follow()
         return {sid: self.results[sid] for sid in pending}
 
@@ -126,25 +128,31 @@ class RoutedChildren:
             "deadline_seconds": self.session.deadline_seconds(self.plan, sid, self.megapixels),
         }
 
-    def _start(
-        self, sid: str, decision: RouteDecision, route_n: int, excluded: Sequence[str]
+    def _start_all(
+        self, decisions: Sequence[RouteDecision], route_n: int, excluded: Sequence[str]
     ) -> None:
-        record = record_of(decision, route_n, excluded)
-        run_id, _state = start_routed_run.submit(
-            self.deployment,
-            sid,
-            self._parameters(sid, decision.cluster),
-            decision.work_queue,
-            route_n,
-            self.run_name[sid],
-        ).result()
-        record.flow_run_id = run_id
-        self.session.summary.decisions.append(record)
-        self.live[sid] = _Live(record, run_id)
-        where = decision.cluster or f"{decision.work_queue} (overflow)"
-        self.table.board.update(sid, cluster=where, route=decision.reason, state="waiting")
+        """Start the runs of these decisions (their ``route_n``-th routes) at once."""
+        futures = [
+            start_routed_run.submit(
+                self.deployment,
+                d.submodel_id,
+                self._parameters(d.submodel_id, d.cluster),
+                d.work_queue,
+                route_n,
+                self.run_name[d.submodel_id],
+            )
+            for d in decisions
+        ]
+        for decision, future in zip(decisions, futures, strict=True):
+            sid = decision.submodel_id
+            record = record_of(decision, route_n, excluded)
+            record.flow_run_id, _state = future.result()
+            self.session.summary.decisions.append(record)
+            self.live[sid] = _Live(record, record.flow_run_id)
+            where = decision.cluster or f"{decision.work_queue} (overflow)"
+            self.table.board.update(sid, cluster=where, route=decision.reason, state="waiting")
+            get_run_logger().info("%s: routed to %s: %s", sid, where, decision.reason)
         self.table.publish()
-        get_run_logger().info("%s: routed to %s: %s", sid, where, decision.reason)
 
     def _follow(self) -> None:
         """Poll every live run until none is left; fail over runs on clusters that went down."""
@@ -198,7 +206,7 @@ class RoutedChildren:
             self._dead_letter(sid, f"{error}; {exc}")
             return
         get_run_logger().warning("%s: failing over (%s)", sid, error)
-        self._start(sid, decision, routes + 1, exclude)
+        self._start_all([decision], routes + 1, exclude)
 
     def _down_now(self) -> list[str]:
         """Clusters seen down for at least ``down_after_seconds``."""

@@ -51,6 +51,7 @@ from prefect_odm.models import Manifest
 pytestmark = pytest.mark.integration
 
 COMPLETED = 40
+CANCELED = 50
 PRODUCTS = ("orthophoto", "dsm", "point_cloud")
 
 
@@ -311,6 +312,32 @@ def test_inline_from_the_command_line_routes_and_fails_over_without_workers(
         assert r.status == "completed" and r.cluster == "b"
     assert _digests(manifest) == _digests(_manifest(routed["out"]))
     print(f"\ninline run with failover (no workers): {seconds:.1f} s")
+
+
+def test_a_submodel_past_its_deadline_is_cancelled_on_its_node_and_says_timed_out(
+    stack: Stack, brighton_images: Path, tmp_path: Path
+) -> None:
+    """One cluster whose node holds every task (a slow node); the deadline passes 3 s after
+    the submodel got the node: its node task is cancelled and the run fails saying why."""
+    a = start_cluster(stack, "a", "deadline", faults={"slow_seconds": 600}, worker=False)
+    ClusterDirectoryBlock(
+        clusters=[ClusterSpec(name="a", work_pool=POOL, nodes=[a.engine.url], memory_gib=10)]
+    ).save("deadline", overwrite=True)
+    out = tmp_path / "out"
+    try:
+        t0 = time.monotonic()
+        proc = reconstruct(stack, brighton_images, out, "deadline", "--split", "18",
+                           "--submodel-timeout", "3", deployment=False)  # fmt: skip
+        proc.wait(timeout=300)
+        seconds = time.monotonic() - t0
+        tasks = engine_tasks(a.data_dir)
+    finally:
+        stop_cluster(a)
+    log = (tmp_path / "out.log").read_text()
+    assert proc.returncode == 1, log
+    assert "submodel-000: timed out after 3 s on its node; its node task was cancelled" in log
+    assert [t["status"] for t in tasks] == [CANCELED]  # the node task, cancelled on the node
+    print(f"\ntimed-out run (3 s deadline on a node that holds its task): {seconds:.1f} s")
 
 
 def test_setup_pauses_a_clusters_queue_while_its_pool_is_not_ready(stack: Stack) -> None:
