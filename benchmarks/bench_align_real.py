@@ -85,6 +85,33 @@ def _known_transform(
         _figures("moved, after", products, after)
 
 
+def _aligned(products, shots, gps, plan, bowl: bool, check: bool):  # type: ignore[no-untyped-def]
+    """``(seconds, report)`` of ``build_alignment`` with or without the stage checks."""
+    options = MergeOptions(alignment=AlignmentOptions(refine_bowl=bowl, check_stages=check),
+                           accept_alignment=True)  # fmt: skip
+    started = time.perf_counter()
+    report = build_alignment(products, shots, options, gps, plan.crs_epsg)
+    assert report is not None
+    return time.perf_counter() - started, report
+
+
+def _stages(report: AlignmentReport) -> None:
+    """Each stage's seams measured on the products it corrects, beside the solver's rms."""
+    for st in report.stages:
+        state = "applied" if st.applied else "NOT APPLIED"
+        print(f"stage {st.stage} ({state}){': ' + '; '.join(st.reasons) if st.reasons else ''}")
+        for seam in st.seams:
+            o, d = seam.orthophoto, seam.dsm
+            ortho = (f"orthophoto shift ({o.shift_m[0]:+.3f}, {o.shift_m[1]:+.3f}) m, median "
+                     f"{o.median_m:.3f} m ({o.matches} matches)") if o else "orthophoto -"  # fmt: skip
+            dsm = f"DSM median {d.median_m:+.3f} m, p90 {d.p90_m:.3f} m" if d else "DSM -"
+            solver = st.solver_rms_m.get(seam.overlap)
+            claim = f", solver rms {solver:.3f} m" if solver is not None else ""
+            print(f"  {seam.overlap}: {ortho}; {dsm}{claim}")
+    for f in report.failures:
+        print(f"  gate: {f.message}")
+
+
 def bench_survey(where: str, bowl: bool = True) -> None:
     """Print the figures of the module docstring of ``bench_align.py`` for a real run
     (``bowl``: with ``AlignmentOptions.refine_bowl``)."""
@@ -93,16 +120,15 @@ def bench_survey(where: str, bowl: bool = True) -> None:
         plan = SplitPlan.model_validate_json((survey / "plan" / "plan.json").read_text())
         gps = {c.name: (c.x_m, c.y_m, c.z_m) for c in plan.cameras if c.z_m is not None}
         products, shots = products_of(submodel_folders(survey))
-        started = time.perf_counter()
-        options = MergeOptions(alignment=AlignmentOptions(refine_bowl=bowl))
-        report = build_alignment(products, shots, options, gps, plan.crs_epsg)
-        align_s = time.perf_counter() - started
-        assert report is not None
+        unchecked_s, _ = _aligned(products, shots, gps, plan, bowl, check=False)
+        align_s, report = _aligned(products, shots, gps, plan, bowl, check=True)
         merge_s = _merge_seconds(products, report, plan)
         print(f"{survey}: {len(products)} submodels")
         print(f"alignment {align_s:.2f} s (solve {report.result.solve_seconds:.2f} s), merge "
               f"(baseline: orthophoto + DSM + point cloud, aligned) {merge_s:.2f} s, ratio "
-              f"{align_s / merge_s:.1%}")  # fmt: skip
+              f"{align_s / merge_s:.1%}; without the stage checks (check_stages=False, as "
+              f"before issue 31) {unchecked_s:.2f} s, {unchecked_s / merge_s:.1%}")  # fmt: skip
+        _stages(report)
         _figures("before", products, None)
         _figures("after cameras", products, AlignmentReport(
             result=report.result, ground_heights_m=report.ground_heights_m))  # fmt: skip

@@ -16,12 +16,16 @@ orthophoto accuracy against ODM's reference point cloud and, for the dense runs,
 footprint, points/m², object heights against ODM's); ``--png DIR`` renders hillshades of the
 DSMs and the dense cloud from above.
 
-``--quickstart OUT`` instead prints, for the README's Quickstart (brighton, ``--split 10
---split-overlap-m 20``; run into ``OUT`` unless ``OUT`` already holds its products), each
-submodel's and the merged DSM's corner and cell against the orthophoto's (aligned: every DSM
-cell edge on an orthophoto cell edge), and the shares of the orthophoto footprint (its
-coloured cells) the DSM covers, measured (its measured band, ``registry.DSM_MEASURED_BAND``)
-and filled, beside the share ODM's own cloud (``reference/model.laz``) measures.
+``--quickstart OUT`` instead runs the README's Quickstart (brighton, ``--split 10
+--split-overlap-m 20``) with each submodel calibrating its own camera and with the survey's
+shared calibration, and brighton as one block, into ``OUT`` (what is there already is not run
+again), and prints for each submodel and merge: its DSM's corner and cell against the
+orthophoto's (aligned: every DSM cell edge on an orthophoto cell edge), the shares of the
+orthophoto footprint (its coloured cells) the DSM covers, measured (its measured band,
+``registry.DSM_MEASURED_BAND``) and filled, beside the share ODM's own cloud
+(``reference/model.laz``) measures; its measured heights against ODM's cloud and against the
+single block (|dz| median, p90, signed, tilt); and both runs' wall times and their ratio
+(``benchmarks/_quickstart.py``).
 
 Usage::
 
@@ -226,39 +230,57 @@ def dsm_against_orthophoto(dsm_path: Path, ortho_path: Path, reference: Any) -> 
     return line
 
 
-def quickstart(out: Path) -> None:
-    """Run the README's Quickstart into ``out`` (unless its products are there) and print the
-    DSM/orthophoto figures of each submodel and of the merge."""
-    import subprocess
-
+def quickstart(out: Path, threads: int, png: Path | None = None) -> None:
+    """The Quickstart's figures (``benchmarks/_quickstart.py``): the single block, then the
+    Quickstart with each submodel calibrating its own camera and with the shared calibration,
+    each submodel and merge against ODM's cloud and the single block, and the run times."""
+    import _quickstart
     import laspy
     import numpy as np
 
-    merged = sorted(out.glob("*/merged/dsm.tif"))
-    if not merged:
-        command = [
-            sys.executable, "-m", "prefect_odm.cli", "reconstruct",
-            str(DATA / "brighton_beach_1600" / "images"), "--output", str(out),
-            "--split", "10", "--split-overlap-m", "20",
-        ]  # fmt: skip
-        started = time.perf_counter()
-        subprocess.run(command, check=True)
-        print(f"Quickstart: {time.perf_counter() - started:.1f} s")
-        merged = sorted(out.glob("*/merged/dsm.tif"))
-    if not merged:
-        raise SystemExit(f"{out}: no merged/dsm.tif after the Quickstart")
+    brighton = DATA / "brighton_beach_1600" / "images"
+    single_task = out / "single" / "brighton-dense"
+    single_seconds = None
+    if not (single_task / PRODUCTS["dsm"].odm_path).exists():
+        options = {**CASES["dense"], "dsm": True, "dtm": True, "max-concurrency": threads}
+        result = run_case(out / "single", "brighton-dense", brighton, options)
+        if result["error"]:
+            raise SystemExit(f"single block failed: {result['error']}")
+        single_seconds = result["seconds"]
+    single = single_task / PRODUCTS["dsm"].odm_path
+    seconds = {
+        mode: _quickstart.run_quickstart(brighton, out / mode, extra)
+        for mode, extra in _quickstart.MODES.items()
+    }
     las = laspy.read(DATA / "brighton_beach_1600" / "reference" / "model.laz")
     reference = np.column_stack([las.x, las.y, las.z])
-    survey = merged[-1].parents[1]
     dsm_name, ortho_name = PRODUCTS["dsm"].file_name, PRODUCTS["orthophoto"].file_name
-    for folder in sorted((survey / "submodels").iterdir()):
-        if (folder / dsm_name).exists() and (folder / ortho_name).exists():
-            line = dsm_against_orthophoto(folder / dsm_name, folder / ortho_name, reference)
-            print(f"{folder.name}: {line}")
-    line = dsm_against_orthophoto(
-        survey / "merged" / dsm_name, survey / "merged" / ortho_name, reference
+    print(f"\n== single block ({single_seconds or 0:.1f} s; 0: not run now) ==")
+    for line in _quickstart.dz_lines(single, reference, None):
+        print(f"single: {line}")
+    for mode in _quickstart.MODES:
+        survey = sorted((out / mode).glob("*/merged/dsm.tif"))[-1].parents[1]
+        print(f"\n== Quickstart, {mode} camera calibration ==")
+        folders = [f for f in sorted((survey / "submodels").iterdir()) if (f / dsm_name).exists()]
+        for folder in [*folders, survey / "merged"]:
+            name = folder.name
+            print(
+                f"{name}: {dsm_against_orthophoto(folder / dsm_name, folder / ortho_name, reference)}"
+            )
+            for line in _quickstart.dz_lines(folder / dsm_name, reference, single):
+                print(f"{name}: {line}")
+        if png is not None:
+            for path in _quickstart.render(survey, reference, png, mode):
+                print(f"wrote {path}")
+    own, shared = seconds["own"], seconds["shared"]
+    times = ", ".join(
+        f"{m} " + ("not run now" if t is None else f"{t[0]:.1f} s (CPU {t[1]:.1f} s)")
+        for m, t in seconds.items()
     )
-    print(f"merged: {line}")
+    ratio = ""
+    if own and shared:
+        ratio = f"; shared / own: wall {shared[0] / own[0]:.2f}, CPU {shared[1] / own[1]:.2f}"
+    print(f"\nQuickstart ({threads} threads in the engine's tasks): {times}{ratio}")
 
 
 def main() -> None:
@@ -273,7 +295,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.quickstart is not None:
-        quickstart(args.quickstart)
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        quickstart(args.quickstart, args.threads, args.png)
         return
     root = args.keep or Path(tempfile.mkdtemp(prefix="bench_engine_"))
     root.mkdir(parents=True, exist_ok=True)

@@ -29,17 +29,17 @@ from prefect_odm.models import ProcessingOptions
 from prefect_odm.nodes.client import NodeClient
 from prefect_odm.nodes.pool import NodePool, PoolNode
 from prefect_odm.nodes.runner import SubmodelRunner
-from prefect_odm.plan.planning import plan_submodels
+from prefect_odm.plan.planning import plan_split
 from prefect_odm.settings import FAULTS_ENV
-from prefect_odm.survey.scan import scan_survey
+from prefect_odm.survey.scan import scan_images
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
 def overhead(n_submodels: int, tmp: Path) -> None:
-    survey = scan_survey(str(DATA / "seneca_1200" / "images"))
+    survey = scan_images(str(DATA / "seneca_1200" / "images"))
     split = max(1, len(survey.images) // n_submodels)
-    plan = plan_submodels(
+    plan = plan_split(
         survey,
         split=split,
         split_overlap_m=0,

@@ -3,7 +3,7 @@
 For brighton_beach_1600 (18 images) and the 50 seneca_1200 images nearest the survey centre
 (as ``bench_engine.py`` picks them), the engine's pipeline is run up to ``odm_dem`` (the cameras
 of structure from motion and today's DSM), then both renderers colour the same grid in this
-process: the baseline :func:`~prefect_odm.engine.ortho_blocks.render_orthophoto_blocks` (best
+process: the baseline ``render_orthophoto_blocks`` of ``tests/engine/ortho_blocks.py`` (best
 camera per 16-cell block, no blending, no compensation) and
 :func:`~prefect_odm.engine.orthophoto.render_orthophoto_views` (occlusion-tested views, MRF
 labelling, multi-band blending, exposure and vignetting compensation). Printed per renderer:
@@ -41,7 +41,10 @@ import numpy as np
 from _measure import peak_mib
 from bench_engine import DATA, REPO, _seneca_subset
 
-from prefect_odm.engine import dem, footprints, ortho_blocks, ortho_measures, orthophoto
+sys.path.insert(0, str(REPO / "tests" / "engine"))  # the first renderer, the baseline
+import ortho_blocks
+
+from prefect_odm.engine import dem, footprints, ortho_measures, orthophoto
 from prefect_odm.engine.camera import Scene
 from prefect_odm.engine.ortho_blend import load_rgb
 from prefect_odm.engine.ortho_radiometry import (

@@ -1,8 +1,8 @@
-"""Benchmark: ``plan_submodels`` of a city-sized survey, GPS checks included.
+"""Benchmark: ``plan_split`` of a city-sized survey, GPS checks included.
 
 Builds the synthetic survey of ``bench_plan_read.py`` (brighton_beach_1600's 18 scanned records
 copied onto tiles 300 m apart; every tile shares the 18 capture times, so the whole survey is
-one flight for the GPS checks) and prints, per size, the wall time of ``plan_submodels``, of its
+one flight for the GPS checks) and prints, per size, the wall time of ``plan_split``, of its
 GPS checks alone (``plan.checks.gps_warnings``) and the process's peak RSS so far. The named
 baseline, run in the same process: scipy's exact ``theilslopes`` (the 0.x altitude trend, O(n^2)
 pairwise slopes) on the same flight's altitudes at ``--baseline-images`` (it cannot run at 50,000:
@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from prefect_odm.plan.checks import gps_warnings
-from prefect_odm.plan.planning import plan_submodels
+from prefect_odm.plan.planning import plan_split
 from prefect_odm.survey.gps_quality import theil_sen_slope
-from prefect_odm.survey.scan import scan_survey
+from prefect_odm.survey.scan import scan_images
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_plan_read import DATA, synthetic_survey  # noqa: E402
@@ -41,19 +41,19 @@ def main() -> None:
     parser.add_argument("--split", type=int, default=100)
     parser.add_argument("--baseline-images", type=int, default=8000)
     args = parser.parse_args()
-    base = scan_survey(str(DATA / "brighton_beach_1600" / "images"))
+    base = scan_images(str(DATA / "brighton_beach_1600" / "images"))
     print(f"after scanning brighton: peak RSS {rss_mib():.0f} MiB")
     for n in args.images:
         survey = synthetic_survey(base, n)
         t0 = time.perf_counter()
-        plan = plan_submodels(survey, split=args.split, split_overlap_m=20)
+        plan = plan_split(survey, split=args.split, split_overlap_m=20)
         t_plan = time.perf_counter() - t0
         x = np.arange(n, dtype=float)
         t0 = time.perf_counter()
         found, _ = gps_warnings([(im.name, im) for im in survey.images], x, x)
         t_gps = time.perf_counter() - t0
         print(
-            f"n={n:>6} plan_submodels {t_plan:6.2f} s ({len(plan.submodels)} submodels, "
+            f"n={n:>6} plan_split {t_plan:6.2f} s ({len(plan.submodels)} submodels, "
             f"{len(plan.gps_warnings)} GPS warnings); GPS checks alone {t_gps:5.2f} s "
             f"({len(found)} warnings); peak RSS so far {rss_mib():.0f} MiB",
             flush=True,

@@ -3,7 +3,7 @@
 
 On the 600-image grid of ``tests/plan_surveys.py`` (36 m between lines, 27 m between shots, 150 m
 footprints) at ``--split 25``, and on the real layouts (``../shared/data/layouts``: 1,817 and 1,452
-positions) at ``--split 100``, prints the wall time of ``plan_submodels`` per case and its outcome:
+positions) at ``--split 100``, prints the wall time of ``plan_split`` per case and its outcome:
 
 * ``10 m given, default alignment``: kept (the refinement from DSMs and orthophotos ties the pairs);
 * ``10 m given, cameras only`` (``refine_from_products=False``): refused, naming the overlap needed;
@@ -32,7 +32,7 @@ from pathlib import Path
 from prefect_odm.align.report import AlignmentOptions
 from prefect_odm.errors import PlanningError
 from prefect_odm.models import MergeOptions, SplitPlan, Survey
-from prefect_odm.plan.planning import plan_submodels
+from prefect_odm.plan.planning import plan_split
 from prefect_odm.survey.layouts import layout_survey, read_layout
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,9 +55,9 @@ def best_of(repeat: int, run: Callable[[], str]) -> tuple[float, str]:
 
 
 def outcome_of(survey: Survey, split: int, overlap_m: float | None, merge: MergeOptions) -> str:
-    """``plan_submodels``' outcome in words."""
+    """``plan_split``' outcome in words."""
     try:
-        plan: SplitPlan = plan_submodels(
+        plan: SplitPlan = plan_split(
             survey, split=split, split_overlap_m=overlap_m, merge_options=merge
         )
     except PlanningError as exc:
@@ -85,7 +85,7 @@ def main() -> None:
     ]
     for name in ("agung-2", "freetown-1"):
         surveys.append((name, layout_survey(read_layout(DATA / "layouts" / name)), 100))
-    plan_submodels(surveys[0][1], split=25, split_overlap_m=10)  # imports and caches warm
+    plan_split(surveys[0][1], split=25, split_overlap_m=10)  # imports and caches warm
     cases = [
         ("10 m given, default alignment", 10.0, MergeOptions()),
         ("10 m given, cameras only", 10.0, CAMERAS_ONLY),

@@ -21,8 +21,8 @@ from prefect_odm import storage
 from prefect_odm.layout import plan_file
 from prefect_odm.models import SplitPlan, Survey
 from prefect_odm.plan.cache import _cache, load_plan_and_survey
-from prefect_odm.plan.planning import plan_submodels
-from prefect_odm.survey.scan import scan_survey
+from prefect_odm.plan.planning import plan_split
+from prefect_odm.survey.scan import scan_images
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -58,14 +58,14 @@ def main() -> None:
     parser.add_argument("--images", type=int, nargs="+", default=[1800, 7200, 20000])
     parser.add_argument("--split", type=int, default=100)
     args = parser.parse_args()
-    base = scan_survey(str(DATA / "brighton_beach_1600" / "images"))
+    base = scan_images(str(DATA / "brighton_beach_1600" / "images"))
     print(
         f"{'images':>7} {'submodels':>9} {'baseline s':>11} {'per sm ms':>10} "
         f"{'cached s':>9} {'per sm ms':>10} {'ratio':>7}"
     )
     for n in args.images:
         survey = synthetic_survey(base, n)
-        plan = plan_submodels(survey, split=args.split, split_overlap_m=20)
+        plan = plan_split(survey, split=args.split, split_overlap_m=20)
         with tempfile.TemporaryDirectory() as tmp:
             plan_url = str(Path(tmp) / "plan" / "plan.json")
             storage.write_json_atomic(plan_url, plan.model_dump(mode="json"))

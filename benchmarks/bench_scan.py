@@ -1,6 +1,6 @@
 """Benchmark: scanning a survey from a local folder and from an S3 endpoint on loopback.
 
-Prints images per second and bytes read per image of ``scan_survey`` for seneca_1200 (167 JPEG,
+Prints images per second and bytes read per image of ``scan_images`` for seneca_1200 (167 JPEG,
 51.8 MB) read from ``../shared/data`` and from a moto ``ThreadedMotoServer`` on 127.0.0.1, and
 of the named baseline run in the same process: read every file whole and parse it with Pillow
 (``Image.open(BytesIO(data)).getexif()``), the naive way to get EXIF. Locally our scan also
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from prefect_odm.survey.scan import scan_survey_with_stats
+from prefect_odm.survey.scan import scan_images_with_stats
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 
@@ -81,7 +81,7 @@ def main() -> None:
     n = len(paths)
 
     def ours_local(cache: bool):
-        survey, stats = scan_survey_with_stats(
+        survey, stats = scan_images_with_stats(
             str(folder), max_workers=args.workers, use_identity_cache=cache
         )
         return stats.seconds, stats
@@ -129,7 +129,7 @@ def main() -> None:
         options = {"endpoint_url": endpoint, "key": "testing", "secret": "testing"}
 
         def ours_s3():
-            survey, st = scan_survey_with_stats(
+            survey, st = scan_images_with_stats(
                 f"s3://bench/{args.survey}", storage_options=options, max_workers=args.workers
             )
             assert len(survey.images) == n

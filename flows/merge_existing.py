@@ -13,7 +13,7 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect_odm.tasks.align import align_submodels
-from prefect_odm.tasks.merge import find_existing_outputs, merge_products
+from prefect_odm.tasks.merge import collect_existing_outputs, merge_products
 from prefect_odm.tasks.report import publish_existing_merge
 
 from prefect_odm.layout import OutputLayout
@@ -53,7 +53,7 @@ def merge_existing(
     """
     logger = get_run_logger()
     with tempfile.TemporaryDirectory(prefix="prefect-odm-existing-") as tmp:
-        found = find_existing_outputs(inputs, Path(tmp))
+        found = collect_existing_outputs(inputs, Path(tmp))
         logger.info("found %d outputs: %s", len(found), ", ".join(o.submodel_id for o in found))
         request = plan_existing_merge(found, plan, options)
         layout = OutputLayout(output, request.identity)

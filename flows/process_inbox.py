@@ -14,7 +14,7 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.task_runners import ThreadPoolTaskRunner
-from prefect_odm.tasks.inbox import active_reconstruction, start_reconstruction, survey_fingerprint
+from prefect_odm.tasks.inbox import active_reconstruction, fingerprint_folder, start_reconstruction
 from pydantic import Field
 
 from prefect_odm import storage
@@ -90,7 +90,7 @@ def _triage(folder: str, output: str, report: InboxReport) -> tuple[InboxEntry, 
     entry = InboxEntry(folder=folder, action="skipped")
     report.entries.append(entry)
     try:
-        fp = survey_fingerprint(folder)
+        fp = fingerprint_folder(folder)
     except PrefectODMError as exc:
         entry.action, entry.reason = "error", str(exc).split("\n")[0]
         return entry, None

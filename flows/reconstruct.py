@@ -39,6 +39,7 @@ from prefect_odm.tasks.artifacts import (
     rename_this_run,
     reuse_stored,
 )
+from prefect_odm.tasks.calibration import PlanRequest, with_shared_calibration
 from prefect_odm.tasks.deployment import (
     SubmodelChildren,
     show_child_history,
@@ -323,6 +324,8 @@ def _plan(
     refusal = plan_gps_refusal(plan, survey)
     if refusal is not None:
         raise PlanningError(f"{survey.source}: {refusal}")
+    asked_plan = PlanRequest(split, split_overlap_m, identity, tuple(memory), merge_options)
+    plan = with_shared_calibration(plan, survey, layout, cluster, asked_plan)
     progress.emit(progress.PlanEvent(submodels=tuple(s.id for s in plan.submodels)))
     get_run_logger().info("planned %d submodels", len(plan.submodels))
     for warning in plan.warnings:

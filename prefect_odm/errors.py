@@ -35,6 +35,7 @@ class ImageHeaderError(InputError):
     """
 
     def __init__(self, reason: HeaderProblem, detail: str) -> None:
+        """The message is ``"{reason}: {detail}"``."""
         self.reason: HeaderProblem = reason
         self.detail = detail
         super().__init__(f"{reason}: {detail}")
@@ -71,6 +72,8 @@ class NodeError(PrefectODMError):
         submodel_id: str | None = None,
         last_output: list[str] | None = None,
     ) -> None:
+        """The message is ``message`` followed by the submodel, the node and the task that are
+        given."""
         self.node_url = node_url
         self.task_uuid = task_uuid
         self.submodel_id = submodel_id
@@ -127,6 +130,7 @@ class SubmodelFailedError(NodeError):
     """A submodel failed for good; ``result`` is its :class:`~prefect_odm.models.SubmodelResult`."""
 
     def __init__(self, result: object) -> None:
+        """Carry ``result`` and take the message, node, task and last lines from it."""
         self.result = result
         super().__init__(
             str(getattr(result, "error", "") or "failed"),
@@ -149,6 +153,7 @@ class IncompleteRunError(PrefectODMError):
     """
 
     def __init__(self, failed: dict[str, str]) -> None:
+        """The message counts the failed submodels and lists each with its reason, sorted by id."""
         self.failed = dict(failed)
         lines = "\n".join(f"  {sid}: {why}" for sid, why in sorted(self.failed.items()))
         super().__init__(f"{len(self.failed)} submodel(s) failed:\n{lines}")
@@ -165,6 +170,7 @@ class EngineError(InputError):
     """
 
     def __init__(self, message: str, *, no_retry: bool = False) -> None:
+        """The message is the node's error text."""
         super().__init__(message)
         self.no_retry = no_retry
 

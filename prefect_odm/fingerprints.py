@@ -13,7 +13,7 @@ from typing import Any
 
 from prefect_odm.models import MergeOptions
 
-MERGE_VERSION = "6"
+MERGE_VERSION = "7"
 """Bumped when the merge changes its output for the same inputs (part of the merge fingerprint)."""
 
 
@@ -33,17 +33,23 @@ def survey_fingerprint(image_identities: Iterable[str]) -> str:
 
 
 def submodel_fingerprint(
-    image_identities: Iterable[str], options: Mapping[str, Any], engine_identity: str
+    image_identities: Iterable[str],
+    options: Mapping[str, Any],
+    engine_identity: str,
+    altitudes_m: Mapping[str, float] | None = None,
 ) -> str:
-    """Fingerprint of a submodel: its images, the processing options and the engine identity."""
-    return fingerprint(
-        {
-            "kind": "submodel",
-            "images": sorted(image_identities),
-            "options": dict(options),
-            "engine": engine_identity,
-        }
-    )
+    """Fingerprint of a submodel: its images, the processing options and the engine identity,
+    and the camera altitudes sent with the images (image identity -> metres, the plan's
+    ``geo.txt``) when there are any (without, the fingerprint is as before they existed)."""
+    value: dict[str, Any] = {
+        "kind": "submodel",
+        "images": sorted(image_identities),
+        "options": dict(options),
+        "engine": engine_identity,
+    }
+    if altitudes_m:
+        value["altitudes_m"] = dict(sorted(altitudes_m.items()))
+    return fingerprint(value)
 
 
 def merge_fingerprint(

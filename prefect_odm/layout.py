@@ -4,7 +4,7 @@
     ``plan/plan.json``, ``plan/plan.geojson``, ``plan/plan.png``, ``plan/survey.json``
     ``submodels/{submodel_id}-{fingerprint[:12]}/`` (``result.json`` and the product files)
     ``merged/odm_orthophoto.tif``, ``merged/dsm.tif``, ``merged/dtm.tif``,
-    ``merged/odm_georeferenced_model.laz``
+    ``merged/odm_georeferenced_model.copc.laz`` (or ``.laz``, ``MergeOptions.point_cloud_format``)
     ``report/report.md``, ``report/*.png``
     ``manifest.json`` (written last)
 
@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, overload
 
-from prefect_odm.registry import PRODUCTS, REPORT_FILES
+from prefect_odm.registry import PRODUCTS, REPORT_FILES, PointCloudFormat
 
 PRODUCT_FILES: dict[str, str] = {name: p.file_name for name, p in PRODUCTS.items()}
 """Product name -> file name, as OpenDroneMap names them (from :mod:`prefect_odm.registry`)."""
@@ -103,6 +103,7 @@ class OutputLayout:
     plan_png = _Under("plan_dir", PLAN_FILES["png"])
     submodels_dir = _Under("survey_dir", "submodels")
     merged_dir = _Under("survey_dir", "merged")
+    calibration_dir = _Under("survey_dir", "calibration")
     report_dir = _Under("survey_dir", "report")
     report_md = _Under("report_dir", "report.md")
     #: The merge reports.
@@ -128,6 +129,14 @@ class OutputLayout:
         files (the node keeps them) and takes the next attempt's UUID instead."""
         return join(self.submodel_dir(submodel_id, fingerprint), "uploads", task_uuid)
 
+    def calibration_file(self, fingerprint: str, file_name: str) -> str:
+        """A file of the survey's camera calibration (``cameras.json``, its ``geo.txt``)."""
+        return join(self.calibration_dir, fingerprint[:12], file_name)
+
+    def submodel_input(self, submodel_id: str, fingerprint: str, file_name: str) -> str:
+        """A file sent to the node with the images (``geo.txt``), stored under ``inputs/``."""
+        return join(self.submodel_dir(submodel_id, fingerprint), "inputs", file_name)
+
     def submodel_report_file(self, submodel_id: str, fingerprint: str, file_name: str) -> str:
         """A report file a node returned (``odm_report/<file_name>``), stored under ``report/``."""
         return join(self.submodel_dir(submodel_id, fingerprint), "report", file_name)
@@ -140,9 +149,10 @@ class OutputLayout:
         """A product file of one submodel (registry file name)."""
         return join(self.submodel_dir(submodel_id, fingerprint), PRODUCT_FILES[product])
 
-    def merged_product(self, product: str) -> str:
-        """A merged product file, ``merged/<registry file name>``."""
-        return join(self.merged_dir, PRODUCT_FILES[product])
+    def merged_product(self, product: str, point_cloud_format: PointCloudFormat = "laz") -> str:
+        """A merged product file, ``merged/<registry file name>`` (a point cloud written as COPC:
+        ``merged/odm_georeferenced_model.copc.laz``, :meth:`.registry.Product.merged_file_name`)."""
+        return join(self.merged_dir, PRODUCTS[product].merged_file_name(point_cloud_format))  # type: ignore[index]
 
     def report_file(self, file_name: str) -> str:
         """Another file of the report (pictures)."""

@@ -15,8 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from prefect_odm.align.report import AlignmentOptions, AlignmentReport
 from prefect_odm.clusters.records import RoutingSummary
 from prefect_odm.errors import HeaderProblem as HeaderProblem  # re-exported
+from prefect_odm.registry import PointCloudFormat
 from prefect_odm.registry import ProductName as ProductName  # re-exported
-from prefect_odm.survey.gps_records import GpsWarning
+from prefect_odm.survey.gps_records import AltitudeCorrection, GpsWarning
 
 OptionValue = str | int | float | bool
 
@@ -298,6 +299,12 @@ class SplitPlan(BaseModel):
         description="What the camera GPS shows wrong before compute (gps_quality.check_gps): "
         "altitude trends, implausible speeds, jumping positions. Not in the fingerprint.",
     )
+    altitude_correction: AltitudeCorrection | None = Field(
+        None,
+        description="Set when the plan replaced unreliable GPS altitudes by take-off height + "
+        "relative altitude (plan/altitudes.py): the cameras' z_m are those, every node gets them "
+        "as geo.txt. Enters the fingerprints through the cameras' heights.",
+    )
     neighbours: list[NeighbourPair] = Field(
         default_factory=list,
         description="Every pair of neighbouring submodels with what the alignment will have to "
@@ -457,4 +464,11 @@ class MergeOptions(BaseModel):
     accept_alignment: bool = Field(
         False,
         description="Merge even when alignment quality gates fail; the report then says so.",
+    )
+    point_cloud_format: PointCloudFormat = Field(
+        "copc",
+        description="How the merged point cloud is written: 'copc' = a COPC file "
+        "(odm_georeferenced_model.copc.laz: LAZ 1.4 with an octree, read by range request by "
+        "QGIS, PDAL and web viewers); 'laz' = a plain LAZ (odm_georeferenced_model.laz) in the "
+        "submodels' point format, as ODM writes it.",
     )

@@ -34,6 +34,11 @@ class Ownership:
     _tree: cKDTree = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        """Sort the submodel ids, label each camera and build the k-d tree of positions.
+
+        Raises:
+            ValueError: no camera.
+        """
         if len(self.x_m) == 0:
             raise ValueError("ownership needs at least one camera")
         ids = tuple(sorted(set(self.camera_submodel)))

@@ -222,6 +222,7 @@ class SubmodelBoard:
     """
 
     def __init__(self, planned: list[str]) -> None:
+        """One waiting row per planned submodel id, in the given order."""
         self._lock = threading.Lock()
         self.rows: dict[str, SubmodelRow] = {sid: SubmodelRow(sid) for sid in planned}
 

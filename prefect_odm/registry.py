@@ -24,6 +24,9 @@ ProductKind = Literal["raster", "point_cloud"]
 VerifyRule = Literal["rgba_raster", "raster", "point_cloud"]
 MergeMethod = Literal["orthophoto", "dem", "point_cloud"]
 CrsRule = Literal["projected"]
+PointCloudFormat = Literal["copc", "laz"]
+"""How the merged point cloud is written: ``copc`` (a COPC file, LAZ 1.4 with an octree, named as
+ODM names its ``--pc-copc`` output) or ``laz`` (a plain LAZ in the inputs' point format)."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,8 @@ class Product:
         option: the NodeODM boolean option that asks for the product, or ``None`` when it is
             always made.
         required: whether a finished submodel must return it (when asked for).
+        copc_odm_path: for the point cloud, ODM's path of the same cloud written as COPC
+            (``--pc-copc``): the merged COPC file takes its name.
     """
 
     name: ProductName
@@ -56,11 +61,20 @@ class Product:
     option: str | None = None
     required: bool = True
 
+    copc_odm_path: str | None = None
+
     @property
     def file_name(self) -> str:
         """The file name in a submodel folder and in ``merged/``: ODM's, the last part of
         :attr:`odm_path`."""
         return self.odm_path.rsplit("/", 1)[-1]
+
+    def merged_file_name(self, point_cloud_format: PointCloudFormat = "laz") -> str:
+        """The file name in ``merged/``: :attr:`file_name`, or for a point cloud written as COPC
+        the last part of :attr:`copc_odm_path` (ODM's ``--pc-copc`` name)."""
+        if point_cloud_format == "copc" and self.copc_odm_path is not None:
+            return self.copc_odm_path.rsplit("/", 1)[-1]
+        return self.file_name
 
 
 _ALL = (
@@ -74,6 +88,7 @@ _ALL = (
         "point_cloud",
         "point_cloud",
         kind="point_cloud",
+        copc_odm_path="odm_georeferencing/odm_georeferenced_model.copc.laz",
     ),
 )
 
@@ -97,6 +112,11 @@ REPORT_FILES: dict[str, str] = {
 each reconstructed camera's position and rotation; ``cameras.json``, at the top of the outputs:
 the camera models, OpenSfM's parameters). Every file in :data:`REPORT_FOLDER`, and
 ``cameras.json``, is stored under ``report/`` in the submodel's folder."""
+
+
+def point_cloud_format_of(url: str) -> PointCloudFormat:
+    """``copc`` for a file named as a COPC file (``*.copc.laz``), else ``laz``."""
+    return "copc" if url.lower().endswith(".copc.laz") else "laz"
 
 
 def product(name: str) -> Product:

@@ -10,12 +10,13 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import fsspec
 from fsspec.core import url_to_fs
+from pydantic import JsonValue
 
 from prefect_odm.errors import InputError, StorageError
 
@@ -30,16 +31,42 @@ def local_path(url: str) -> Path:
     return Path(url[len("file://") :] if url.startswith("file://") else url)
 
 
-def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
-    """The fsspec filesystem and the path inside it for ``url``."""
+StorageOptions = Mapping[str, JsonValue]
+"""fsspec storage options of a URL (``{"endpoint_url": ..., "key": ..., "client_kwargs": {...}}``)."""
+
+
+def filesystem(
+    url: str, storage_options: StorageOptions | None = None
+) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The fsspec filesystem and the path inside it for ``url``.
+
+    Args:
+        url: a local path or an fsspec URL.
+        storage_options: the filesystem's options (credentials, endpoint), None for fsspec's
+            defaults and the environment's credentials.
+
+    Raises:
+        StorageError: fsspec has no filesystem for the URL (or its package is not installed).
+    """
     try:
-        fs, path = url_to_fs(url)
+        fs, path = url_to_fs(url, **(storage_options or {}))
     except (ImportError, ValueError) as exc:
         raise StorageError(f"{url}: cannot open this location ({exc})") from exc
     return fs, path
 
 
+def file_size_bytes(info: Mapping[str, object]) -> int:
+    """The ``size`` of an fsspec ``info`` entry, bytes (0 when it does not say)."""
+    size = info.get("size")
+    return int(size) if isinstance(size, int | float | str) and size else 0
+
+
 def exists(url: str) -> bool:
+    """Whether a file or folder exists at ``url``.
+
+    Raises:
+        StorageError: fsspec has no filesystem for the URL.
+    """
     fs, path = filesystem(url)
     return bool(fs.exists(path))
 
@@ -59,6 +86,12 @@ def remove_if_present(url: str) -> None:
 
 
 def read_bytes(url: str) -> bytes:
+    """The bytes at ``url``.
+
+    Raises:
+        FileNotFoundError: nothing at ``url``.
+        StorageError: it cannot be read.
+    """
     fs, path = filesystem(url)
     try:
         with fs.open(path, "rb") as fh:
@@ -70,6 +103,8 @@ def read_bytes(url: str) -> bytes:
 
 
 def read_json(url: str) -> Any:
+    """The JSON document at ``url``; raises as :func:`read_bytes` does, and
+    :class:`json.JSONDecodeError` when it is not JSON."""
     return json.loads(read_bytes(url))
 
 
@@ -98,6 +133,12 @@ def write_bytes_atomic(url: str, data: bytes) -> None:
 
 
 def write_json_atomic(url: str, value: Any) -> None:
+    """Write ``value`` as indented JSON with sorted keys (values JSON does not know as
+    ``str``), atomically as :func:`write_bytes_atomic` does.
+
+    Raises:
+        StorageError: the location cannot be written.
+    """
     write_bytes_atomic(
         url, (json.dumps(value, indent=2, sort_keys=True, default=str) + "\n").encode()
     )

@@ -2,13 +2,19 @@
 
 With every submodel's reconstructed cameras (``shots.geojson``, from ODM nodes and the built-in
 engine) it solves one 3-D similarity per submodel from the cameras neighbours share
-(:func:`prefect_odm.align.align_submodels`, held on the camera GPS when given); without them
-(outputs made elsewhere) a height plane and shift per submodel from the DSMs and orthophotos in
-the overlaps (:func:`prefect_odm.merge.overlaps.align_from_products`). Then the quality gates
-(:func:`prefect_odm.align.check_report`: a submodel is tied when any
-stage ties it, the overlap figures are the last stage's): a failed gate fails the run naming the submodel and
-the figure, unless ``MergeOptions.accept_alignment``, in which case the failures are logged and
-recorded in the returned report (manifest, ``merge.json``, ``report.md``).
+(:func:`prefect_odm.align.align_submodels`, held on the camera GPS when given), then refines it
+from the DSMs and orthophotos; without cameras (outputs made elsewhere) a height plane and shift
+per submodel from the products (:func:`prefect_odm.merge.overlaps.align_from_products`).
+
+Each stage is judged before it is applied (:mod:`prefect_odm.align.stages`): its seams are
+measured on the products it corrects (:class:`prefect_odm.merge.overlaps_seams.SeamMeter`), and
+a stage that worsens a seam, is beyond plausible or leans more than a raster carries is not
+applied (the refinement is then solved on the products as the stages before leave them). Then
+the quality gates (:func:`prefect_odm.align.check_report`, on the applied stages and the seams
+measured on the products they correct): a failed gate fails the run naming the submodel and the
+figure, unless ``MergeOptions.accept_alignment``, in which case the failures are logged and
+recorded in the returned report (manifest, ``merge.json``, ``report.md``); a refused correction
+stays refused either way.
 """
 
 from __future__ import annotations
@@ -16,9 +22,11 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect_odm.tasks.align_stages import StageJudge, refine_stages
 
 from prefect_odm import storage
 from prefect_odm.align import (
@@ -34,6 +42,9 @@ from prefect_odm.align import (
 )
 from prefect_odm.errors import InputError
 from prefect_odm.models import MergeOptions
+
+if TYPE_CHECKING:
+    from prefect_odm.merge.overlaps import OrthoShift
 
 GpsPositions = Mapping[str, tuple[float, float, float]]
 
@@ -108,14 +119,21 @@ def align_submodels(
         return None
     for f in report.failures:
         logger.warning("alignment gate failed and accepted (accept_alignment): %s", f.message)
-    result = report.result
-    worst = max(result.overlaps, key=lambda o: o.rms_after_m, default=None)
+    for stage in report.stages:
+        for why in stage.reasons:
+            logger.warning("alignment stage %s not applied: %s", stage.stage, why)
+    result, final = report.result, report.final_stage()
+    seams = [s for s in (final.seams if final is not None else []) if s.orthophoto is not None]
+    worst = max(seams, key=lambda s: s.orthophoto.median_m if s.orthophoto else 0.0, default=None)
     logger.info(
-        "aligned %d submodels from %s in %.2f s; worst overlap %s",
+        "aligned %d submodels from %s in %.2f s; applied: %s; worst orthophoto seam %s",
         len(result.transforms),
         result.method,
         result.solve_seconds,
-        "none" if worst is None else f"{worst.overlap} rms {worst.rms_after_m:.3f} m",
+        "unchecked" if final is None else final.stage,
+        "not measured"
+        if worst is None or worst.orthophoto is None
+        else f"{worst.overlap} {worst.orthophoto.median_m:.3f} m (median, feature matches)",
     )
     return report
 
@@ -131,24 +149,33 @@ def build_alignment(
     if not options.align or len(products) < 2:
         return None
     tables = _camera_tables({sid: shots.get(sid) for sid in products}, crs_epsg)
-    from prefect_odm.merge.overlaps import align_from_products, ground_heights
+    from prefect_odm.merge.overlaps import align_from_products, ground_heights_and_relief
 
     with tempfile.TemporaryDirectory(prefix="prefect-odm-align-") as tmp:
         dsms = _local(products, "dsm", Path(tmp))
-        result = _solve(tables, products, dsms, Path(tmp), options, gps, crs_epsg)
-        if result is None:
+        orthos = _local(products, "orthophoto", Path(tmp))
+        if tables is None and len(dsms) < 2 and len(orthos) < 2:
             return None
-        report = AlignmentReport(
-            result=result, ground_heights_m=ground_heights(dsms) if dsms else {}
-        )
-        if result.method == "cameras" and options.alignment.refine_from_products:
-            orthos = _local(products, "orthophoto", Path(tmp))
-            if len(dsms) > 1:
-                report.refinement = align_from_products(
-                    dsms, orthos, options.alignment,
-                    corrections=report.raster_corrections(), crs_epsg=crs_epsg,
-                )  # fmt: skip
-    failures = check_report(result, report.refinement, options.alignment)
+        judge = StageJudge(dsms, orthos, options.alignment, crs_epsg)
+        result = _solve(tables, dsms, orthos, options, gps, crs_epsg, judge.matched(None))
+        heights, relief = ground_heights_and_relief(dsms) if dsms else ({}, {})
+        report = AlignmentReport(result=result, ground_heights_m=heights, relief_m=relief)
+        judge.start(report)
+        check, refused = judge.judge(report, report.first_stage, result)
+        report.stages = [*report.stages, check]
+
+        def refine(on: AlignmentReport) -> AlignmentResult:
+            fixes = on.raster_corrections()
+            return align_from_products(dsms, orthos, options.alignment, corrections=fixes,
+                                       crs_epsg=crs_epsg, matched=judge.matched(fixes))  # fmt: skip
+
+        if result.method == "cameras" and options.alignment.refine_from_products and len(dsms) > 1:
+            refused += refine_stages(report, judge, refine)
+    final = report.final_stage()
+    applied = (report.applies(report.first_stage), report.applies("refined"))
+    failures = check_report(result, report.refinement, options.alignment, applied=applied,
+                            seams=final.seams if final is not None else ())  # fmt: skip
+    failures += refused
     raise_for_failures(failures, accept=options.accept_alignment)
     report.failures, report.accepted = failures, bool(failures)
     return report
@@ -156,19 +183,17 @@ def build_alignment(
 
 def _solve(
     tables: list[CameraTable] | None,
-    products: Mapping[str, Mapping[str, str]],
     dsms: Mapping[str, Path],
-    work: Path,
+    orthos: Mapping[str, Path],
     options: MergeOptions,
     gps: GpsPositions | None,
     crs_epsg: int | None,
-) -> AlignmentResult | None:
-    """From the cameras when every submodel has them, else from the products (None: neither)."""
+    matched: Mapping[tuple[str, str], OrthoShift] | None,
+) -> AlignmentResult:
+    """From the cameras when every submodel has them, else from the products (``matched``:
+    the offsets feature matches measure on them)."""
     if tables is not None:
         return solve_submodels(tables, options.alignment, gps=gps or None)
     from prefect_odm.merge.overlaps import align_from_products
 
-    orthos = _local(products, "orthophoto", work)
-    if len(dsms) < 2 and len(orthos) < 2:
-        return None
-    return align_from_products(dsms, orthos, options.alignment, crs_epsg=crs_epsg)
+    return align_from_products(dsms, orthos, options.alignment, crs_epsg=crs_epsg, matched=matched)

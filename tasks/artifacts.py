@@ -115,6 +115,8 @@ class LiveSubmodelTable:
     """
 
     def __init__(self, board: SubmodelBoard, key: str) -> None:
+        """Create the table and progress artifacts from the board's current rows (Prefect API
+        calls)."""
         self.board = board
         rows = board.table()
         self._last = json.dumps(rows)

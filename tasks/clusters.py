@@ -15,7 +15,7 @@ from contextvars import ContextVar
 
 from prefect_odm.blocks import load_pool_block
 
-from prefect_odm.nodes.cluster import Cluster, connect_nodes, embedded_engine, split_token
+from prefect_odm.nodes.cluster import Cluster, connect_nodes, embedded_engine
 from prefect_odm.settings import get_settings
 
 _shared: ContextVar[tuple[Cluster, ...]] = ContextVar("prefect_odm_shared_cluster", default=())
@@ -54,9 +54,8 @@ def cluster_for(
     if node_pool:
         nodes, settings = load_pool_block(node_pool)
     if nodes:
-        key = sorted(split_token(u)[0] for u in nodes)
         for shared in _shared.get():
-            if sorted(shared.clients) == key:
+            if shared.serves(nodes):
                 yield shared
                 return
         yield connect_nodes(nodes, settings=settings)

@@ -41,12 +41,12 @@ def active_reconstruction(tag: str) -> str | None:
     return str(runs[0].id) if runs else None
 
 
-@task(name="survey_fingerprint", cache_policy=NO_CACHE, task_run_name="fingerprint-{folder}")
-def survey_fingerprint(folder: str) -> str:
+@task(name="fingerprint_folder", cache_policy=NO_CACHE, task_run_name="fingerprint-{folder}")
+def fingerprint_folder(folder: str) -> str:
     """The survey fingerprint of the images in ``folder`` (see :mod:`prefect_odm.survey.scan`)."""
-    from prefect_odm.survey.scan import scan_survey
+    from prefect_odm.survey.scan import scan_images
 
-    return scan_survey(folder).fingerprint
+    return scan_images(folder).fingerprint
 
 
 @task(

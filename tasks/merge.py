@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, NotRequired, TypedDict, Unpack
+from typing import TYPE_CHECKING, NotRequired, Protocol, TypedDict, TypeVar, Unpack
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -32,7 +32,7 @@ from prefect_odm.merge.reports import (
 )
 from prefect_odm.models import MergeOptions
 from prefect_odm.ownership import Ownership
-from prefect_odm.registry import PRODUCTS, MergeMethod, ProductName
+from prefect_odm.registry import PRODUCTS, MergeMethod, PointCloudFormat, ProductName
 
 if TYPE_CHECKING:  # the merge adapters (rasterio) are imported when a task runs
     from prefect_odm.merge.blocks import RasterMergeKeywords
@@ -84,44 +84,73 @@ class MergeContext:
         }
 
 
+_Report = TypeVar("_Report", OrthoMergeReport, DemMergeReport)
+_Made = TypeVar("_Made", OrthoMergeReport, DemMergeReport, covariant=True)
+
+
+class _RasterMerge(Protocol[_Made]):
+    """A raster merge of :mod:`prefect_odm.merge` (``merge_orthophotos``, ``merge_dems``)."""
+
+    def __call__(
+        self,
+        inputs: Mapping[str, Path],
+        out: Path,
+        *,
+        ownership: Ownership | None,
+        options: MergeOptions | None = ...,
+        alignment: AlignmentReport | None = ...,
+        seamlines: OwnerLabels | None = ...,
+        **raster: Unpack[RasterMergeKeywords],
+    ) -> _Made:
+        """Merge ``inputs`` (local rasters by submodel id) into ``out``; the report."""
+        ...
+
+
+def _fetch_and_merge(
+    merge: _RasterMerge[_Report],
+    inputs: Mapping[str, str],
+    out: Path,
+    context: MergeContext,
+    product: str,
+) -> _Report:
+    """Fetch ``product``'s inputs into the working folder and merge them with ``merge`` in the
+    merge's context."""
+    return merge(
+        _local_inputs(inputs, context.work, product), out, ownership=context.ownership,
+        options=context.options, alignment=context.alignment, seamlines=context.seamlines,
+        **context.raster_keywords(product),
+    )  # fmt: skip
+
+
 @task(name="merge_orthophotos", cache_policy=NO_CACHE)
-def merge_orthophotos(
+def fetch_and_merge_orthophotos(
     inputs: Mapping[str, str], out: Path, context: MergeContext
 ) -> OrthoMergeReport:
     """Merge submodel orthophotos (URLs, fetched first) into one RGBA COG at ``out`` (a local
     path); returns the report (see :func:`prefect_odm.merge.merge_orthophotos`)."""
-    from prefect_odm.merge import merge_orthophotos as _merge
+    from prefect_odm.merge import merge_orthophotos
 
-    local = _local_inputs(inputs, context.work, "orthophoto")
-    keywords = context.raster_keywords("orthophoto")
-    return _merge(
-        local, out, ownership=context.ownership, options=context.options,
-        alignment=context.alignment, seamlines=context.seamlines, **keywords,
-    )  # fmt: skip
+    return _fetch_and_merge(merge_orthophotos, inputs, out, context, "orthophoto")
 
 
 @task(name="merge_dems", cache_policy=NO_CACHE)
-def merge_dems(
+def fetch_and_merge_dems(
     inputs: Mapping[str, str], out: Path, context: MergeContext, product: str = "dsm"
 ) -> DemMergeReport:
     """Merge submodel DSMs (or DTMs, ``product``) into one float32 COG at ``out``; returns the
     report (see :func:`prefect_odm.merge.merge_dems`)."""
-    from prefect_odm.merge import merge_dems as _merge
+    from prefect_odm.merge import merge_dems
 
-    local = _local_inputs(inputs, context.work, product)
-    keywords = context.raster_keywords(product)
-    return _merge(
-        local, out, ownership=context.ownership, options=context.options,
-        alignment=context.alignment, seamlines=context.seamlines, **keywords,
-    )  # fmt: skip
+    return _fetch_and_merge(merge_dems, inputs, out, context, product)
 
 
 @task(name="merge_point_clouds", cache_policy=NO_CACHE)
-def merge_point_clouds(
+def fetch_and_merge_point_clouds(
     inputs: Mapping[str, str], out: Path, context: MergeContext
 ) -> PointCloudMergeReport:
-    """Merge submodel LAZ files, each cropped to its own area, into one LAZ at ``out``
-    (see :func:`prefect_odm.merge.merge_point_clouds`)."""
+    """Merge submodel LAZ files, each cropped to its own area, into one COPC or LAZ file at
+    ``out`` (``context.options.point_cloud_format``; see
+    :func:`prefect_odm.merge.merge_point_clouds`)."""
     from prefect_odm.merge import merge_point_clouds as _merge
 
     local = _local_inputs(inputs, context.work, "point_cloud")
@@ -133,6 +162,7 @@ def merge_point_clouds(
         progress=_on_progress("point_cloud"),
         alignment=context.alignment,
         seamlines=context.seamlines,
+        point_cloud_format=context.options.point_cloud_format,
     )
 
 
@@ -165,7 +195,7 @@ def check_coverage(
 
 
 @task(name="find_existing_outputs", cache_policy=NO_CACHE)
-def find_existing_outputs(inputs: list[str], work: Path) -> list[ExistingOutput]:
+def collect_existing_outputs(inputs: list[str], work: Path) -> list[ExistingOutput]:
     """Every OpenDroneMap output found at ``inputs`` (zip members extracted into ``work``),
     sorted by id (see :func:`prefect_odm.merge.find_existing_outputs`)."""
     from prefect_odm.merge import find_existing_outputs as _find
@@ -191,14 +221,16 @@ class _MergeRun:
 
     def merge(self, name: ProductName, method: MergeMethod, inputs: Mapping[str, str]) -> None:
         """Merge one product into the staging folder with its registry method."""
-        out = self.context.work / PRODUCTS[name].file_name
+        out = self.context.work / PRODUCTS[name].merged_file_name(
+            self.context.options.point_cloud_format
+        )
         report: ProductMergeReport
         if method == "orthophoto":
-            report = merge_orthophotos(inputs, out, self.context)
+            report = fetch_and_merge_orthophotos(inputs, out, self.context)
         elif method == "dem":
-            report = merge_dems(inputs, out, self.context, product=name)
+            report = fetch_and_merge_dems(inputs, out, self.context, product=name)
         else:
-            report = merge_point_clouds(inputs, out, self.context)
+            report = fetch_and_merge_point_clouds(inputs, out, self.context)
         self.reports[name] = report
         self.staged[name] = out
 
@@ -274,14 +306,15 @@ class MergeKeywords(TypedDict):
 
 def merge_products(
     products: Mapping[str, Mapping[str, str]],
-    layout_merged: Callable[[str], str],
+    layout_merged: Callable[[str, PointCloudFormat], str],
     **kw: Unpack[MergeKeywords],
 ) -> MergedProducts:
     """Merge each product from the inputs that have it, check coverage, store the results.
 
     Args:
         products: submodel id -> product name -> URL.
-        layout_merged: product name -> URL where the merged product is stored.
+        layout_merged: (product name, point-cloud format) -> URL where the merged product is
+            stored (:meth:`prefect_odm.layout.OutputLayout.merged_product`).
         **kw: ``ownership``, ``crs_epsg``, ``planned_footprint``, ``options``, ``alignment`` (see
             :class:`MergeKeywords`).
 
@@ -321,7 +354,7 @@ def merge_products(
             )
         stored: dict[str, str] = {}
         for staged, path in run.staged.items():
-            stored[staged] = layout_merged(staged)
+            stored[staged] = layout_merged(staged, options.point_cloud_format)
             storage.put_file(path, stored[staged])
             # the report names the stored product, not the staging file deleted below
             run.reports[staged] = run.reports[staged].model_copy(update={"path": stored[staged]})

@@ -199,7 +199,7 @@ def report_markdown(
         lines += [
             f"- `{r.name}`: {r.detail or r.reason} ({r.reason})" for r in manifest.rejected_images
         ]
-    lines += alignment_lines(reports.alignment)
+    lines += alignment_lines(reports.alignment, reports.dsm)
     lines += ["", "## Timings (seconds)", ""]
     lines += [f"- {k}: {v:.1f}" for k, v in manifest.timings_seconds.items()]
     lines += ["", "![plan](../plan/plan.png)", ""]
@@ -316,5 +316,5 @@ def existing_merge_markdown(manifest: Manifest, reports: MergeReports) -> str:
         lines += [f"- {k}: {v:.4g}" for k, v in sorted(manifest.coverage.items())]
     if reports.orthophoto is not None:
         lines += seam_lines(reports.orthophoto)
-    lines += alignment_lines(reports.alignment)
+    lines += alignment_lines(reports.alignment, reports.dsm)
     return "\n".join(lines) + "\n"

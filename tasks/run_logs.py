@@ -31,6 +31,7 @@ class CoreRunLogHandler(APILogHandler):
     goes to that run's logs; a line logged outside any run is dropped without a warning."""
 
     def emit(self, record: logging.LogRecord) -> None:
+        """Send ``record`` to its run's logs; drop it when it was logged outside any run."""
         if getattr(record, "flow_run_id", None) is None and not _in_run():
             return
         super().emit(record)

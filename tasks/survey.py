@@ -14,9 +14,9 @@ from prefect_odm.models import MergeOptions, ProcessingOptions, SplitPlan, Surve
 @task(name="scan_survey", cache_policy=NO_CACHE, task_run_name="scan_survey")
 def scan_survey(images: str, policy: Literal["exclude", "fail"] = "exclude") -> Survey:
     """Scan the images at ``images`` (folder or fsspec URL) into a :class:`Survey`."""
-    from prefect_odm.survey.scan import scan_survey as _scan
+    from prefect_odm.survey.scan import scan_images
 
-    return _scan(images, policy=policy)
+    return scan_images(images, policy=policy)
 
 
 @task(name="plan_submodels", cache_policy=NO_CACHE, task_run_name="plan_submodels")
@@ -29,7 +29,7 @@ def plan_submodels(
     node_memory_gib: Sequence[float] = (),
     merge_options: MergeOptions | None = None,
 ) -> SplitPlan:
-    """Split the survey into submodels (see :func:`prefect_odm.plan.planning.plan_submodels`).
+    """Split the survey into submodels (see :func:`prefect_odm.plan.planning.plan_split`).
 
     Each of the plan's warnings (wasteful overlap, merged duplicates, GPS problems seen before
     compute) is sent as a ``warning`` progress event, which the command line prints as
@@ -38,9 +38,9 @@ def plan_submodels(
     (``merge_options``) could not tie raises ``PlanningError`` before anything is uploaded.
     """
     from prefect_odm import progress
-    from prefect_odm.plan.planning import plan_submodels as _plan
+    from prefect_odm.plan.planning import plan_split
 
-    plan = _plan(
+    plan = plan_split(
         survey,
         split=split,
         split_overlap_m=split_overlap_m,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import struct
 from pathlib import Path
+from typing import Any
 
 RATIONAL = 5
 DENOMINATOR = 10_000
@@ -67,18 +68,18 @@ def set_gps(data: bytes, latitude: float, longitude: float, altitude_m: float) -
     return bytes(out)
 
 
-def drifted_copy(source: Path, dest: Path, drift_m: float) -> None:
-    """``source``'s images in ``dest``, the GPS altitude (EXIF and XMP ``AbsoluteAltitude``)
-    raised by ``drift_m`` per image in capture order; ``RelativeAltitude`` untouched."""
+def _altered_copy(
+    source: Path, dest: Path, raise_m: list[float], *, keep_relative: bool = True
+) -> None:
+    """``source``'s images in ``dest``, the k-th in capture order with its GPS altitude (EXIF
+    and XMP ``AbsoluteAltitude``) raised by ``raise_m[k]``; ``RelativeAltitude`` untouched, or
+    (``keep_relative`` False) hidden from readers under another attribute name."""
     from prefect_odm.engine.camera import read_images
 
-    images = sorted(
-        read_images(source), key=lambda m: (m.capture_time is None, m.capture_time, m.name)
-    )
     dest.mkdir(parents=True)
-    for k, meta in enumerate(images):
+    for k, meta in enumerate(in_capture_order(source)):
         assert meta.altitude_m is not None
-        altitude = meta.altitude_m + drift_m * k
+        altitude = meta.altitude_m + raise_m[k]
         data = set_gps((source / meta.name).read_bytes(), meta.latitude, meta.longitude, altitude)
         # same length: the XMP packet's size is in its segment header
         data = re.sub(
@@ -87,7 +88,54 @@ def drifted_copy(source: Path, dest: Path, drift_m: float) -> None:
             data,
             count=1,
         )
+        if not keep_relative:
+            data = data.replace(b"RelativeAltitude=", b"RelativeAltitudX=", 1)
         (dest / meta.name).write_bytes(data)
+    assert len(read_images(dest)) == len(raise_m)
+
+
+def in_capture_order(source: Path) -> list[Any]:
+    """``source``'s image metadata (the engine's ``ImageMeta``) in capture order, then name."""
+    from prefect_odm.engine.camera import read_images
+
+    return sorted(
+        read_images(source), key=lambda m: (m.capture_time is None, m.capture_time, m.name)
+    )
+
+
+def drifted_copy(source: Path, dest: Path, drift_m: float, *, keep_relative: bool = True) -> None:
+    """``source``'s images in ``dest``, the GPS altitude (EXIF and XMP ``AbsoluteAltitude``)
+    raised by ``drift_m`` per image in capture order; ``RelativeAltitude`` untouched (or hidden,
+    ``keep_relative`` False)."""
+    count = len(in_capture_order(source))
+    _altered_copy(source, dest, [drift_m * k for k in range(count)], keep_relative=keep_relative)
+
+
+def turn_images(source: Path, min_turn_deg: float = 90.0) -> list[str]:
+    """The images on either side of a turn: consecutive shots (capture order) whose DJI
+    ``FlightYawDegree`` differs by more than ``min_turn_deg``."""
+    images = in_capture_order(source)
+    names: set[str] = set()
+    for before, after in zip(images, images[1:], strict=False):
+        assert before.flight_yaw_deg is not None and after.flight_yaw_deg is not None
+        turn = abs((after.flight_yaw_deg - before.flight_yaw_deg + 180.0) % 360.0 - 180.0)
+        if turn > min_turn_deg:
+            names |= {before.name, after.name}
+    return sorted(names)
+
+
+def lagged_copy(source: Path, dest: Path, lag_m: float) -> list[str]:
+    """``source``'s images in ``dest``, the GPS altitude of the images on either side of each
+    turn (:func:`turn_images`) raised by ``lag_m`` (a GPS altitude lagging through the turns);
+    ``RelativeAltitude`` untouched.
+
+    Returns:
+        The names of the raised images.
+    """
+    turns = set(turn_images(source))
+    raised = [lag_m if m.name in turns else 0.0 for m in in_capture_order(source)]
+    _altered_copy(source, dest, raised)
+    return sorted(turns)
 
 
 def split_copy(source: Path, dest: Path, east_m: float) -> list[str]:

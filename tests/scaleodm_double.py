@@ -11,8 +11,9 @@ project folder to ``writeS3Path``), the double downloads the images from the S3 
 given, processes them on a real built-in engine (``engine_url``), and copies that engine's
 products (ODM's folder layout) to ``writeS3Path``.
 
-Fault: ``oom_first=N`` makes the first N tasks fail as Argo reports a pod killed for memory
-(``OOMKilled (exit code 137)``), after their images were read.
+Faults: ``oom_first=N`` makes the first N tasks fail as Argo reports a pod killed for memory
+(``OOMKilled (exit code 137)``), after their images were read; ``fail_first=N`` makes the
+first N fail as Argo reports a container that exited with an error (``Error (exit code 1)``).
 """
 
 from __future__ import annotations
@@ -66,9 +67,10 @@ def _s3(endpoint: str | None) -> Any:
 class ScaleODMDouble:
     """The double's state and its FastAPI app (``app``)."""
 
-    def __init__(self, engine_url: str, *, oom_first: int = 0) -> None:
+    def __init__(self, engine_url: str, *, oom_first: int = 0, fail_first: int = 0) -> None:
         self.engine = NodeClient(engine_url)
         self.oom_left = oom_first
+        self.fail_left = fail_first
         self.jobs: dict[str, Job] = {}
         self.requests: list[dict[str, Any]] = []
         """Every ``POST /task/new`` as received: form fields and the ``set-uuid`` header."""
@@ -194,11 +196,16 @@ class ScaleODMDouble:
                 fs.get_file(key, str(local / key.rsplit("/", 1)[-1]))
             job.output.append(f"downloaded {len(job.images)} images from {job.read}")
             with self._lock:
-                oom = self.oom_left > 0
+                oom, fail = self.oom_left > 0, self.oom_left <= 0 < self.fail_left
                 self.oom_left -= int(oom)
+                self.fail_left -= int(fail)
             if oom:
                 job.output.append("process: OOMKilled")
                 job.status, job.error = 30, "OOMKilled (exit code 137)"
+                return
+            if fail:
+                job.output.append("process: [ERROR] The program exited with code 1")
+                job.status, job.error = 30, "Error (exit code 1)"
                 return
             try:
                 uuid = self.engine.create_task(

@@ -15,6 +15,7 @@ from prefect_odm.tasks.align import build_alignment
 
 from prefect_odm.align import AlignmentError, AlignmentOptions, read_shots_geojson
 from prefect_odm.merge import merge_dems
+from prefect_odm.merge.alignment_figures import stage_label
 from prefect_odm.merge.overlaps import dem_overlaps, ortho_shifts
 from prefect_odm.models import MergeOptions, SplitPlan
 from prefect_odm.ownership import Ownership
@@ -49,11 +50,33 @@ def test_run_records_its_alignment_in_the_manifest_and_report(brighton_split) ->
     assert ov.rms_after_m < ov.rms_before_m
     report = (survey_dir / "report" / "report.md").read_text()
     assert "## Alignment between submodels" in report
+    _check_report_shows_the_merged_figures(a, survey_dir, report)
     # the node's camera models are kept with each submodel; about 10 images a submodel keep the
     # simple camera (one radial term, the principal point at the centre)
     for folder in submodel_folders(survey_dir).values():
         (camera,) = json.loads((folder / "report" / "cameras.json").read_text()).values()
         assert camera["k2"] == camera["c_x"] == camera["c_y"] == 0.0 and camera["k1"] != 0.0
+
+
+def _check_report_shows_the_merged_figures(alignment, survey_dir: Path, report: str) -> None:  # type: ignore[no-untyped-def]
+    """The applied stage's DSM seams are those the DSM merge measured (``merge.json``), in the
+    manifest and in ``report.md``, row for row."""
+    final = alignment.final_stage()
+    assert final is not None and final.seams, alignment.stages
+    merged = json.loads((survey_dir / "report" / "merge.json").read_text())["dsm"]["overlap_seams"]
+    assert merged and {s.overlap: s.dsm.model_dump() for s in final.seams if s.dsm} == merged
+    for stage in alignment.stages:
+        print(f"brighton {stage.stage} (applied {stage.applied}): "
+              + "; ".join(f"{s.overlap} {s.orthophoto} {s.dsm}" for s in stage.seams))  # fmt: skip
+
+    def dsm_cells(label: str) -> list[list[str]]:
+        rows = [line.split("|")[1:-1] for line in report.splitlines() if line.startswith("| ")]
+        return [[c.strip() for c in r[-3:]] for r in rows if r[0].strip() == label]
+
+    shown = dsm_cells("merged DSM (merge.json)")
+    assert len(shown) == len(merged) and shown == dsm_cells(stage_label(final))
+    for cells, (_, seam) in zip(shown, sorted(merged.items()), strict=True):
+        assert cells == [f"{seam['median_m']:+.3f}", f"{seam['p90_m']:.3f}", str(seam["samples"])]
 
 
 def test_known_transform_is_recovered_and_the_seam_closes(brighton_split, tmp_path) -> None:

@@ -183,7 +183,7 @@ def test_python_api_validates_options_as_the_command_line_does():
 
     from prefect_odm.errors import PlanningError
     from prefect_odm.models import ProcessingOptions
-    from prefect_odm.plan.planning import plan_submodels
+    from prefect_odm.plan.planning import plan_split
 
     for extra in ({"orthophoto-resolution": "abc"}, {"": 1}, {"crop": float("inf")}):
         with pytest.raises(ValidationError):
@@ -191,7 +191,7 @@ def test_python_api_validates_options_as_the_command_line_does():
     with pytest.raises(ValidationError):
         ProcessingOptions(orthophoto_resolution_cm=float("inf"))
     with pytest.raises(PlanningError, match="finite"):
-        plan_submodels(None, split_overlap_m=float("inf"))  # type: ignore[arg-type]
+        plan_split(None, split_overlap_m=float("inf"))  # type: ignore[arg-type]
 
 
 def test_stray_files_in_a_survey_are_listed_as_skipped(brighton_images, tmp_path):

@@ -1,4 +1,5 @@
-"""Issue 30/31: a survey whose GPS altitude drifts is refused at the plan, before any upload."""
+"""Issue 30/31: a survey whose GPS altitude drifts, with no relative altitude to correct it
+(``tests/test_altitude_correction.py``), is refused at the plan, before any upload."""
 
 from __future__ import annotations
 
@@ -8,15 +9,16 @@ import pytest
 from exif_gps_edit import drifted_copy
 
 from prefect_odm.plan.checks import altitude_prior_tilt_deg, plan_gps_refusal
-from prefect_odm.plan.planning import plan_submodels
-from prefect_odm.survey.scan import scan_survey
+from prefect_odm.plan.planning import plan_split
+from prefect_odm.survey.scan import scan_images
 
 
 @pytest.fixture(scope="module")
 def drifted(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """brighton with its GPS altitude drifting +1.7 m per image (EXIF and XMP)."""
+    """brighton with its GPS altitude drifting +1.7 m per image (EXIF and XMP), its relative
+    altitudes hidden."""
     folder = tmp_path_factory.mktemp("drift") / "images"
-    drifted_copy(data_dir / "brighton_beach_1600" / "images", folder, 1.7)
+    drifted_copy(data_dir / "brighton_beach_1600" / "images", folder, 1.7, keep_relative=False)
     return folder
 
 
@@ -28,8 +30,8 @@ def test_prior_tilt_of_a_plane_and_of_a_line() -> None:
 
 
 def test_untouched_brighton_is_planned(data_dir: Path) -> None:
-    survey = scan_survey(str(data_dir / "brighton_beach_1600" / "images"))
-    plan = plan_submodels(survey, split=10, split_overlap_m=20)
+    survey = scan_images(str(data_dir / "brighton_beach_1600" / "images"))
+    plan = plan_split(survey, split=10, split_overlap_m=20)
     assert plan_gps_refusal(plan, survey) is None
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from prefect_odm.survey.identity_cache import CACHE_FILE_NAME
-from prefect_odm.survey.scan import scan_survey_with_stats
+from prefect_odm.survey.scan import scan_images_with_stats
 
 
 @pytest.fixture
@@ -23,15 +23,15 @@ def test_a_second_scan_reads_headers_only_and_gives_the_same_identities(
     brighton_images: Path, home: Path
 ) -> None:
     total = sum(p.stat().st_size for p in brighton_images.iterdir() if p.suffix.lower() == ".jpg")
-    first, st1 = scan_survey_with_stats(str(brighton_images))
+    first, st1 = scan_images_with_stats(str(brighton_images))
     assert st1.identity_bytes == total
     assert (home / CACHE_FILE_NAME).exists()
-    second, st2 = scan_survey_with_stats(str(brighton_images))
+    second, st2 = scan_images_with_stats(str(brighton_images))
     assert st2.identity_bytes == 0
     assert [im.identity for im in second.images] == [im.identity for im in first.images]
     assert second.fingerprint == first.fingerprint
     # Without the cache every byte is read again.
-    _, st3 = scan_survey_with_stats(str(brighton_images), use_identity_cache=False)
+    _, st3 = scan_images_with_stats(str(brighton_images), use_identity_cache=False)
     assert st3.identity_bytes == total
 
 
@@ -40,14 +40,14 @@ def test_a_rewritten_image_is_hashed_again_even_with_its_old_mtime(
 ) -> None:
     images = tmp_path / "images"
     shutil.copytree(brighton_images, images)
-    first, _ = scan_survey_with_stats(str(images))
+    first, _ = scan_images_with_stats(str(images))
     victim = sorted(images.glob("*.JPG"))[0]
     before = victim.stat()
     data = bytearray(victim.read_bytes())
     data[-100] ^= 0xFF  # same size, new content, inside the entropy-coded data
     victim.write_bytes(bytes(data))
     os.utime(victim, ns=(before.st_atime_ns, before.st_mtime_ns))  # the old mtime back
-    second, stats = scan_survey_with_stats(str(images))
+    second, stats = scan_images_with_stats(str(images))
     assert stats.identity_bytes == victim.stat().st_size  # only the rewritten file
     old = {im.name: im.identity for im in first.images}
     new = {im.name: im.identity for im in second.images}

@@ -10,13 +10,13 @@ import pytest
 from prefect_odm import storage
 from prefect_odm.layout import plan_file
 from prefect_odm.plan.cache import MAX_PLANS, _cache, load_plan_and_survey
-from prefect_odm.plan.planning import plan_submodels
-from prefect_odm.survey.scan import scan_survey
+from prefect_odm.plan.planning import plan_split
+from prefect_odm.survey.scan import scan_images
 
 
 def store(folder: Path, images: Path, split: int) -> str:
-    survey = scan_survey(str(images))
-    plan = plan_submodels(survey, split=split, split_overlap_m=10)
+    survey = scan_images(str(images))
+    plan = plan_split(survey, split=split, split_overlap_m=10)
     plan_url = str(folder / "plan" / "plan.json")
     storage.write_json_atomic(plan_url, plan.model_dump(mode="json"))
     storage.write_json_atomic(

@@ -30,9 +30,9 @@ from prefect_odm.plan.neighbours import (
     settle_overlap,
     untied_submodels,
 )
-from prefect_odm.plan.planning import plan_submodels
+from prefect_odm.plan.planning import plan_split
 from prefect_odm.survey.layouts import layout_survey, read_layout
-from prefect_odm.survey.scan import scan_survey
+from prefect_odm.survey.scan import scan_images
 
 CAMERAS_ONLY = MergeOptions(alignment=AlignmentOptions(refine_from_products=False))
 NEEDED = re.compile(r"use --split-overlap-m (\d+(?:\.\d+)?) or more")
@@ -172,7 +172,7 @@ def test_grid_at_10_m_is_tied_by_its_products(grid: Survey) -> None:
     """600 images 36 x 27 m apart, --split 25 --split-overlap-m 10: no camera is within 10 m of
     a neighbour's core area, but the 150 m footprints overlap, so the refinement from the DSMs
     and orthophotos ties every pair (what ``check_report`` judges): not refused."""
-    plan = plan_submodels(grid, split=25, split_overlap_m=10)
+    plan = plan_split(grid, split=25, split_overlap_m=10)
     assert len(plan.submodels) == 24 and plan.split_overlap_m == 10
     check_figures(plan)
     assert plan.neighbours and all(p.tied_by == "products" for p in plan.neighbours)
@@ -184,7 +184,7 @@ def test_grid_at_10_m_is_refused_when_only_cameras_tie(grid: Survey) -> None:
     """Without the refinement from products, the camera step alone must tie each submodel:
     refused naming the pair and the overlap needed; that overlap plans, one step less not."""
     with pytest.raises(PlanningError) as caught:
-        plan_submodels(grid, split=25, split_overlap_m=10, merge_options=CAMERAS_ONLY)
+        plan_split(grid, split=25, split_overlap_m=10, merge_options=CAMERAS_ONLY)
     text = str(caught.value)
     assert "\n" not in text
     assert re.search(
@@ -192,12 +192,12 @@ def test_grid_at_10_m_is_refused_when_only_cameras_tie(grid: Survey) -> None:
     )
     needed = needed_overlap(caught.value)
     assert needed > 10
-    plan = plan_submodels(grid, split=25, split_overlap_m=needed, merge_options=CAMERAS_ONLY)
+    plan = plan_split(grid, split=25, split_overlap_m=needed, merge_options=CAMERAS_ONLY)
     check_figures(plan)
     assert not untied_submodels(plan.neighbours, [sm.id for sm in plan.submodels])
     if needed - OVERLAP_STEP_M > 10:
         with pytest.raises(PlanningError):
-            plan_submodels(
+            plan_split(
                 grid, split=25, split_overlap_m=needed - OVERLAP_STEP_M, merge_options=CAMERAS_ONLY
             )
 
@@ -206,19 +206,17 @@ def test_grid_overlap_not_given_is_widened_when_only_cameras_tie() -> None:
     """A sparser grid (80 x 60 m, 150 m footprints), overlap not set: the default 50 m leaves
     pairs untied by cameras, so the planner widens it, in steps, and says so in one line."""
     sparse = grid_survey(10, 12, line_spacing_m=80.0, shot_spacing_m=60.0)
-    plan = plan_submodels(sparse, split=12, merge_options=CAMERAS_ONLY)
+    plan = plan_split(sparse, split=12, merge_options=CAMERAS_ONLY)
     assert plan.split_overlap_asked_m == 50.0
     assert plan.split_overlap_m > 50.0 and plan.split_overlap_m % OVERLAP_STEP_M == 0
     assert all(p.tied_by == "cameras" for p in plan.neighbours)
     notes = [w for w in plan.warnings if "split overlap widened" in w]
     assert len(notes) == 1 and f"to {plan.split_overlap_m:g} m" in notes[0]
     # One step less leaves a pair untied by its cameras.
-    narrower = plan_submodels(
-        sparse, split=12, split_overlap_m=plan.split_overlap_m - OVERLAP_STEP_M
-    )
+    narrower = plan_split(sparse, split=12, split_overlap_m=plan.split_overlap_m - OVERLAP_STEP_M)
     assert any(p.shared_images < 3 for p in narrower.neighbours)
     # Given the same overlap, nothing is widened.
-    again = plan_submodels(
+    again = plan_split(
         sparse, split=12, split_overlap_m=plan.split_overlap_m, merge_options=CAMERAS_ONLY
     )
     assert again.split_overlap_asked_m is None and again.split_overlap_m == plan.split_overlap_m
@@ -226,8 +224,8 @@ def test_grid_overlap_not_given_is_widened_when_only_cameras_tie() -> None:
 
 def test_neighbour_figures_are_deterministic(grid: Survey) -> None:
     shuffled = grid.model_copy(update={"images": random.Random(3).sample(grid.images, 600)})
-    a = plan_submodels(grid, split=25, split_overlap_m=10)
-    b = plan_submodels(shuffled, split=25, split_overlap_m=10)
+    a = plan_split(grid, split=25, split_overlap_m=10)
+    b = plan_split(shuffled, split=25, split_overlap_m=10)
     assert a.model_dump_json() == b.model_dump_json()
     assert a.neighbours == b.neighbours and a.fingerprint == b.fingerprint
 
@@ -239,9 +237,9 @@ def test_neighbour_figures_are_deterministic(grid: Survey) -> None:
 def test_brighton_split_6_at_10_m_is_not_refused(data_dir: Path, pipeline: str) -> None:
     """Issue 30's acceptance: brighton --split 6 --split-overlap-m 10 (2-3 overlap images per
     submodel) must complete with seams aligned; its products tie every pair."""
-    survey = scan_survey(str(data_dir / "brighton_beach_1600" / "images"))
+    survey = scan_images(str(data_dir / "brighton_beach_1600" / "images"))
     options = ProcessingOptions.model_validate({"pipeline": pipeline})
-    plan = plan_submodels(survey, split=6, split_overlap_m=10, options=options)
+    plan = plan_split(survey, split=6, split_overlap_m=10, options=options)
     assert len(plan.submodels) == 3
     check_figures(plan)
     assert plan.neighbours
@@ -257,7 +255,7 @@ def test_real_layouts(data_dir: Path, name: str, overlap_m: float) -> None:
     only, an overlap is refused exactly when a submodel shares fewer than 3 images with every
     neighbour, and the overlap the refusal names plans."""
     survey = layout_survey(read_layout(data_dir / "layouts" / name))
-    plan = plan_submodels(survey, split=100, split_overlap_m=overlap_m)
+    plan = plan_split(survey, split=100, split_overlap_m=overlap_m)
     check_figures(plan)
     ids = [sm.id for sm in plan.submodels]
     assert len(ids) > 10 and not untied_submodels(plan.neighbours, ids)
@@ -267,13 +265,13 @@ def test_real_layouts(data_dir: Path, name: str, overlap_m: float) -> None:
         if not any(p.shared_images >= 3 for p in plan.neighbours if sid in (p.first, p.second))
     ]
     if not untied_by_cameras:
-        plan_submodels(survey, split=100, split_overlap_m=overlap_m, merge_options=CAMERAS_ONLY)
+        plan_split(survey, split=100, split_overlap_m=overlap_m, merge_options=CAMERAS_ONLY)
         return
     with pytest.raises(PlanningError) as caught:
-        plan_submodels(survey, split=100, split_overlap_m=overlap_m, merge_options=CAMERAS_ONLY)
+        plan_split(survey, split=100, split_overlap_m=overlap_m, merge_options=CAMERAS_ONLY)
     needed = needed_overlap(caught.value)
     assert needed > overlap_m
-    wide = plan_submodels(survey, split=100, split_overlap_m=needed, merge_options=CAMERAS_ONLY)
+    wide = plan_split(survey, split=100, split_overlap_m=needed, merge_options=CAMERAS_ONLY)
     assert not untied_submodels(wide.neighbours, [sm.id for sm in wide.submodels])
 
 
@@ -283,12 +281,12 @@ def test_layout_outcomes_by_overlap(data_dir: Path) -> None:
     survey = layout_survey(read_layout(data_dir / "layouts" / "agung-2"))
     medians = []
     for overlap_m in (10.0, 20.0, 50.0):
-        plan = plan_submodels(survey, split=100, split_overlap_m=overlap_m)
+        plan = plan_split(survey, split=100, split_overlap_m=overlap_m)
         medians.append(float(np.median([p.shared_images for p in plan.neighbours])))
     assert medians == sorted(medians) and medians[-1] > medians[0]
     with pytest.raises(PlanningError):
-        plan_submodels(survey, split=100, split_overlap_m=10, merge_options=CAMERAS_ONLY)
-    plan_submodels(survey, split=100, split_overlap_m=50, merge_options=CAMERAS_ONLY)
+        plan_split(survey, split=100, split_overlap_m=10, merge_options=CAMERAS_ONLY)
+    plan_split(survey, split=100, split_overlap_m=50, merge_options=CAMERAS_ONLY)
 
 
 # ----------------------------------------------------------------------------- the command line
@@ -332,7 +330,7 @@ def test_a_split_that_cannot_be_aligned_stops_at_the_plan(
 def test_plan_report_lists_the_seams(grid: Survey) -> None:
     from prefect_odm.plan.picture import plan_markdown
 
-    plan = plan_submodels(grid, split=25, split_overlap_m=10)
+    plan = plan_split(grid, split=25, split_overlap_m=10)
     md = plan_markdown(plan, grid)
     rows = [ln for ln in md.splitlines() if re.match(r"\| submodel-\d{3} / submodel-\d{3} \|", ln)]
     assert len(rows) == len(plan.neighbours)
@@ -342,5 +340,5 @@ def test_plan_report_lists_the_seams(grid: Survey) -> None:
         f"{first.footprint_overlap_m2:,.0f} | products |"
     )
     sparse = grid_survey(10, 12, line_spacing_m=80.0, shot_spacing_m=60.0)
-    widened = plan_submodels(sparse, split=12, merge_options=CAMERAS_ONLY)
+    widened = plan_split(sparse, split=12, merge_options=CAMERAS_ONLY)
     assert "widened from 50 m to" in plan_markdown(widened, sparse)

@@ -21,10 +21,10 @@ from prefect_odm.ownership import Ownership
 from prefect_odm.plan.coverage_gaps import find_coverage_gaps
 from prefect_odm.plan.partition import default_min_submodel_images, rebalanced_sizes, target_sizes
 from prefect_odm.plan.picture import plan_geojson, plan_markdown, plan_png, plan_rows
-from prefect_odm.plan.planning import plan_from_positions, plan_submodels
+from prefect_odm.plan.planning import plan_from_positions, plan_split
 from prefect_odm.survey.flight_checks import find_sequence_gaps, flight_tail_mask
 from prefect_odm.survey.layouts import layout_survey, read_file_list, read_layout
-from prefect_odm.survey.scan import scan_survey
+from prefect_odm.survey.scan import scan_images
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -168,16 +168,16 @@ def test_target_sizes(n: int, split: int) -> None:
 
 @pytest.fixture(scope="module")
 def brighton_survey(brighton_images: Path) -> Survey:
-    return scan_survey(str(brighton_images))
+    return scan_images(str(brighton_images))
 
 
 @pytest.fixture(scope="module")
 def seneca_survey(seneca_images: Path) -> Survey:
-    return scan_survey(str(seneca_images))
+    return scan_images(str(seneca_images))
 
 
 def test_brighton_split_10_gives_two_submodels(brighton_survey: Survey) -> None:
-    plan = plan_submodels(brighton_survey, split=10, split_overlap_m=15)
+    plan = plan_split(brighton_survey, split=10, split_overlap_m=15)
     assert len(plan.submodels) == 2
     assert [len(sm.core_image_names) for sm in plan.submodels] == [9, 9]
     check_plan(plan, brighton_survey)
@@ -190,7 +190,7 @@ def test_brighton_split_6_with_default_overlap_has_no_identical_submodels(
 ) -> None:
     # issue 13: the 50 m overlap made three submodels of all 18 images (one task, reused 3x).
     with caplog.at_level("WARNING", logger="prefect_odm.plan.planning"):
-        plan = plan_submodels(brighton_survey, split=6)
+        plan = plan_split(brighton_survey, split=6)
     sets = [frozenset(sm.image_names) for sm in plan.submodels]
     assert len(set(sets)) == len(sets) == 1
     (only,) = plan.submodels
@@ -208,7 +208,7 @@ def test_brighton_split_6_with_default_overlap_has_no_identical_submodels(
 
 
 def test_brighton_single_submodel_when_split_large(brighton_survey: Survey) -> None:
-    plan = plan_submodels(brighton_survey, split=100)
+    plan = plan_split(brighton_survey, split=100)
     assert len(plan.submodels) == 1
     assert plan.submodels[0].overlap_image_count == 0
     assert len(plan.submodels[0].image_names) == 18
@@ -216,11 +216,11 @@ def test_brighton_single_submodel_when_split_large(brighton_survey: Survey) -> N
 
 @pytest.mark.parametrize(("split", "overlap_m"), [(50, 30.0), (40, 60.0), (20, 25.0)])
 def test_seneca(seneca_survey: Survey, split: int, overlap_m: float) -> None:
-    plan = plan_submodels(seneca_survey, split=split, split_overlap_m=overlap_m)
+    plan = plan_split(seneca_survey, split=split, split_overlap_m=overlap_m)
     assert len(plan.submodels) >= 3
     check_plan(plan, seneca_survey)
     check_core_areas_match_ownership(plan)
-    again = plan_submodels(shuffled(seneca_survey, 7), split=split, split_overlap_m=overlap_m)
+    again = plan_split(shuffled(seneca_survey, 7), split=split, split_overlap_m=overlap_m)
     assert plan_json(again) == plan_json(plan)
     # the duplication warning gives the figures of this plan's table
     processed = sum(len(sm.image_names) for sm in plan.submodels)
@@ -245,8 +245,8 @@ def test_renamed_input_gives_the_same_partition(seneca_survey: Survey) -> None:
             ]
         }
     )
-    a = plan_submodels(seneca_survey, split=50, split_overlap_m=30)
-    b = plan_submodels(renamed, split=50, split_overlap_m=30)
+    a = plan_split(seneca_survey, split=50, split_overlap_m=30)
+    b = plan_split(renamed, split=50, split_overlap_m=30)
     by_id_a = {im.name: im.identity for im in seneca_survey.images}
     by_id_b = {im.name: im.identity for im in renamed.images}
     part_a = {by_id_a[c.name]: c.submodel_id for c in a.cameras}
@@ -257,10 +257,8 @@ def test_renamed_input_gives_the_same_partition(seneca_survey: Survey) -> None:
 
 
 def test_fingerprints_follow_options(seneca_survey: Survey) -> None:
-    a = plan_submodels(seneca_survey, split=50)
-    b = plan_submodels(
-        seneca_survey, split=50, options=ProcessingOptions(orthophoto_resolution_cm=2.0)
-    )
+    a = plan_split(seneca_survey, split=50)
+    b = plan_split(seneca_survey, split=50, options=ProcessingOptions(orthophoto_resolution_cm=2.0))
     pairs = zip(a.submodels, b.submodels, strict=True)
     assert all(x.fingerprint != y.fingerprint for x, y in pairs)
     assert a.fingerprint != b.fingerprint
@@ -269,22 +267,20 @@ def test_fingerprints_follow_options(seneca_survey: Survey) -> None:
 
 def test_submodel_larger_than_any_node(seneca_survey: Survey) -> None:
     with pytest.raises(PlanningError, match="more than the largest node"):
-        plan_submodels(seneca_survey, split=100, node_memory_gib=[1.5, 2.0])
+        plan_split(seneca_survey, split=100, node_memory_gib=[1.5, 2.0])
 
 
 def test_split_auto(seneca_survey: Survey) -> None:
     with pytest.raises(PlanningError, match="node_memory_gib"):
-        plan_submodels(seneca_survey, split="auto")
-    plan = plan_submodels(
-        seneca_survey, split="auto", split_overlap_m=30, node_memory_gib=[2.0, 2.2]
-    )
+        plan_split(seneca_survey, split="auto")
+    plan = plan_split(seneca_survey, split="auto", split_overlap_m=30, node_memory_gib=[2.0, 2.2])
     assert plan.split < 167
     assert all(sm.estimated_memory_gib <= 2.2 for sm in plan.submodels)
     check_plan(plan, seneca_survey)
 
 
 def test_plan_visuals(seneca_survey: Survey, tmp_path: Path) -> None:
-    plan = plan_submodels(seneca_survey, split=50, split_overlap_m=30)
+    plan = plan_split(seneca_survey, split=50, split_overlap_m=30)
     gj = plan_geojson(plan)
     assert gj["crs"]["properties"]["name"].endswith(str(plan.crs_epsg))
     kinds = [f["properties"]["kind"] for f in gj["features"]]
@@ -320,11 +316,11 @@ def test_layouts(layouts_dir: Path, name: str, count: int) -> None:
     layout = read_layout(layouts_dir / name)
     assert len(layout) == count
     survey = layout_survey(layout)
-    plan = plan_submodels(survey, split=100, split_overlap_m=50)
+    plan = plan_split(survey, split=100, split_overlap_m=50)
     assert len(plan.submodels) >= 14
     check_plan(plan, survey)
     check_core_areas_match_ownership(plan, samples=3000)
-    again = plan_submodels(shuffled(survey, 1), split=100, split_overlap_m=50)
+    again = plan_split(shuffled(survey, 1), split=100, split_overlap_m=50)
     assert plan_json(again) == plan_json(plan)
 
 
@@ -336,7 +332,7 @@ def test_plan_png_colours_neighbours_apart(layouts_dir: Path, name: str, tmp_pat
 
     from prefect_odm.plan.picture import submodel_colours
 
-    plan = plan_submodels(layout_survey(read_layout(layouts_dir / name)), split=50)
+    plan = plan_split(layout_survey(read_layout(layouts_dir / name)), split=50)
     assert len(plan.submodels) > 10
     colours = submodel_colours(plan)
     cores = {sm.id: shape(sm.core_area) for sm in plan.submodels}
@@ -437,7 +433,7 @@ def test_freetown_gaps_and_tails(layouts_dir: Path) -> None:
     assert explained == inside_flight
     # And the plan of the holed survey still covers every image.
     survey = layout_survey(holed)
-    plan = plan_submodels(survey, split=100, split_overlap_m=50)
+    plan = plan_split(survey, split=100, split_overlap_m=50)
     check_plan(plan, survey)
 
 
@@ -468,7 +464,7 @@ def test_survey_straddling_a_utm_boundary_is_planned_in_one_crs() -> None:
     assert {utm_epsg(la, lo) for lo, la in zip(lons_a, lats_a, strict=True)} == {32615, 32616}
     survey = survey_from_lonlat(lons_a, lats_a)
     assert survey.crs_epsg in (32615, 32616)
-    plan = plan_submodels(survey, split=60, split_overlap_m=40)
+    plan = plan_split(survey, split=60, split_overlap_m=40)
     assert plan.crs_epsg == survey.crs_epsg
     check_plan(plan, survey)
     check_core_areas_match_ownership(plan)
@@ -601,7 +597,7 @@ def test_planning_modules_do_not_import_prefect_or_pyodm() -> None:
 def test_plan_report_lists_a_gap_left_by_removed_images(tmp_path):
     """Two shots removed from the middle of a brighton flight line show up in the plan report."""
     from prefect_odm.plan.picture import plan_markdown, survey_gaps
-    from prefect_odm.survey.scan import scan_survey as scan
+    from prefect_odm.survey.scan import scan_images as scan
 
     src = (
         Path(__file__).resolve().parents[1].parent
@@ -617,8 +613,8 @@ def test_plan_report_lists_a_gap_left_by_removed_images(tmp_path):
         if path.name not in removed:
             (tmp_path / path.name).symlink_to(path)
     survey = scan(str(tmp_path))
-    plan = plan_submodels(survey, split=20)
+    plan = plan_split(survey, split=20)
     gaps = survey_gaps(plan, survey)
     assert any(g["missing"] >= 1 for g in gaps["sequence_gaps"])
     assert "missing shot" in plan_markdown(plan, survey)
-    assert survey_gaps(plan_submodels(full, split=20), full)["sequence_gaps"] == []
+    assert survey_gaps(plan_split(full, split=20), full)["sequence_gaps"] == []

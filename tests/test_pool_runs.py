@@ -127,13 +127,11 @@ def test_memory_admission_never_overcommits_a_node_and_uses_both(
     from prefect_odm.layout import OutputLayout
     from prefect_odm.nodes.pool import NodePool, PoolNode
     from prefect_odm.nodes.runner import SubmodelRunner
-    from prefect_odm.plan.planning import plan_submodels
-    from prefect_odm.survey.scan import scan_survey
+    from prefect_odm.plan.planning import plan_split
+    from prefect_odm.survey.scan import scan_images
 
-    survey = scan_survey(str(brighton_images))
-    plan = plan_submodels(
-        survey, split=3, split_overlap_m=10, min_submodel_images=2, options=DIRECT
-    )
+    survey = scan_images(str(brighton_images))
+    plan = plan_split(survey, split=3, split_overlap_m=10, min_submodel_images=2, options=DIRECT)
     assert len(plan.submodels) >= 6
     plan = plan.model_copy(
         update={
@@ -556,11 +554,11 @@ def test_upload_a_killed_run_began_is_never_sent_again_under_its_uuid(brighton_i
     from prefect_odm.nodes.backend import task_uuid
     from prefect_odm.nodes.pool import NodePool, PoolNode
     from prefect_odm.nodes.runner import SubmodelRunner
-    from prefect_odm.plan.planning import plan_submodels
-    from prefect_odm.survey.scan import scan_survey
+    from prefect_odm.plan.planning import plan_split
+    from prefect_odm.survey.scan import scan_images
 
-    survey = scan_survey(str(brighton_images))
-    plan = plan_submodels(survey, split=100, options=DIRECT)
+    survey = scan_images(str(brighton_images))
+    plan = plan_split(survey, split=100, options=DIRECT)
     submodel = plan.submodels[0]
     layout = OutputLayout(str(tmp_path / "out"), survey.fingerprint)
     by_name = {img.name: img.url for img in survey.images}
@@ -685,11 +683,11 @@ def test_a_cancelled_run_starts_nothing_on_a_node(brighton_images, tmp_path):
     from prefect_odm.layout import OutputLayout
     from prefect_odm.nodes.pool import NodePool, PoolNode
     from prefect_odm.nodes.runner import SubmodelRunner
-    from prefect_odm.plan.planning import plan_submodels
-    from prefect_odm.survey.scan import scan_survey
+    from prefect_odm.plan.planning import plan_split
+    from prefect_odm.survey.scan import scan_images
 
-    survey = scan_survey(str(brighton_images))
-    plan = plan_submodels(survey, split=100, options=DIRECT)
+    survey = scan_images(str(brighton_images))
+    plan = plan_split(survey, split=100, options=DIRECT)
     layout = OutputLayout(str(tmp_path / "out"), survey.fingerprint)
     with engines(tmp_path, [{}]) as (node,):
         client = NodeClient(node.url)
@@ -738,11 +736,11 @@ def test_a_set_aside_node_is_never_asked_for_a_killed_runs_task(brighton_images,
     from prefect_odm.layout import OutputLayout
     from prefect_odm.nodes.pool import NodePool, PoolNode
     from prefect_odm.nodes.runner import SubmodelRunner
-    from prefect_odm.plan.planning import plan_submodels
-    from prefect_odm.survey.scan import scan_survey
+    from prefect_odm.plan.planning import plan_split
+    from prefect_odm.survey.scan import scan_images
 
-    survey = scan_survey(str(brighton_images))
-    plan = plan_submodels(survey, split=100, options=DIRECT)
+    survey = scan_images(str(brighton_images))
+    plan = plan_split(survey, split=100, options=DIRECT)
     layout = OutputLayout(str(tmp_path / "out"), survey.fingerprint)
     with (
         socket.socket(socket.AF_INET, socket.SOCK_STREAM) as hung,

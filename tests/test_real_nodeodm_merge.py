@@ -35,6 +35,15 @@ def test_two_real_nodeodm_nodes_one_failing_complete_through_the_merge(
     assert {r.status for r in manifest.submodels} == {"completed"}
     assert len(manifest.submodels) >= 2
     assert {"orthophoto", "dsm"} <= set(manifest.products)
+    # the camera calibration ran (on another node when the failing one took it) and every
+    # submodel got its cameras.json, NodeODM's canned one, as ODM's cameras option
+    import json
+    from pathlib import Path
+
+    survey_dir = Path(manifest.products["orthophoto"]).parents[1]
+    plan = json.loads((survey_dir / "plan" / "plan.json").read_text())
+    cameras = json.loads(plan["options"]["extra"]["cameras"])
+    assert list(cameras) == ["dji fc300s 4000 2250 perspective 0.5555"]
 
 
 def test_the_same_on_the_embedded_api_from_the_command_line(brighton_images, tmp_path):

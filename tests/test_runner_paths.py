@@ -42,9 +42,9 @@ from prefect_odm.nodes.backend import (
 )
 from prefect_odm.nodes.pool import NodePool, PoolNode
 from prefect_odm.nodes.runner import SubmodelRunner
-from prefect_odm.plan.planning import plan_submodels
+from prefect_odm.plan.planning import plan_split
 from prefect_odm.registry import PRODUCTS
-from prefect_odm.survey.scan import scan_survey
+from prefect_odm.survey.scan import scan_images
 
 Outcome = BaseException | Callable[[], None] | None
 """What one ``wait`` of a fake node does: raise the error, call the hook, or complete (None)."""
@@ -155,8 +155,8 @@ class ScriptedNode:
 
 @pytest.fixture(scope="module")
 def survey_plan(brighton_images: Path) -> tuple[Survey, SplitPlan]:
-    survey = scan_survey(str(brighton_images), use_identity_cache=False)
-    plan = plan_submodels(
+    survey = scan_images(str(brighton_images), use_identity_cache=False)
+    plan = plan_split(
         survey, split=1, split_overlap_m=0, options=ProcessingOptions(pipeline="direct")
     )
     return survey, plan

@@ -1,4 +1,4 @@
-"""scan_survey on real files: every problem image gets its exact reason, local and on S3."""
+"""scan_images on real files: every problem image gets its exact reason, local and on S3."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from prefect_odm.survey.flight_checks import (
     low_altitude_mask,
     position_outlier_mask,
 )
-from prefect_odm.survey.scan import scan_survey, scan_survey_with_stats
+from prefect_odm.survey.scan import scan_images, scan_images_with_stats
 
 GPS_IFD = 0x8825
 
@@ -70,7 +70,7 @@ def bad_survey(tmp_path: Path, brighton_images: Path) -> Path:
 
 
 def test_each_problem_kind_has_its_exact_reason(bad_survey: Path) -> None:
-    survey = scan_survey(str(bad_survey))
+    survey = scan_images(str(bad_survey))
     reasons = {r.name: r.reason for r in survey.rejected}
     assert reasons == {
         "no_gps.jpg": "no_gps",
@@ -98,7 +98,7 @@ def test_each_problem_kind_has_its_exact_reason(bad_survey: Path) -> None:
 
 def test_fail_policy_names_file_and_reason(bad_survey: Path) -> None:
     with pytest.raises(InputError) as info:
-        scan_survey(str(bad_survey), policy="fail")
+        scan_images(str(bad_survey), policy="fail")
     message = str(info.value)
     assert "\n" not in message
     assert "broken.jpg" in message and "unreadable" in message
@@ -107,7 +107,7 @@ def test_fail_policy_names_file_and_reason(bad_survey: Path) -> None:
 def test_brighton_identities_match_manifest(data_dir: Path, brighton_images: Path) -> None:
     with (data_dir / "brighton_beach_1600" / "manifest.csv").open(newline="") as fh:
         expected = {row["file"]: row["sha256"] for row in csv.DictReader(fh)}
-    survey, stats = scan_survey_with_stats(str(brighton_images))
+    survey, stats = scan_images_with_stats(str(brighton_images))
     assert {im.name: im.identity for im in survey.images} == {
         k: f"sha256:{v}" for k, v in expected.items()
     }
@@ -118,7 +118,7 @@ def test_brighton_identities_match_manifest(data_dir: Path, brighton_images: Pat
 
 
 def test_seneca_all_accepted(seneca_images: Path) -> None:
-    survey = scan_survey(str(seneca_images))
+    survey = scan_images(str(seneca_images))
     assert len(survey.images) == 167 and survey.rejected == []
     assert survey.crs_epsg == 32617
 
@@ -126,21 +126,21 @@ def test_seneca_all_accepted(seneca_images: Path) -> None:
 def test_missing_path(tmp_path: Path) -> None:
     missing = tmp_path / "nope"
     with pytest.raises(InputError, match="does not exist") as info:
-        scan_survey(str(missing))
+        scan_images(str(missing))
     assert str(missing) in str(info.value)
 
 
 def test_folder_without_images(tmp_path: Path) -> None:
     (tmp_path / "readme.txt").write_text("nothing here")
     with pytest.raises(NoImagesError, match="no image files"):
-        scan_survey(str(tmp_path))
+        scan_images(str(tmp_path))
 
 
 def test_no_gps_anywhere(tmp_path: Path, brighton_images: Path) -> None:
     for src in sorted(brighton_images.glob("*.JPG"))[:5]:
         _resave(src, tmp_path / src.name, "drop")
     with pytest.raises(InputError, match="none of the 5 images has GPS coordinates") as info:
-        scan_survey(str(tmp_path))
+        scan_images(str(tmp_path))
     assert str(tmp_path) in str(info.value)
 
 
@@ -148,11 +148,11 @@ def test_only_broken_files(tmp_path: Path) -> None:
     (tmp_path / "a.jpg").write_bytes(b"")
     (tmp_path / "b.jpg").write_text("text")
     with pytest.raises(NoImagesError, match="none of the 2 files is a readable image") as info:
-        scan_survey(str(tmp_path))
+        scan_images(str(tmp_path))
     assert "a.jpg: " in str(info.value) and "b.jpg: " in str(info.value)
     (tmp_path / "a.jpg").unlink()
     with pytest.raises(NoImagesError, match=r"its one file is not a readable image \(b\.jpg: "):
-        scan_survey(str(tmp_path))
+        scan_images(str(tmp_path))
 
 
 def test_mixed_cameras_are_reported(tmp_path: Path, brighton_images: Path, data_dir: Path) -> None:
@@ -165,7 +165,7 @@ def test_mixed_cameras_are_reported(tmp_path: Path, brighton_images: Path, data_
     gps = exif.get_ifd(GPS_IFD)
     gps.update({1: "N", 2: (46.0, 50.0, 33.5), 3: "W", 4: (91.0, 59.0, 40.0)})
     im.save(tmp_path / "canon.jpg", exif=exif.tobytes())
-    survey = scan_survey(str(tmp_path))
+    survey = scan_images(str(tmp_path))
     assert survey.cameras == {"Canon Canon PowerShot S110": 1, "DJI FC300S": 4}
 
 
@@ -213,10 +213,10 @@ def test_scan_from_s3_on_loopback(s3_endpoint: str, brighton_images: Path, data_
     for src in sorted(brighton_images.glob("*.JPG")):
         client.upload_file(str(src), "scan-test", f"survey/images/{src.name}")
     client.put_object(Bucket="scan-test", Key="survey/images/empty.jpg", Body=b"")
-    survey, stats = scan_survey_with_stats(
+    survey, stats = scan_images_with_stats(
         "s3://scan-test/survey", storage_options={"endpoint_url": s3_endpoint}, max_workers=4
     )
-    local = scan_survey(str(brighton_images))
+    local = scan_images(str(brighton_images))
     assert [im.name for im in survey.images] == [f"images/{im.name}" for im in local.images]
     assert all(im.identity.startswith("etag:") for im in survey.images)
     for a, b in zip(survey.images, local.images, strict=True):
@@ -244,14 +244,14 @@ def test_an_s3_endpoint_that_does_not_answer_is_one_storage_error() -> None:
     options = {"endpoint_url": f"http://127.0.0.1:{port}", "key": "x", "secret": "y"}
     options["config_kwargs"] = {"retries": {"max_attempts": 1}, "connect_timeout": 2}
     with pytest.raises(StorageError) as caught:
-        scan_survey("s3://bucket/images", storage_options=options)
+        scan_images("s3://bucket/images", storage_options=options)
     message = str(caught.value)
     assert message.startswith("s3://bucket/images: cannot list (")
     assert "EndpointConnectionError" in message and "\n" not in message
 
 
 def test_projection_of_scan(brighton_images: Path) -> None:
-    survey = scan_survey(str(brighton_images))
+    survey = scan_images(str(brighton_images))
     x, y = project_lonlat(
         [im.longitude for im in survey.images],
         [im.latitude for im in survey.images],
@@ -287,10 +287,10 @@ def test_a_photo_that_does_not_decode_whole_is_set_aside_once_decoded_ok_ones_ar
     monkeypatch.setattr(
         scan, "_decode_whole", lambda res, path: (decoded.append(path.name), real(res, path))
     )
-    survey = scan_survey(str(root))
+    survey = scan_images(str(root))
     assert [(r.name, r.reason) for r in survey.rejected] == [("DJI_0020.JPG", "unreadable")]
     assert "does not decode whole (broken data stream" in survey.rejected[0].detail
     assert len(survey.images) == 17 and len(decoded) == 18
     decoded.clear()
-    again = scan_survey(str(root))
+    again = scan_images(str(root))
     assert again.fingerprint == survey.fingerprint and decoded == ["DJI_0020.JPG"]

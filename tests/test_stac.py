@@ -60,7 +60,11 @@ def _check_catalogue(
                     with laspy.open(fh) as reader:
                         header = reader.header
                     assert asset.extra_fields["pc:count"] == header.point_count > 0
-                    assert asset.media_type == "application/vnd.laszip"
+                    copc = href.endswith(".copc.laz")
+                    assert copc == (item.id == "merged")  # the merge writes COPC by default
+                    assert asset.media_type == (
+                        "application/vnd.laszip+copc" if copc else "application/vnd.laszip"
+                    )
                     assert _epsg(asset) == header.parse_crs().to_epsg() == manifest.crs_epsg
                     area = (header.maxs[0] - header.mins[0]) * (header.maxs[1] - header.mins[1])
                     assert asset.extra_fields["pc:density"] == pytest.approx(

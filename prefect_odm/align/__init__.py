@@ -29,9 +29,9 @@ if TYPE_CHECKING:
         DemOverlap,
         align_heights,
     )
+    from prefect_odm.align.options import AlignmentOptions
     from prefect_odm.align.report import (
         AlignmentError,
-        AlignmentOptions,
         AlignmentReport,
         AlignmentResult,
         CameraGpsResidual,
@@ -62,7 +62,7 @@ _MODULE_OF = {
     "DemOverlap": "prefect_odm.align.height_tilt",
     "align_heights": "prefect_odm.align.height_tilt",
     "AlignmentError": "prefect_odm.align.report",
-    "AlignmentOptions": "prefect_odm.align.report",
+    "AlignmentOptions": "prefect_odm.align.options",
     "AlignmentReport": "prefect_odm.align.report",
     "AlignmentResult": "prefect_odm.align.report",
     "CameraGpsResidual": "prefect_odm.align.report",

@@ -55,6 +55,11 @@ class CameraTable:
     epsg: int | None = None
 
     def __post_init__(self) -> None:
+        """Check the arrays' shapes against ``names``.
+
+        Raises:
+            ValueError: ``centres`` or ``rotations`` not of ``len(names)`` rows, or a name repeated.
+        """
         n = len(self.names)
         if self.centres.shape != (n, 3):
             raise ValueError(

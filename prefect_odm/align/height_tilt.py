@@ -310,3 +310,48 @@ def _record(
         max_correction_m=max_move,
         n_samples=n_samples,
     )
+
+
+def after_shifts(shifts: AlignmentResult, refined: AlignmentResult) -> AlignmentResult:
+    """``refined`` (solved on products already moved by ``shifts``) written as one correction
+    from the products before ``shifts``: ``x' = x + d1 + d2``, the height plane and bowl of
+    ``refined`` taken back through the shift ``d1``.
+
+    Args:
+        shifts: a ``height_tilt`` result that only shifts (no height plane, no bowl).
+        refined: a ``height_tilt`` result with the same submodels.
+
+    Returns:
+        ``refined`` with composed transforms (``max_correction_m``: its own plus the first
+        shift, an upper bound); its overlap residuals are those ``refined`` measured.
+
+    Raises:
+        ValueError: ``shifts`` changes heights.
+    """
+    first = {t.submodel_id: t for t in shifts.transforms}
+    out = []
+    for t in refined.transforms:
+        s = first[t.submodel_id]
+        bowl_first = s.height_bowl[0] if s.height_bowl is not None else 0.0
+        if any(abs(v) > 1e-9 for v in s.height_plane or ()) or bowl_first != 0.0:
+            raise ValueError(f"{t.submodel_id}: the first step changes heights, not a shift")
+        d1x, d1y = s.translation_m[0], s.translation_m[1]
+        p0, px, py = t.height_plane or (0.0, 0.0, 0.0)
+        plane = (p0 + px * d1x + py * d1y, px, py)
+        bowl = None
+        if t.height_bowl is not None:
+            b, bx, by = t.height_bowl
+            bowl = (b, bx - d1x, by - d1y)
+        dx, dy, _ = t.translation_m
+        cx, cy, _ = t.centre_m
+        out.append(
+            t.model_copy(
+                update={
+                    "translation_m": (dx + d1x, dy + d1y, plane[0] + px * cx + py * cy),
+                    "height_plane": plane,
+                    "height_bowl": bowl,
+                    "max_correction_m": t.max_correction_m + float(np.hypot(d1x, d1y)),
+                }
+            )
+        )
+    return refined.model_copy(update={"transforms": out})

@@ -15,70 +15,10 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from pydantic import BaseModel, ConfigDict, Field
 
+from prefect_odm.align.options import AlignmentOptions as AlignmentOptions  # re-exported
 from prefect_odm.align.similarity import RasterCorrection, Similarity
+from prefect_odm.align.stage_records import OverlapSeam, StageCheck, StageName
 from prefect_odm.errors import PrefectODMError
-
-
-class AlignmentOptions(BaseModel):
-    """How submodels are aligned, and the thresholds above which a run fails."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    gauge: Literal["auto", "mean", "gps"] = Field(
-        "auto",
-        description="What holds the block in place: 'mean' keeps the mean camera position, mean "
-        "rotation and mean log-scale; 'gps' ties every camera to its GPS; 'auto' is 'gps' when "
-        "GPS positions are given.",
-    )
-    loss: Literal["soft_l1", "huber", "cauchy", "linear"] = Field(
-        "soft_l1", description="scipy.optimize.least_squares loss on the whitened residuals."
-    )
-    loss_threshold_sigmas: float = Field(
-        3.0, gt=0, description="Residual (in sigmas) where the robust loss turns linear."
-    )
-    camera_sigma_m: float = Field(
-        0.1, gt=0, description="Expected disagreement of one shared camera centre, metres."
-    )
-    orientation_sigma_deg: float | None = Field(
-        0.1,
-        gt=0,
-        description="Expected disagreement of one shared camera orientation, degrees; None "
-        "ignores orientations.",
-    )
-    gps_sigma_horizontal_m: float = Field(3.0, gt=0, description="Camera GPS accuracy, metres.")
-    gps_sigma_vertical_m: float = Field(5.0, gt=0, description="Camera GPS altitude accuracy, m.")
-    min_shared_cameras: int = Field(3, ge=1, description="Fewest shared cameras making an overlap.")
-    outlier_min_m: float = Field(
-        0.5, gt=0, description="A shared camera is never an outlier below this residual, metres."
-    )
-    outlier_mad_factor: float = Field(
-        5.0, gt=0, description="Outlier above this many robust sigmas (1.4826 MAD) of residuals."
-    )
-    max_overlap_rms_m: float = Field(1.0, gt=0, description="Gate: overlap rms after alignment.")
-    max_correction_m: float = Field(
-        5.0, gt=0, description="Gate: largest move of a submodel's camera by its transform."
-    )
-    max_rotation_deg: float = Field(2.0, gt=0, description="Gate: rotation of a transform.")
-    max_scale_change: float = Field(0.02, gt=0, description="Gate: |scale - 1| of a transform.")
-    max_camera_gps_rms_m: float = Field(
-        10.0, gt=0, description="Gate: a submodel's camera-vs-GPS rms after alignment, metres."
-    )
-    max_outlier_fraction: float = Field(
-        0.25, ge=0, le=1, description="Gate: share of an overlap's cameras rejected as outliers."
-    )
-    refine_from_products: bool = Field(
-        True,
-        description="After the cameras, refine height, tilt and shift from the aligned DSMs and "
-        "orthophotos in the overlaps (each submodel projects onto its own surface, so cameras "
-        "that agree do not make products that agree).",
-    )
-    refine_bowl: bool = Field(
-        True,
-        description="In that refinement (and in an alignment from products alone) also solve a "
-        "bowl per submodel, z += b * r^2 about its DSM's centre: the doming of nadir blocks from "
-        "radial distortion (James and Robson 2014). Only the bowls relative to each other are "
-        "measured: the block's mean bowl is held at zero.",
-    )
 
 
 class OutlierCamera(BaseModel):
@@ -226,6 +166,7 @@ class AlignmentError(PrefectODMError, ValueError):
     """
 
     def __init__(self, failures: Sequence[GateFailure], ways_on: str = "") -> None:
+        """Join the failures' messages, then ``ways_on``, into the one error line."""
         self.failures = list(failures)
         self.ways_on = ways_on
         lines = "; ".join(f.message for f in self.failures)
@@ -285,7 +226,12 @@ def check_alignment(result: AlignmentResult, options: AlignmentOptions) -> list[
 
 
 def check_report(
-    result: AlignmentResult, refinement: AlignmentResult | None, options: AlignmentOptions
+    result: AlignmentResult,
+    refinement: AlignmentResult | None,
+    options: AlignmentOptions,
+    *,
+    applied: tuple[bool, bool] = (True, True),
+    seams: Sequence[OverlapSeam] = (),
 ) -> list[GateFailure]:
     """Every gate the applied alignment fails: the camera step followed by its refinement.
 
@@ -294,26 +240,31 @@ def check_report(
     narrow overlaps (2 shared images) the camera step cannot tie a submodel that the
     DSM/orthophoto refinement ties well, and products in one frame (the ``direct`` pipeline)
     never fail for lack of shared cameras. The overlap figures judged are those of the last
-    stage, the one whose correction the merge applies; each stage's own transform is judged on
-    its correction, rotation and scale.
+    applied stage, the one whose correction the merge applies, and the seams measured on the
+    products it corrects (``max_seam_m``); each applied stage's own transform is judged on its
+    correction, rotation and scale.
 
     Args:
         result: the first stage (cameras, or products when there were no cameras).
         refinement: the refinement from the corrected DSMs and orthophotos, or None.
         options: the thresholds.
+        applied: whether the merge applies ``result`` and ``refinement``
+            (:class:`~prefect_odm.align.stage_records.StageCheck`).
+        seams: the seams measured on the products as the merge corrects them.
 
     Returns:
         one :class:`GateFailure` per figure above its threshold (empty: all pass).
     """
-    stages = [result] if refinement is None else [result, refinement]
+    both = [(result, applied[0]), (refinement, applied[1])]
+    stages = [stage for stage, on in both if stage is not None and on]
     tied = {
         sid
-        for stage in stages
+        for stage in (result, refinement)
+        if stage is not None
         for o in stage.overlaps
         if o.n_used >= options.min_shared_cameras
         for sid in (o.first, o.second)
     }
-    final = stages[-1]
     out: list[GateFailure] = []
     o = options
     for stage in stages:
@@ -329,15 +280,21 @@ def check_report(
                 text = "no overlap ties it to the block (by cameras or products); missing"
                 _gate(out, t.submodel_id, "min_overlaps", 1.0, 0.0, text)
     for g in result.camera_gps:
-        text = "camera-vs-GPS rms m"
-        _gate(
-            out, g.submodel_id, "max_camera_gps_rms_m", g.rms_after_m, o.max_camera_gps_rms_m, text
-        )
-    for ov in final.overlaps:
+        rms, text = (g.rms_after_m, "camera-vs-GPS rms m") if applied[0] else (
+            g.rms_before_m, "camera-vs-GPS rms (camera step not applied) m")  # fmt: skip
+        _gate(out, g.submodel_id, "max_camera_gps_rms_m", rms, o.max_camera_gps_rms_m, text)
+    for ov in stages[-1].overlaps if stages else []:
         _gate(out, ov.overlap, "max_overlap_rms_m", ov.rms_after_m, o.max_overlap_rms_m, "rms m")
-    for ov in result.overlaps:
+    for ov in result.overlaps if applied[0] else []:
         frac, text = len(ov.outliers) / max(ov.n_shared, 1), "outlier share"
         _gate(out, ov.overlap, "max_outlier_fraction", frac, o.max_outlier_fraction, text)
+    for seam in seams:
+        if seam.orthophoto is not None:
+            text = "orthophoto displacement measured on the products, median m"
+            _gate(out, seam.overlap, "max_seam_m", seam.orthophoto.median_m, o.max_seam_m, text)
+        if seam.dsm is not None:
+            text = "DSM step measured on the products, median |dz| m"
+            _gate(out, seam.overlap, "max_seam_m", abs(seam.dsm.median_m), o.max_seam_m, text)
     return out
 
 
@@ -354,18 +311,26 @@ class AlignmentReport(BaseModel):
     """The alignment a merge applied, its gates and what the operator decided.
 
     A submodel's correction is its ``result`` transform, then (when present) its ``refinement``
-    transform, a height plane and shift solved on the products already corrected by ``result``.
+    transform, a height plane and shift solved on the products corrected by the stage before,
+    each only where its :class:`~prefect_odm.align.stage_records.StageCheck` applies it (a
+    stage that would worsen a measured seam, or that is beyond plausible, is not applied).
 
     Attributes:
         result: what the solve found (transforms, residuals): from the cameras, or from the
             products when there were no cameras.
-        refinement: height, tilt and shift from the DSMs and orthophotos corrected by
-            ``result`` (cameras only), or None.
-        failures: every gate ``result`` and ``refinement`` failed (empty: all passed).
+        refinement: height, tilt and shift from the DSMs and orthophotos corrected by the
+            applied ``result`` (or as they are, when it is not applied), or None.
+        failures: every gate the applied stages and the measured seams failed, and every
+            correction refused as beyond plausible (empty: all passed).
         accepted: the operator accepted the failures (``MergeOptions.accept_alignment``); the
             report says so.
         ground_heights_m: submodel id -> median DSM height (metres), the height at which a
             raster's horizontal correction is exact (:meth:`SubmodelTransform.raster_correction`).
+        relief_m: submodel id -> the larger distance from that height to the DSM's 2nd and
+            98th height percentiles, metres (how far a tilt's lean reaches).
+        stages: the products as they are (``none``), then each stage, with its seams measured
+            on the corrected products and whether it is applied; empty in reports written
+            before stages were checked (every stage applied).
     """
 
     result: AlignmentResult
@@ -373,6 +338,8 @@ class AlignmentReport(BaseModel):
     failures: list[GateFailure] = Field(default_factory=list)
     accepted: bool = False
     ground_heights_m: dict[str, float] = Field(default_factory=dict)
+    relief_m: dict[str, float] = Field(default_factory=dict)
+    stages: list[StageCheck] = Field(default_factory=list)
 
     def reference_height_m(self, submodel_id: str) -> float:
         """The submodel's ground height, else its cameras' centroid height (metres)."""
@@ -380,9 +347,32 @@ class AlignmentReport(BaseModel):
             return self.ground_heights_m[submodel_id]
         return self.result.transform(submodel_id).centre_m[2]
 
+    @property
+    def first_stage(self) -> StageName:
+        """``cameras`` or ``products``: the name of ``result``'s stage."""
+        return "cameras" if self.result.method == "cameras" else "products"
+
+    def stage(self, name: StageName) -> StageCheck | None:
+        """The check of one stage (the applied one when it was tried twice: ``refined`` on the
+        cameras and on the products as they are), or None when it was not checked."""
+        named = [s for s in self.stages if s.stage == name]
+        return next((s for s in named if s.applied), named[-1] if named else None)
+
+    def applies(self, name: StageName) -> bool:
+        """Whether the merge applies a stage (stages never checked are applied)."""
+        check = self.stage(name)
+        return check is None or check.applied
+
+    def final_stage(self) -> StageCheck | None:
+        """The last stage applied (``none`` when none is), or None when stages were not checked."""
+        applied = [s for s in self.stages if s.applied or s.stage == "none"]
+        return applied[-1] if applied else None
+
     def _steps(self, submodel_id: str) -> list[SubmodelTransform]:
-        steps = [self.result.transform(submodel_id)]
-        if self.refinement is not None:
+        steps = []
+        if self.applies(self.first_stage):
+            steps.append(self.result.transform(submodel_id))
+        if self.refinement is not None and self.applies("refined"):
             steps.append(self.refinement.transform(submodel_id))
         return [t for t in steps if not is_identity(t)]
 

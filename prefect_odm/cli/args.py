@@ -12,6 +12,8 @@ from prefect_odm.layout import PLAN_FILES
 from prefect_odm.settings import DEFAULT_SPLIT, DEFAULT_SPLIT_OVERLAP_M
 
 if TYPE_CHECKING:
+    from pydantic import JsonValue
+
     from prefect_odm.models import MergeOptions, ProcessingOptions
 
 DESCRIPTION = (
@@ -63,15 +65,49 @@ def _resolution_value(text: str) -> float:
 def _node_url(text: str) -> str:
     from urllib.parse import urlparse
 
+    from prefect_odm.nodes.sources import is_source, source_for
+
+    if is_source(text):  # dns+http://name:port or file:///path, read again during the run
+        try:
+            source_for(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return text
     try:
         parsed = urlparse(text)
         parsed.port  # noqa: B018 - raises ValueError on a port that is not a number
     except ValueError:
         parsed = None
-    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname:
+    schemes = ("http", "https", "scaleodm+http", "scaleodm+https")
+    if parsed is None or parsed.scheme not in schemes or not parsed.hostname:
         shown = text.split("?", 1)[0].rsplit("@", 1)[-1]  # never echo a token or password
         raise argparse.ArgumentTypeError(f"{shown!r} is not a node URL (expected http://host:port)")
     return text
+
+
+def _nodes_file(text: str) -> str:
+    """``--nodes-file PATH`` as the node source ``file:///absolute/path``."""
+    from pathlib import Path
+
+    return f"file://{Path(text).expanduser().resolve()}"
+
+
+def _add_node_args(p: argparse.ArgumentParser) -> None:
+    """``--nodes`` and ``--nodes-file`` (node sources: :mod:`prefect_odm.nodes.sources`)."""
+    p.add_argument(
+        "--nodes",
+        nargs="+",
+        metavar="URL",
+        type=_node_url,
+        help="NodeODM node URLs, or dns+http://name:port (every address one node, resolved "
+        "again during the run) (default: the built-in engine)",
+    )
+    p.add_argument(
+        "--nodes-file",
+        type=_nodes_file,
+        metavar="PATH",
+        help="a file of node URLs, one a line, read again when it changes during the run",
+    )
 
 
 def _add_split_args(p: argparse.ArgumentParser) -> None:
@@ -125,8 +161,8 @@ again: the two values would disagree)."""
 
 def processing_options(args: argparse.Namespace) -> ProcessingOptions:
     """The processing options of ``--orthophoto-resolution``, ``--dtm``, ``--pipeline`` and
-    ``--option NAME=VALUE`` (a JSON value, else the text; ``--option dsm=false`` sets the DSM
-    field). The values are checked once, by :class:`~prefect_odm.models.ProcessingOptions`
+    ``--option NAME=VALUE`` (a JSON value, else the text; a JSON object or list stays its text,
+    as ODM's ``cameras`` and ``boundary`` take it; ``--option dsm=false`` sets the DSM field). The values are checked once, by :class:`~prefect_odm.models.ProcessingOptions`
     (the same check the Python API gets); the nodes' ``/options`` check follows in the flow.
 
     Raises:
@@ -136,7 +172,7 @@ def processing_options(args: argparse.Namespace) -> ProcessingOptions:
 
     from prefect_odm.models import ProcessingOptions
 
-    extra: dict[str, Any] = {}
+    extra: dict[str, JsonValue] = {}
     for item in args.option:
         if "=" not in item:
             raise InputError(f"--option {item!r}: expected NAME=VALUE")
@@ -147,12 +183,14 @@ def processing_options(args: argparse.Namespace) -> ProcessingOptions:
         if name in _FLAG_OPTIONS:
             raise InputError(f"--option {name}: set it with {_FLAG_OPTIONS[name]} instead")
         try:
-            extra[name] = json.loads(value)
+            parsed = json.loads(value)
         except json.JSONDecodeError:
-            extra[name] = value
+            parsed = value
+        # an object or a list stays the JSON text ODM takes (cameras, boundary)
+        extra[name] = value if isinstance(parsed, dict | list) else parsed
     if not math.isfinite(args.orthophoto_resolution):
         raise InputError("--orthophoto-resolution: must be a finite number of cm/pixel")
-    fields: dict[str, Any] = {
+    fields: dict[str, JsonValue] = {
         "orthophoto_resolution_cm": args.orthophoto_resolution,
         "dtm": args.dtm,
         "pipeline": args.pipeline,
@@ -160,7 +198,7 @@ def processing_options(args: argparse.Namespace) -> ProcessingOptions:
     if "dsm" in extra:
         fields["dsm"] = extra.pop("dsm")
     try:
-        return ProcessingOptions(**fields, extra=extra)
+        return ProcessingOptions.model_validate({**fields, "extra": extra})
     except ValidationError as exc:
         first = exc.errors()[0]
         where = str(first["loc"][0]) if first["loc"] else "options"
@@ -178,6 +216,8 @@ class OneLineParser(argparse.ArgumentParser):
     every other bad input of the command line; ``--help`` still shows the usage."""
 
     def error(self, message: str) -> NoReturn:
+        """Exit with status 2 and one line naming the subcommand and the problem (argparse's
+        hook)."""
         sub = self.prog.removeprefix("prefect-odm").strip()
         where = f" {sub}" if sub else ""
         self.exit(2, f"prefect-odm{where}: error: {message} (see --help)\n")
@@ -190,13 +230,23 @@ def _add_accept_alignment(p: argparse.ArgumentParser) -> None:
         help="merge even when the alignment between submodels fails its quality gates "
         "(the report then says so)",
     )
+    p.add_argument(
+        "--point-cloud-format",
+        choices=["copc", "laz"],
+        default="copc",
+        help="merged point cloud as COPC (odm_georeferenced_model.copc.laz, streamed by QGIS "
+        "and web viewers) or as a plain LAZ (odm_georeferenced_model.laz); default copc",
+    )
 
 
 def merge_options(args: argparse.Namespace) -> MergeOptions:
-    """The merge options of the command line (``--accept-alignment``)."""
+    """The merge options of the command line (``--accept-alignment``, ``--point-cloud-format``)."""
     from prefect_odm.models import MergeOptions
 
-    return MergeOptions(accept_alignment=bool(getattr(args, "accept_alignment", False)))
+    return MergeOptions(
+        accept_alignment=bool(getattr(args, "accept_alignment", False)),
+        point_cloud_format=getattr(args, "point_cloud_format", "copc"),
+    )
 
 
 def _add_slots_and_stac_parsers(sub: Any) -> argparse.ArgumentParser:
@@ -238,7 +288,7 @@ def _add_k8s_parser(sub: Any) -> None:
             "capacity endpoint",
         ),
         ("--gib-per-pod", int, 16, "memory of one fleet pod, GiB (KEDA's target value)"),
-        ("--min-replicas", int, 0, "fewest fleet pods"),
+        ("--min-replicas", int, 1, "fewest fleet pods (keep 1 for runs reading it by dns+)"),
         ("--max-replicas", int, 10, "most fleet pods"),
     ):
         k8s_render.add_argument(
@@ -257,13 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     rec = sub.add_parser("reconstruct", help="split, process and merge a survey")
     rec.add_argument("images", help="folder or fsspec URL of geotagged images")
     rec.add_argument("--output", "-o", required=True, help="output folder or fsspec URL")
-    rec.add_argument(
-        "--nodes",
-        nargs="+",
-        metavar="URL",
-        type=_node_url,
-        help="NodeODM node URLs (default: the built-in engine)",
-    )
+    _add_node_args(rec)
     _add_split_args(rec)
     _add_option_args(rec)
     rec.add_argument(

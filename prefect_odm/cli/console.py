@@ -59,6 +59,8 @@ class LiveProgress:
     """
 
     def __init__(self, console: Console) -> None:
+        """Start with no submodel planned, in the ``starting Prefect`` stage (nothing is drawn
+        until the block is entered)."""
         self.console = console
         self.terminal = console.is_terminal
         self.stage = "starting Prefect"
@@ -70,6 +72,7 @@ class LiveProgress:
         self._held: list[str] = []
 
     def __enter__(self) -> LiveProgress:
+        """Start drawing (a live panel on a terminal; plain lines elsewhere)."""
         if self.terminal:
             self._live = Live(
                 get_renderable=self.render,
@@ -81,6 +84,7 @@ class LiveProgress:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """Stop the live panel, leaving its last state on the screen."""
         if self._live is not None:
             self._live.stop()
 

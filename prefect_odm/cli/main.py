@@ -14,13 +14,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from prefect_odm.cli.args import build_parser, merge_options, processing_options
-from prefect_odm.cli.console import quiet_prefect_console
-from prefect_odm.cli.process import install_signal_handlers, prefect_start_error, start_embedded_api
-from prefect_odm.errors import InputError, NodeError, PlanningError, PrefectODMError
+from prefect_odm.cli.process import (
+    install_signal_handlers,
+    prefect_environment,
+    prefect_start_error,
+    start_prefect,
+)
+from prefect_odm.errors import InputError, PlanningError, PrefectODMError
 from prefect_odm.layout import PLAN_FILES, OutputLayout, plan_file
 
 __all__ = ["build_parser", "main"]
@@ -37,35 +41,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(words)
     install_signal_handlers()
     try:
-        if args.command == "plan":
-            return _plan(args)
-        if args.command == "reconstruct":
-            from prefect_odm.cli.reconstruct import reconstruct_command
-
-            return reconstruct_command(args)
-        if args.command in ("setup", "automations"):
-            from prefect_odm.cli.ops import run as _run_ops
-
-            return _run_ops(args)
-        if args.command in ("clusters", "capacity", "requeue"):
-            from prefect_odm.cli.clusters import run as _run_clusters
-
-            return _run_clusters(args)
-        if args.command == "slots":
-            return _slots(args)
-        if args.command == "merge":
-            return _merge_existing(args)
-        if args.command == "k8s":
-            return _k8s_render(args)
-        if args.command == "stac":
-            return _stac(args)
+        runner = _COMMANDS.get(args.command)  # ``engine`` after a global flag: nothing to do
+        return runner(args) if runner is not None else 0
     except (InputError, PlanningError) as exc:
         print(f"prefect-odm: error: {exc}", file=sys.stderr)
         return 2
-    except NodeError as exc:
-        print(f"prefect-odm: error: {exc}", file=sys.stderr)
-        return 1
-    except PrefectODMError as exc:
+    except PrefectODMError as exc:  # a node's failure (NodeError) among them
         print(f"prefect-odm: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -77,7 +58,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"prefect-odm: error: {one_line}", file=sys.stderr)
         return 1
-    return 0
+
+
+def _reconstruct(args: argparse.Namespace) -> int:
+    """``prefect-odm reconstruct`` (:mod:`prefect_odm.cli.reconstruct`)."""
+    from prefect_odm.cli.reconstruct import reconstruct_command
+
+    return reconstruct_command(args)
+
+
+def _ops(args: argparse.Namespace) -> int:
+    """``prefect-odm setup`` and ``automations`` (:mod:`prefect_odm.cli.ops`)."""
+    from prefect_odm.cli.ops import run
+
+    return run(args)
+
+
+def _clusters(args: argparse.Namespace) -> int:
+    """``prefect-odm clusters``, ``capacity`` and ``requeue`` (:mod:`prefect_odm.cli.clusters`)."""
+    from prefect_odm.cli.clusters import run
+
+    return run(args)
 
 
 def _k8s_render(args: argparse.Namespace) -> int:
@@ -125,17 +126,16 @@ def _plan(args: argparse.Namespace) -> int:
         check_embedded_options,
         embedded_memory_gib,
     )
-    from prefect_odm.plan.picture import plan_geojson, plan_png, plan_rows
-    from prefect_odm.plan.planning import plan_submodels
-    from prefect_odm.storage import write_json_atomic
-    from prefect_odm.survey.scan import scan_survey
+    from prefect_odm.plan.picture import plan_rows, write_plan_files
+    from prefect_odm.plan.planning import plan_split
+    from prefect_odm.survey.scan import scan_images
 
     options = processing_options(args)
     # The plan is made for the built-in engine (its memory model): its options are checked as
     # ``reconstruct`` checks them, so a plan never records an option a run would refuse.
     check_embedded_options(options.to_nodeodm())
-    survey = scan_survey(args.images)
-    plan = plan_submodels(
+    survey = scan_images(args.images)
+    plan = plan_split(
         survey,
         split=args.split,
         split_overlap_m=args.split_overlap_m,
@@ -150,10 +150,7 @@ def _plan(args: argparse.Namespace) -> int:
         raise InputError(f"{out}: cannot write the plan here ({exc.strerror})") from None
     if not os.access(out, os.W_OK | os.X_OK):
         raise InputError(f"{out}: cannot write the plan here (not writable)")
-    write_json_atomic(plan_file(str(out), "survey"), survey.model_dump(mode="json"))
-    write_json_atomic(plan_file(str(out), "plan"), plan.model_dump(mode="json"))
-    write_json_atomic(plan_file(str(out), "geojson"), plan_geojson(plan))
-    plan_png(plan, Path(plan_file(str(out), "png")))
+    write_plan_files(str(out), plan, survey)
     console = Console(soft_wrap=True)
     rows = plan_rows(plan)
     count = len(plan.submodels)
@@ -190,8 +187,7 @@ def _check_plan_file(url: str) -> None:
 
 def _merge_existing(args: argparse.Namespace) -> int:
     """``prefect-odm merge``: the ``merge_existing`` flow; prints the products."""
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    prefect_environment()
     from prefect_odm.cli.reconstruct import check_output_writable
     from prefect_odm.storage import check_inputs_exist
 
@@ -201,9 +197,7 @@ def _merge_existing(args: argparse.Namespace) -> int:
         _check_plan_file(args.plan)
     from prefect_odm.flows.merge_existing import merge_existing
 
-    quiet_prefect_console(args.verbose)
-    if not os.environ.get("PREFECT_API_URL"):
-        start_embedded_api()
+    start_prefect(args.verbose)
     manifest = merge_existing(
         inputs=args.inputs, output=args.output, plan=args.plan, options=merge_options(args)
     )
@@ -217,12 +211,10 @@ def _merge_existing(args: argparse.Namespace) -> int:
 
 def _slots(args: argparse.Namespace) -> int:
     """``prefect-odm slots``: the memory limit's use and holders (``--reset``: clear it)."""
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    embedded_api = prefect_environment()
     from prefect_odm.tasks.admission import reset_slots, slots_status
 
-    quiet_prefect_console(args.verbose)
-    if not os.environ.get("PREFECT_API_URL"):
-        start_embedded_api()
+    start_prefect(args.verbose)
     if args.reset:
         reset_slots(args.name)
         print(f"{args.name}: active slots reset to 0")
@@ -242,8 +234,24 @@ def _slots(args: argparse.Namespace) -> int:
     if unnamed > 0:
         where = (
             "released at the next run on this machine"
-            if not os.environ.get("PREFECT_API_URL")
+            if embedded_api
             else "held from another machine, or until their lease expires"
         )
         print(f"  {unnamed} slots held by no process on this machine [{where}]")
     return 0
+
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "plan": _plan,
+    "reconstruct": _reconstruct,
+    "setup": _ops,
+    "automations": _ops,
+    "clusters": _clusters,
+    "capacity": _clusters,
+    "requeue": _clusters,
+    "slots": _slots,
+    "merge": _merge_existing,
+    "k8s": _k8s_render,
+    "stac": _stac,
+}
+"""Subcommand -> what runs it (the modules behind them are imported only when they run)."""

@@ -15,6 +15,8 @@ it, and a slow Prefect start is one line.
   ephemeral Prefect API server...")`` when its server does not answer within
   ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS``; it becomes one
   :class:`~prefect_odm.errors.PrefectStartError` line.
+* **The start-up preamble**, the same for every command that talks to Prefect:
+  :func:`prefect_environment` before Prefect is imported, :func:`start_prefect` after.
 """
 
 from __future__ import annotations
@@ -58,6 +60,41 @@ def install_signal_handlers(grace_seconds: float = STOP_GRACE_SECONDS) -> None:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+
+
+STARTUP_TIMEOUT_SECONDS = 120
+"""How long a command waits for Prefect's temporary server to answer (Prefect's default is 20 s,
+too short on a busy machine); ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`` overrides it."""
+
+
+def prefect_environment() -> bool:
+    """Set the environment a command's Prefect starts with; call it before Prefect is imported
+    (Prefect reads its settings then): the temporary server's start-up time-out
+    (:data:`STARTUP_TIMEOUT_SECONDS`) and no telemetry (the machine may have no route out), each
+    unless already set.
+
+    Returns:
+        Whether the command uses Prefect's temporary server (no ``PREFECT_API_URL``).
+    """
+    os.environ.setdefault(
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(STARTUP_TIMEOUT_SECONDS)
+    )
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    return not os.environ.get("PREFECT_API_URL")
+
+
+def start_prefect(verbose: bool) -> None:
+    """Quiet Prefect's console unless ``verbose`` and start its temporary server unless
+    ``PREFECT_API_URL`` names one (after :func:`prefect_environment`).
+
+    Raises:
+        PrefectStartError: the temporary server did not answer in time.
+    """
+    from prefect_odm.cli.console import quiet_prefect_console
+
+    quiet_prefect_console(verbose)
+    if not os.environ.get("PREFECT_API_URL"):
+        start_embedded_api()
 
 
 def prefect_start_error(exc: BaseException) -> PrefectStartError | None:
@@ -119,6 +156,7 @@ class EmbeddedAPIStart:
     """:func:`start_embedded_api` in a background thread; :meth:`join` raises its error."""
 
     def __init__(self) -> None:
+        """Start the background thread at once (it runs :func:`start_embedded_api`)."""
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="prefect-api-start", daemon=True)
         self._thread.start()

@@ -12,18 +12,20 @@ import hashlib
 import json
 import os
 import tempfile
-from typing import TYPE_CHECKING, Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 from prefect_odm import __version__, storage
 from prefect_odm.cli.args import merge_options, processing_options
 from prefect_odm.cli.clusters import routing_options
 from prefect_odm.cli.console import quiet_prefect_console
-from prefect_odm.cli.process import EmbeddedAPIStart
+from prefect_odm.cli.process import EmbeddedAPIStart, prefect_environment
 from prefect_odm.errors import InputError
 from prefect_odm.layout import LAST_RUN_FILE, OutputLayout, join
 from prefect_odm.settings import get_settings
 
 if TYPE_CHECKING:
+    from pydantic import JsonValue
+
     from prefect_odm.clusters.records import RoutingOptions
     from prefect_odm.models import Manifest, MergeOptions, ProcessingOptions
 
@@ -84,7 +86,8 @@ class RunRequest(TypedDict):
     nodes: list[str]
     split: int | str
     split_overlap_m: float
-    options: dict[str, Any]
+    options: dict[str, JsonValue]
+    """The processing options as JSON (``ProcessingOptions.model_dump(mode="json")``)."""
     allow_partial: bool
     version: str
 
@@ -256,7 +259,9 @@ def reconstruct_command(args: argparse.Namespace) -> int:
 
     check_local_images(args.images)
     check_output_outside_images(args.images, args.output)
-    args.nodes = _tokens_out_of_urls(args.nodes or [])
+    nodes_file = getattr(args, "nodes_file", None)
+    given = [*(args.nodes or []), *([nodes_file] if nodes_file else [])]
+    args.nodes = _tokens_out_of_urls(given)
     options = processing_options(args)
     routed = routing_options(args) is not None  # the clusters' nodes check the options
     if not args.nodes and not routed:
@@ -265,10 +270,7 @@ def reconstruct_command(args: argparse.Namespace) -> int:
         # the flow checks again; here a bad option costs no Prefect start-up
         check_embedded_options(options.to_nodeodm())
     check_output_writable(args.output)
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-    # The embedded server would try to send telemetry; this machine may have no route out.
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    embedded_api = not os.environ.get("PREFECT_API_URL")
+    embedded_api = prefect_environment()
 
     request = _run_request(args, options)
     unchanged = (

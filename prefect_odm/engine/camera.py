@@ -181,10 +181,12 @@ class CameraPose:
 
     @property
     def rotation_matrix(self) -> NDArray[np.float64]:
+        """The world-to-camera rotation, shape (3, 3)."""
         return np.asarray(self.rotation, dtype=np.float64)
 
     @property
     def center_array(self) -> NDArray[np.float64]:
+        """The camera centre, shape (3,), UTM metres."""
         return np.asarray(self.center, dtype=np.float64)
 
     def project(
@@ -255,10 +257,12 @@ class CameraPose:
         return np.asarray(points, dtype=np.float64)
 
     def to_json(self) -> dict[str, Any]:
+        """The pose as JSON values (read back by :meth:`from_json`)."""
         return asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CameraPose:
+        """A pose from :meth:`to_json`'s values (tuples made again from JSON lists)."""
         values = dict(data)
         values["rotation"] = tuple(tuple(float(v) for v in row) for row in values["rotation"])
         values["center"] = tuple(float(v) for v in values["center"])

@@ -124,20 +124,18 @@ def estimate_ground_z_m(images: Sequence[ImageMeta]) -> tuple[float, str]:
     Raises:
         InputError: no image carries an altitude.
     """
-    above_ground = [
-        m.altitude_m - m.above_ground_altitude_m
-        for m in images
-        if m.altitude_m is not None and m.above_ground_altitude_m is not None
-    ]
-    if above_ground:
-        return float(np.median(above_ground)), "median of altitude - AboveGroundAltitude"
-    relative = [
-        m.altitude_m - m.relative_altitude_m
-        for m in images
-        if m.altitude_m is not None and m.relative_altitude_m is not None
-    ]
-    if relative:
-        return float(np.median(relative)), "altitude - RelativeAltitude"
+    heights_above: tuple[tuple[Callable[[ImageMeta], float | None], str], ...] = (
+        (lambda m: m.above_ground_altitude_m, "median of altitude - AboveGroundAltitude"),
+        (lambda m: m.relative_altitude_m, "altitude - RelativeAltitude"),
+    )
+    for height_above, how in heights_above:  # the height above the ground, else the take-off
+        ground = [
+            m.altitude_m - above
+            for m in images
+            if m.altitude_m is not None and (above := height_above(m)) is not None
+        ]
+        if ground:
+            return float(np.median(ground)), how
     altitudes = [m.altitude_m for m in images if m.altitude_m is not None]
     if not altitudes:
         raise InputError("direct georeferencing needs GPS altitudes; no image has one")

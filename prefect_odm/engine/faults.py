@@ -48,6 +48,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from prefect_odm.engine.api_records import OptionEntry
 from prefect_odm.engine.pipeline_options import (
     STAGES,
     bool_option,
@@ -56,11 +57,16 @@ from prefect_odm.engine.pipeline_options import (
     stage_option,
 )
 from prefect_odm.errors import InputError
+from prefect_odm.models import OptionValue
 from prefect_odm.registry import PRODUCTS, REPORT_FOLDER
 from prefect_odm.settings import get_settings
 
 DIE_EXIT_CODE = 70
 """Exit code of an engine process that dies on purpose."""
+
+
+FaultSetting = str | int | float | bool | None
+"""The value of one :class:`Faults` field (a name pattern, a count, seconds, a switch)."""
 
 
 class InjectedFailure(RuntimeError):
@@ -124,7 +130,7 @@ class Faults:
         """Read ``PREFECT_ODM_ENGINE_FAULTS`` (no variable: no faults)."""
         return cls.from_json(get_settings().engine_faults)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, FaultSetting]:
         """The configuration as a JSON-ready mapping (only keys that differ from the default)."""
         default = Faults()
         return {
@@ -186,7 +192,7 @@ class Faults:
 
 _STAND_IN_STAGES: tuple[str, ...] = STAGES
 
-_STAND_IN_OPTIONS: list[dict[str, Any]] = [
+_STAND_IN_OPTIONS: list[OptionEntry] = [
     option(
         "orthophoto-resolution",
         "float",
@@ -228,12 +234,12 @@ class StandInPipeline:
     """
 
     STAGES: tuple[str, ...] = _STAND_IN_STAGES
-    OPTIONS: list[dict[str, Any]] = _STAND_IN_OPTIONS
+    OPTIONS: list[OptionEntry] = _STAND_IN_OPTIONS
 
     def run(
         self,
         task_dir: Path,
-        options: dict[str, Any],
+        options: Mapping[str, OptionValue | None],
         *,
         rerun_from: str | None = None,
         log: Callable[[str], None] = print,

@@ -211,6 +211,8 @@ class EngineProcess:
         token: str | None,
         log: IO[bytes],
     ) -> None:
+        """Wrap a started server process (see the class attributes; ``log`` is its console log,
+        closed when it stops)."""
         self.process = process
         self.port = port
         self.url = f"http://{LOOPBACK}:{port}"
@@ -262,6 +264,7 @@ class EngineProcess:
         return int(self.process.returncode)
 
     def __enter__(self) -> EngineProcess:
+        """The process itself; it is stopped when the block ends."""
         return self
 
     def __exit__(
@@ -270,9 +273,11 @@ class EngineProcess:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        """Stop the engine (:meth:`stop`), however the block ended."""
         self.stop()
 
     def __repr__(self) -> str:
+        """The URL, process id and data folder (never the token)."""
         return f"EngineProcess(url={self.url!r}, pid={self.pid}, data_dir={str(self.data_dir)!r})"
 
 

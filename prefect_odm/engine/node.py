@@ -22,12 +22,21 @@ import time
 import uuid as uuid_module
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import psutil
+from pydantic import JsonValue
 
 import prefect_odm
 from prefect_odm.engine import supervisor, task_files
+from prefect_odm.engine.api_records import (
+    ActionAnswer,
+    InfoAnswer,
+    OptionEntry,
+    TaskInfo,
+    TaskStatus,
+    UuidAnswer,
+)
 from prefect_odm.engine.faults import Faults
 from prefect_odm.engine.options import (
     OptionSpec,
@@ -44,8 +53,10 @@ from prefect_odm.engine.store import (
     PENDING,
     QUEUED,
     RUNNING,
+    OptionFields,
     TaskRecord,
     TaskStore,
+    option_fields,
 )
 from prefect_odm.engine.task_fields import parse_task_fields
 from prefect_odm.engine.uploads import (
@@ -133,6 +144,8 @@ class Engine:
     """
 
     def __init__(self, config: EngineConfig) -> None:
+        """Lock the data folder, read the task table and load the pipeline (nothing runs until
+        :meth:`start`)."""
         self.config = config
         self.data_dir = Path(config.data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -184,16 +197,16 @@ class Engine:
             raise EngineError(f"{uuid} not found")
         return record
 
-    def task_info(self, record: TaskRecord, with_output: int | None = None) -> dict[str, Any]:
+    def task_info(self, record: TaskRecord, with_output: int | None = None) -> TaskInfo:
         """A task's ``/task/{uuid}/info`` answer."""
         if record.status == RUNNING and record.started_ms:
             processing_time = task_files.now_ms() - record.started_ms
         else:
             processing_time = record.processing_time_ms
-        status: dict[str, Any] = {"code": record.status}
+        status: TaskStatus = {"code": record.status}
         if record.status == FAILED:
             status["errorMessage"] = record.error_message or "Task failed"
-        info: dict[str, Any] = {
+        info: TaskInfo = {
             "uuid": record.uuid,
             "name": record.name,
             "dateCreated": record.date_created_ms,
@@ -230,7 +243,7 @@ class Engine:
             self.store.update(uuid, webhook_sent=True)
 
     # -- routes ---------------------------------------------------------------------------
-    def info(self) -> dict[str, Any]:
+    def info(self) -> InfoAnswer:
         """The ``/info`` answer (memory in bytes)."""
         memory = psutil.virtual_memory()
         queued = sum(1 for t in self.store.all() if t.status in (QUEUED, RUNNING))
@@ -246,11 +259,11 @@ class Engine:
             "engineVersion": prefect_odm.__version__,
         }
 
-    def options(self) -> list[dict[str, Any]]:
+    def options(self) -> list[OptionEntry]:
         """The ``/options`` answer."""
         return [spec.to_dict() for spec in self.specs]
 
-    def init_task(self, fields: dict[str, str], set_uuid: str | None) -> dict[str, Any]:
+    def init_task(self, fields: dict[str, str], set_uuid: str | None) -> UuidAnswer:
         """``/task/new/init``: validate the fields and create a task waiting for uploads.
 
         As on NodeODM, a ``set-uuid`` whose task is still waiting for uploads (not committed)
@@ -274,13 +287,10 @@ class Engine:
             name=parsed.name,
             date_created_ms=parsed.date_created_ms,
             status=PENDING,
-            options=validated.given,
-            typed_options=validated.typed,
-            ignored_options=validated.ignored,
             webhook=parsed.webhook,
             outputs=parsed.outputs,
             skip_post_processing=parsed.skip_post_processing,
-            rerun_from=validated.typed.get("rerun-from") or None,
+            **option_fields(validated),
         )
         with self.store.lock:
             existing = self.store.get(uuid)
@@ -337,7 +347,7 @@ class Engine:
             stored.append(final.relative_to(task_dir.resolve()).as_posix())
         return stored
 
-    def commit(self, uuid: str) -> dict[str, Any]:
+    def commit(self, uuid: str) -> UuidAnswer:
         """``/task/new/commit/{uuid}``: unpack ``seed.zip``, count images and queue the task."""
         record = self.store.get(uuid)
         if record is None or record.status != PENDING:
@@ -380,7 +390,7 @@ class Engine:
         """The ``/task/list`` answer (committed tasks, by creation date)."""
         return [{"uuid": t.uuid} for t in self.store.all() if t.status != PENDING]
 
-    def info_of(self, uuid: str, with_output: int | None) -> dict[str, Any]:
+    def info_of(self, uuid: str, with_output: int | None) -> TaskInfo:
         """``/task/{uuid}/info``."""
         return self.task_info(self._visible(uuid), with_output)
 
@@ -403,14 +413,14 @@ class Engine:
             raise EngineError("Asset not ready")
         return path
 
-    def _action_target(self, uuid: str) -> TaskRecord | dict[str, Any]:
+    def _action_target(self, uuid: str) -> TaskRecord | ActionAnswer:
         """The task a cancel/remove/restart acts on, or NodeODM's answer for an unknown one."""
         try:
             return self._visible(uuid)
         except EngineError as exc:
             return {"success": False, "error": str(exc)}
 
-    def cancel(self, uuid: str) -> dict[str, Any]:
+    def cancel(self, uuid: str) -> ActionAnswer:
         """``/task/cancel``; cancelling a cancelled task succeeds, as on NodeODM.
 
         Unlike NodeODM, a COMPLETED (or FAILED) task is not turned into a cancelled one: its
@@ -423,7 +433,7 @@ class Engine:
             return {"success": True}
         return {"success": False, "error": "Task already finished"}
 
-    def remove(self, uuid: str) -> dict[str, Any]:
+    def remove(self, uuid: str) -> ActionAnswer:
         """``/task/remove``: cancel when active, delete the folder and the table row."""
         record = self._action_target(uuid)
         if isinstance(record, dict):
@@ -434,8 +444,8 @@ class Engine:
         return {"success": True}
 
     def restart(
-        self, uuid: str, options: str | list[Any] | dict[str, Any] | None
-    ) -> dict[str, Any]:
+        self, uuid: str, options: str | list[JsonValue] | dict[str, JsonValue] | None
+    ) -> ActionAnswer:
         """``/task/restart``: run a finished task again in the same folder.
 
         ``options`` (JSON text or, from a JSON body, a list; when given) replace all options;
@@ -446,7 +456,7 @@ class Engine:
             return record
         if record.status in (QUEUED, RUNNING) or self.supervisor.is_running(record.uuid):
             return {"success": False, "error": "Task cannot be restarted"}
-        changes: dict[str, Any] = {}
+        changes: OptionFields = {}
         if options is not None and (not isinstance(options, str) or options.strip()):
             try:
                 given = parse_options_text(options)
@@ -455,12 +465,7 @@ class Engine:
             validated = validate_options(given, self.specs)
             if validated.errors:
                 return {"success": False, "error": json.dumps(validated.errors)}
-            changes.update(
-                options=validated.given,
-                typed_options=validated.typed,
-                ignored_options=validated.ignored,
-                rerun_from=validated.typed.get("rerun-from") or None,
-            )
+            changes = option_fields(validated)
         task_dir = self.store.task_dir(record.uuid)
         (task_dir / task_files.ZIP_FILE).unlink(missing_ok=True)
         (task_dir / task_files.OUTPUT_FILE).write_text("", encoding="utf-8")

@@ -15,7 +15,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
+from pydantic import JsonValue
+
+from prefect_odm.engine.api_records import (
+    ClientOption,
+    GivenOption,
+    OptionEntry,
+    TypedOptions,
+)
 from prefect_odm.errors import InputError
+from prefect_odm.models import OptionValue
 from prefect_odm.nodes.option_check import BOOL_TEXT, OptionValueError, check_domain
 
 PIPELINE_MODULE = "prefect_odm.engine.pipeline"
@@ -25,16 +34,19 @@ class Pipeline(Protocol):
     """The contract of :mod:`prefect_odm.engine.pipeline` (see that module)."""
 
     STAGES: tuple[str, ...]
-    OPTIONS: list[dict[str, Any]]
+    OPTIONS: list[OptionEntry]
 
     def run(
         self,
         task_dir: Any,
-        options: dict[str, Any],
+        options: Mapping[str, OptionValue | None],
         *,
         rerun_from: str | None = ...,
         log: Any = ...,
-    ) -> None: ...
+    ) -> None:
+        """Process ``task_dir/images`` into ODM's outputs with the typed ``options``, from the
+        stage ``rerun_from`` on, one progress line at a time to ``log``."""
+        ...
 
 
 def load_pipeline(*, stand_in: bool = False) -> Pipeline:
@@ -60,7 +72,7 @@ class OptionSpec:
     domain: str | list[str]
     help: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> OptionEntry:
         """The entry as NodeODM answers it (``value`` always a string)."""
         domain = list(self.domain) if isinstance(self.domain, list) else self.domain
         return {
@@ -83,14 +95,14 @@ class ValidatedOptions:
         errors: ``[{"name", "error"}]`` for invalid values (empty when valid).
     """
 
-    typed: dict[str, Any]
-    given: list[dict[str, Any]]
+    typed: TypedOptions
+    given: list[GivenOption]
     ignored: list[str] = field(default_factory=list)
     errors: list[dict[str, str]] = field(default_factory=list)
 
 
 def option_specs(
-    raw_options: Iterable[Mapping[str, Any]], *, method: str | None = None
+    raw_options: Iterable[OptionEntry], *, method: str | None = None
 ) -> list[OptionSpec]:
     """Build the option list from a pipeline's ``OPTIONS``.
 
@@ -103,15 +115,13 @@ def option_specs(
     """
     specs: list[OptionSpec] = []
     for entry in raw_options:
-        value = entry.get("value", "")
+        domain = entry["domain"]
         spec = OptionSpec(
-            name=str(entry["name"]),
-            type=str(entry.get("type", "string")),
-            value="" if value is None else _to_text(value),
-            domain=list(entry["domain"])
-            if isinstance(entry.get("domain"), list | tuple)
-            else str(entry.get("domain", "")),
-            help=str(entry.get("help", "")),
+            name=entry["name"],
+            type=entry["type"],
+            value=entry["value"],
+            domain=list(domain) if isinstance(domain, list) else domain,
+            help=entry["help"],
         )
         if method is not None and spec.name == "pipeline":
             if isinstance(spec.domain, list) and method not in spec.domain:
@@ -121,13 +131,15 @@ def option_specs(
     return specs
 
 
-def _to_text(value: Any) -> str:
+def _to_text(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
 
 
-def parse_options_text(text: str | list[Any] | dict[str, Any] | None) -> list[dict[str, Any]]:
+def parse_options_text(
+    text: str | list[JsonValue] | dict[str, JsonValue] | None,
+) -> list[ClientOption]:
     """Parse the ``options`` field (JSON text of ``[{"name": .., "value": ..}]``).
 
     An empty field means no options. A JSON object ``{"name": value}`` is accepted too, and so
@@ -137,7 +149,7 @@ def parse_options_text(text: str | list[Any] | dict[str, Any] | None) -> list[di
         InputError: the text is not JSON or not a list of ``{"name", "value"}`` objects.
     """
     if isinstance(text, list | dict):
-        data: Any = text
+        data: JsonValue = text
     elif text is None or not str(text).strip():
         return []
     else:
@@ -146,12 +158,15 @@ def parse_options_text(text: str | list[Any] | dict[str, Any] | None) -> list[di
         except json.JSONDecodeError as exc:
             raise InputError(f"Invalid options: {exc}") from exc
     if isinstance(data, dict):
-        data = [{"name": k, "value": v} for k, v in data.items()]
-    if not isinstance(data, list) or not all(
-        isinstance(item, dict) and "name" in item for item in data
-    ):
+        return [{"name": k, "value": v} for k, v in data.items()]
+    if not isinstance(data, list):
         raise InputError('Invalid options: expected a JSON list of {"name", "value"} objects')
-    return [{"name": str(item["name"]), "value": item.get("value")} for item in data]
+    items: list[ClientOption] = []
+    for item in data:
+        if not isinstance(item, dict) or "name" not in item:
+            raise InputError('Invalid options: expected a JSON list of {"name", "value"} objects')
+        items.append({"name": str(item["name"]), "value": item.get("value")})
+    return items
 
 
 def _check_number_domain(value: float, domain: str) -> str | None:
@@ -167,7 +182,7 @@ def _check_number_domain(value: float, domain: str) -> str | None:
     return None
 
 
-def coerce_value(spec: OptionSpec, value: Any) -> Any:
+def coerce_value(spec: OptionSpec, value: JsonValue) -> OptionValue:
     """Convert a client value to the option's type and check its domain.
 
     Raises:
@@ -181,11 +196,11 @@ def coerce_value(spec: OptionSpec, value: Any) -> Any:
             return BOOL_TEXT[value.strip().lower()]
         raise InputError(f"Invalid boolean value: {value!r}")
     if spec.type in ("int", "float"):
-        if isinstance(value, bool):
+        if not isinstance(value, int | float | str) or isinstance(value, bool):
             raise InputError(f"Invalid {spec.type} value: {value!r}")
         try:
-            number = float(value)
-        except (TypeError, ValueError) as exc:
+            number: int | float = float(value)
+        except ValueError as exc:
             raise InputError(f"Invalid {spec.type} value: {value!r}") from exc
         if not math.isfinite(number):
             raise InputError(f"Invalid {spec.type} value: {value!r}")
@@ -207,7 +222,7 @@ def coerce_value(spec: OptionSpec, value: Any) -> Any:
     return _to_text(value) if not isinstance(value, str) else value
 
 
-def default_value(spec: OptionSpec) -> Any:
+def default_value(spec: OptionSpec) -> OptionValue | None:
     """The typed default of an option (``None`` when the default is empty or not convertible)."""
     if spec.value == "":
         return None if spec.type != "string" else ""
@@ -218,7 +233,7 @@ def default_value(spec: OptionSpec) -> Any:
 
 
 def validate_options(
-    given: Iterable[Mapping[str, Any]], specs: Iterable[OptionSpec]
+    given: Iterable[ClientOption], specs: Iterable[OptionSpec]
 ) -> ValidatedOptions:
     """Check client options against the option list, as NodeODM does.
 
@@ -232,11 +247,11 @@ def validate_options(
     """
     by_name = {spec.name: spec for spec in specs}
     typed = {name: default_value(spec) for name, spec in by_name.items()}
-    kept: list[dict[str, Any]] = []
+    kept: list[GivenOption] = []
     ignored: list[str] = []
     errors: list[dict[str, str]] = []
     for item in given:
-        name = str(item["name"])
+        name = item["name"]
         spec = by_name.get(name)
         if spec is None:
             ignored.append(name)

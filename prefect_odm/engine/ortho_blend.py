@@ -123,6 +123,8 @@ class PyramidBlender:
     """
 
     def __init__(self, shape: tuple[int, int], bands: int) -> None:
+        """Zeroed accumulators for a ``shape`` ``(rows, cols)`` mosaic and ``bands`` pyramid
+        levels below it."""
         self.bands = bands
         self.shapes = [shape]
         for _ in range(bands):

@@ -11,8 +11,8 @@ Steps (each in its own module):
 4. :mod:`.ortho_blend`: the labelled views rendered per cell (x, y, z from the DSM), corrected,
    and multi-band blended across the view changes, tile by tile.
 
-The first renderer (the best camera per block, no blending) is kept in :mod:`.ortho_blocks` as
-the benchmarks' baseline.
+The first renderer (the best camera per block, no blending) is kept in
+``tests/engine/ortho_blocks.py`` as the baseline of the tests and benchmarks.
 """
 
 from __future__ import annotations

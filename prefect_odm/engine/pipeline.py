@@ -28,20 +28,20 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from prefect_odm.engine import pipeline_options
 from prefect_odm.engine.pipeline_options import METHODS, OPTIONS, STAGES
 from prefect_odm.errors import InputError
+from prefect_odm.models import OptionValue
 
 __all__ = ["METHODS", "OPTIONS", "STAGES", "run"]
 
 
 def run(
     task_dir: Path,
-    options: dict[str, Any],
+    options: Mapping[str, OptionValue | None],
     *,
     rerun_from: str | None = None,
     log: Callable[[str], None] = print,
@@ -67,11 +67,11 @@ def run(
     task_dir = Path(task_dir)
     from prefect_odm.engine import stage_files, stages
 
-    settings = pipeline_options.settings(dict(options))
-    rerun_from = rerun_from or settings["rerun-from"] or None
+    settings = pipeline_options.settings(options)
+    rerun_from = rerun_from or str(settings["rerun-from"] or "") or None
     if rerun_from is not None and rerun_from not in STAGES:
         raise InputError(f"unknown stage {rerun_from!r}; stages: {', '.join(STAGES)}")
-    end_with = settings["end-with"] or STAGES[-1]
+    end_with = str(settings["end-with"] or "") or STAGES[-1]
     ctx = stage_files.StageContext(task_dir=task_dir, settings=settings, log=log)
     start = STAGES.index(rerun_from) if rerun_from else 0
     for index in range(start):

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from collections.abc import Mapping
 
+from prefect_odm.engine.api_records import OptionEntry
 from prefect_odm.errors import InputError
+from prefect_odm.models import OptionValue
 from prefect_odm.plan.depthmaps import PC_QUALITY_LEVELS
 
 STAGES: tuple[str, ...] = (
@@ -40,24 +42,22 @@ FEATURE_QUALITY_MAX_FEATURES: dict[str, int] = {
 """ODM's ``feature-quality`` levels -> SIFT features per image."""
 
 
-def option(
-    name: str, type_: str, value: str, domain: str | list[str], help_: str
-) -> dict[str, Any]:
+def option(name: str, type_: str, value: str, domain: str | list[str], help_: str) -> OptionEntry:
     """One entry of :data:`OPTIONS` as NodeODM lists it (``value``: the default, as text)."""
     return {"name": name, "type": type_, "value": value, "domain": domain, "help": help_}
 
 
-def bool_option(name: str, help_: str) -> dict[str, Any]:
+def bool_option(name: str, help_: str) -> OptionEntry:
     """A boolean option, false by default (domain ``""``: no check, as NodeODM lists them)."""
     return option(name, "bool", "false", "", help_)
 
 
-def enum_option(name: str, value: str, domain: list[str], help_: str) -> dict[str, Any]:
+def enum_option(name: str, value: str, domain: list[str], help_: str) -> OptionEntry:
     """An option taking one of ``domain`` (default ``value``)."""
     return option(name, "enum", value, domain, help_)
 
 
-def stage_option(name: str, value: str, help_: str) -> dict[str, Any]:
+def stage_option(name: str, value: str, help_: str) -> OptionEntry:
     """An option naming one of :data:`STAGES` (``end-with``, ``rerun-from``).
 
     A default outside the stages (``rerun-from``'s ``""``) is put first in the domain, as NodeODM
@@ -74,7 +74,7 @@ engine's dense DSM at 5 cm would hold a point in few cells, see ``stages.DENSE_D
 FAST_ORTHOPHOTO_DEFAULT = "false"
 """The engine's ``fast-orthophoto`` default (ODM's: false, i.e. dense matching)."""
 
-OPTIONS: list[dict[str, Any]] = [
+OPTIONS: list[OptionEntry] = [
     option(
         "orthophoto-resolution",
         "float",
@@ -198,6 +198,15 @@ OPTIONS: list[dict[str, Any]] = [
         "positive integer",
         "Match each image with this many nearest images by GPS (0: 20). Default: 0",
     ),
+    option(
+        "cameras",
+        "string",
+        "",
+        "json",
+        "Camera calibrations to use instead of calibrating (the JSON text of a cameras.json, as "
+        "ODM writes it and takes it with --cameras): a camera found there keeps its focal "
+        "length, principal point and radial terms fixed in structure from motion. Default: none",
+    ),
     stage_option("end-with", "odm_report", "End processing at this stage. Default: odm_report"),
     stage_option(
         "rerun-from", "", "Rerun processing from this stage, reusing the earlier stages' results."
@@ -247,11 +256,18 @@ OPTIONS += [
     )
 ]
 
-SPECS: dict[str, dict[str, Any]] = {o["name"]: o for o in OPTIONS}
+SPECS: dict[str, OptionEntry] = {o["name"]: o for o in OPTIONS}
 """Option name -> its :data:`OPTIONS` entry."""
 
 
-def coerce(name: str, value: Any) -> Any:
+def _number(value: OptionValue | None) -> float:
+    """``value`` as a float (ValueError when it is None or text that is not a number)."""
+    if value is None:
+        raise ValueError(value)
+    return float(value)
+
+
+def coerce(name: str, value: OptionValue | None) -> OptionValue:
     """The typed value of option ``name`` (bool, int, float or text).
 
     Raises:
@@ -268,12 +284,12 @@ def coerce(name: str, value: Any) -> Any:
                 raise ValueError(value)
             return text in ("true", "1", "yes")
         if kind == "int":
-            number = float(value)
+            number = _number(value)
             if number != int(number):
                 raise ValueError(value)
             return int(number)
         if kind == "float":
-            number = float(value)
+            number = _number(value)
             if not math.isfinite(number):
                 raise ValueError(value)
             return number
@@ -285,7 +301,7 @@ def coerce(name: str, value: Any) -> Any:
         raise InputError(f"option {name}: invalid value {value!r}") from exc
 
 
-def settings(options: dict[str, Any]) -> dict[str, Any]:
+def settings(options: Mapping[str, OptionValue | None]) -> dict[str, OptionValue]:
     """Defaults of :data:`OPTIONS` overlaid with ``options`` (typed). Unknown names are ignored.
 
     Raises:
@@ -295,6 +311,7 @@ def settings(options: dict[str, Any]) -> dict[str, Any]:
     for name, value in options.items():
         if name in SPECS and value is not None:
             settings[name] = coerce(name, value)
-    if settings["orthophoto-resolution"] <= 0:
+    resolution = settings["orthophoto-resolution"]
+    if not isinstance(resolution, int | float) or resolution <= 0:
         raise InputError("option orthophoto-resolution must be greater than zero")
     return settings

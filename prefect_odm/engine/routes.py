@@ -22,8 +22,10 @@ from typing import IO, Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from pydantic import JsonValue
 
 import prefect_odm
+from prefect_odm.engine.api_records import ErrorAnswer
 from prefect_odm.engine.node import Engine
 from prefect_odm.engine.uploads import COPY_CHUNK_BYTES
 from prefect_odm.errors import EngineError
@@ -42,8 +44,11 @@ def _json(payload: Any) -> JSONResponse:
     return JSONResponse(payload, status_code=200)
 
 
-def _error(message: str, **extra: Any) -> dict[str, Any]:
-    return {"error": message, **extra}
+def _error(message: str, *, no_retry: bool = False) -> ErrorAnswer:
+    answer: ErrorAnswer = {"error": message}
+    if no_retry:
+        answer["noRetry"] = True
+    return answer
 
 
 def _int_param(value: str | None, default: int | None) -> int | None:
@@ -71,7 +76,7 @@ async def read_form(request: Request) -> Form:
     return fields, files
 
 
-async def read_action_fields(request: Request) -> dict[str, Any]:
+async def read_action_fields(request: Request) -> dict[str, JsonValue]:
     """The fields of a cancel/remove/restart body: JSON, multipart or urlencoded.
 
     NodeODM (and pyodm, which sends urlencoded) reads these from urlencoded or JSON bodies; our
@@ -85,10 +90,10 @@ async def read_action_fields(request: Request) -> dict[str, Any]:
             return {}
         return dict(body) if isinstance(body, dict) else {}
     fields, _ = await read_form(request)
-    return dict(fields)
+    return {name: value for name, value in fields.items()}
 
 
-async def _uuid_field(request: Request) -> tuple[str, dict[str, Any]]:
+async def _uuid_field(request: Request) -> tuple[str, dict[str, JsonValue]]:
     """The ``uuid`` field and all the fields of a cancel/remove/restart body.
 
     Raises:
@@ -174,8 +179,7 @@ def _add_error_answers(app: FastAPI) -> None:
 
     @app.exception_handler(EngineError)
     async def _refused(_: Request, exc: EngineError) -> JSONResponse:
-        extra = {"noRetry": True} if exc.no_retry else {}
-        return _json(_error(str(exc), **extra))
+        return _json(_error(str(exc), no_retry=exc.no_retry))
 
 
 def _add_info_routes(app: FastAPI, engine: Engine, auth: list[Any]) -> None:

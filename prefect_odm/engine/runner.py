@@ -35,6 +35,7 @@ from prefect_odm.engine.task_files import (
     RESULT_FILE,
     RUN_FILE,
     STAGE_FILE,
+    TaskResult,
     build_zip,
     write_atomic,
 )
@@ -122,17 +123,22 @@ def run_task(task_dir: Path) -> int:
         build_zip(task_dir, spec.get("outputs"))
     except MemoryError as exc:
         _report_failure(log, exc)
-        write_atomic(result_path, json.dumps({"ok": False, "memory": True, "error": str(exc)}))
+        _write_result(result_path, {"ok": False, "memory": True, "error": str(exc)})
         return OOM_EXIT_CODE
     except BaseException as exc:  # the process ends here; the reason goes to result.json
         _report_failure(log, exc)
         message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        write_atomic(result_path, json.dumps({"ok": False, "memory": False, "error": message}))
+        _write_result(result_path, {"ok": False, "memory": False, "error": message})
         return 1
     write_atomic(task_dir / PROGRESS_FILE, "100.0\n")
-    write_atomic(result_path, json.dumps({"ok": True}))
+    _write_result(result_path, {"ok": True})
     log("Task completed")
     return 0
+
+
+def _write_result(path: Path, result: TaskResult) -> None:
+    """Write the task's :data:`RESULT_FILE` (atomically: the engine reads it when we exit)."""
+    write_atomic(path, json.dumps(result))
 
 
 def _report_failure(log: Callable[[str], None], exc: BaseException) -> None:

@@ -45,7 +45,7 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,11 +53,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from prefect_odm.engine.camera import CameraPose, ImageMeta, Scene, rotation_tuple, utm_positions
+from prefect_odm.engine.camera_calibration import Intrinsics
 from prefect_odm.engine.direct import estimate_ground_z_m
 from prefect_odm.engine.sfm_priors import (
-    FULL_CAMERA_MIN_IMAGES,
     ColmapRun,
     adjust_with_intrinsic_priors,
+    reader_camera,
     refines_principal_point,
 )
 from prefect_odm.errors import ProcessingFailedError
@@ -101,6 +102,7 @@ def reconstruct_sfm(
     max_features: int = MAX_FEATURES,
     max_neighbours: int = MAX_NEIGHBOURS,
     gps_accuracy_m: float = GPS_ACCURACY_M,
+    calibrated: Mapping[str, Intrinsics] | None = None,
     log: Callable[[str], None] = logger.info,
 ) -> Scene:
     """Reconstruct the cameras and a sparse point cloud, in the survey's UTM CRS.
@@ -116,6 +118,8 @@ def reconstruct_sfm(
         max_neighbours: images each image is matched with (nearest GPS positions first).
         gps_accuracy_m: standard deviation of each GPS position, metres (ODM's
             ``gps-accuracy``): the weight of the position priors in the bundle adjustment.
+        calibrated: camera key -> intrinsics held fixed (the ``cameras`` option,
+            :func:`.camera_calibration.calibrated_cameras`); other cameras are calibrated here.
         log: progress line sink.
 
     Returns:
@@ -130,7 +134,8 @@ def reconstruct_sfm(
     import pycolmap
 
     work_dir.mkdir(parents=True, exist_ok=True)
-    run = ColmapRun(images, image_dir, work_dir, max(1, int(max_concurrency)), log)
+    threads = max(1, int(max_concurrency))
+    run = ColmapRun(images, image_dir, work_dir, threads, log, dict(calibrated or {}))
     run.database.unlink(missing_ok=True)
     previous_level = pycolmap.logging.minloglevel
     pycolmap.logging.minloglevel = 2  # COLMAP's INFO lines go to stderr; we log our own
@@ -166,8 +171,8 @@ def reconstruct_sfm(
 def _extract_features(run: ColmapRun, resize_to: int, max_features: int) -> None:
     """SIFT features of every image into the database, one camera per camera key.
 
-    The camera is ``RADIAL`` for a key with :data:`FULL_CAMERA_MIN_IMAGES` images or more, else
-    ``SIMPLE_RADIAL``.
+    The camera is ``RADIAL`` for a calibrated key or one with :data:`FULL_CAMERA_MIN_IMAGES`
+    images or more, else ``SIMPLE_RADIAL`` (:func:`.sfm_priors.reader_camera`).
     """
     import pycolmap
 
@@ -184,14 +189,8 @@ def _extract_features(run: ColmapRun, resize_to: int, max_features: int) -> None
     for meta in images:
         groups[meta.camera_key].append(meta)
     for group in groups.values():
-        first = group[0]
-        full = len(group) >= FULL_CAMERA_MIN_IMAGES
         reader = pycolmap.ImageReaderOptions()
-        reader.camera_model = "RADIAL" if full else "SIMPLE_RADIAL"
-        reader.camera_params = (
-            f"{first.focal_length_px},{first.width / 2.0},{first.height / 2.0},0"
-            + (",0" if full else "")
-        )
+        reader.camera_model, reader.camera_params = reader_camera(run, group)
         pycolmap.extract_features(
             run.database,
             run.image_dir,
@@ -201,9 +200,10 @@ def _extract_features(run: ColmapRun, resize_to: int, max_features: int) -> None
             extraction_options=extraction,
             device=pycolmap.Device.cpu,
         )
+    fixed = sum(key in run.calibrated for key in groups)
     run.log(
-        f"Extracted SIFT features of {len(images)} images ({len(groups)} camera(s)) "
-        f"in {time.perf_counter() - started:.1f} s"
+        f"Extracted SIFT features of {len(images)} images ({len(groups)} camera(s), "
+        f"{fixed} held at a given calibration) in {time.perf_counter() - started:.1f} s"
     )
 
 
@@ -347,8 +347,9 @@ def _map_incrementally(run: ColmapRun, pairs: int) -> Any:
     options.num_threads = run.threads
     options.random_seed = 0
     options.ba_refine_focal_length = False
-    options.ba_refine_principal_point = refines_principal_point(images)
-    options.ba_refine_extra_params = True
+    options.ba_refine_principal_point = refines_principal_point(run)
+    options.ba_refine_extra_params = not run.all_calibrated
+    options.mapper.abs_pose_refine_extra_params = not run.all_calibrated
     options.mapper.abs_pose_refine_focal_length = False
     options.min_model_size = 3
     options.use_prior_position = True

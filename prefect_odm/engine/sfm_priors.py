@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from prefect_odm.engine.camera import ImageMeta
+from prefect_odm.engine.camera_calibration import Intrinsics
 
 FULL_CAMERA_MIN_IMAGES = 15
 """Images a camera needs before bundle adjustment refines its full model.
@@ -44,13 +45,21 @@ intrinsic priors against COLMAP's reprojection residuals, which are in pixels.""
 
 @dataclass(frozen=True)
 class ColmapRun:
-    """One COLMAP run: the images, their folder, the scratch folder, threads and the log."""
+    """One COLMAP run: the images, their folder, the scratch folder, threads, the log, and the
+    cameras whose intrinsics are given and held fixed (camera key -> intrinsics; the
+    ``cameras`` option, :mod:`.camera_calibration`)."""
 
     images: Sequence[ImageMeta]
     image_dir: Path
     work_dir: Path
     threads: int
     log: Callable[[str], None]
+    calibrated: Mapping[str, Intrinsics] = field(default_factory=dict)
+
+    @property
+    def all_calibrated(self) -> bool:
+        """Whether every camera of the images has given intrinsics (nothing to refine)."""
+        return all(meta.camera_key in self.calibrated for meta in self.images)
 
     @property
     def database(self) -> Path:
@@ -58,10 +67,27 @@ class ColmapRun:
         return self.work_dir / "database.db"
 
 
-def refines_principal_point(images: Sequence[ImageMeta]) -> bool:
-    """Whether every camera has the full model (:data:`FULL_CAMERA_MIN_IMAGES`)."""
-    per_camera = Counter(meta.camera_key for meta in images)
+def refines_principal_point(run: ColmapRun) -> bool:
+    """Whether bundle adjustment refines the principal points: every camera not calibrated
+    has the full model (:data:`FULL_CAMERA_MIN_IMAGES`), and one at least is not calibrated."""
+    per_camera = Counter(m.camera_key for m in run.images if m.camera_key not in run.calibrated)
     return bool(per_camera) and min(per_camera.values()) >= FULL_CAMERA_MIN_IMAGES
+
+
+def reader_camera(run: ColmapRun, group: Sequence[ImageMeta]) -> tuple[str, str]:
+    """COLMAP's camera model and starting parameters for the images of one camera key.
+
+    A calibrated camera is ``RADIAL`` with its given intrinsics; else ``RADIAL`` from
+    :data:`FULL_CAMERA_MIN_IMAGES` images on, ``SIMPLE_RADIAL`` below, from the EXIF focal
+    length with the principal point at the centre and no distortion.
+    """
+    first = group[0]
+    given = run.calibrated.get(first.camera_key)
+    if given is not None:
+        return "RADIAL", given.colmap_params()
+    full = len(group) >= FULL_CAMERA_MIN_IMAGES
+    params = f"{first.focal_length_px},{first.width / 2.0},{first.height / 2.0},0"
+    return ("RADIAL", params + ",0") if full else ("SIMPLE_RADIAL", params)
 
 
 def adjust_with_intrinsic_priors(run: ColmapRun, model: Any) -> None:
@@ -86,8 +112,8 @@ def adjust_with_intrinsic_priors(run: ColmapRun, model: Any) -> None:
     started = time.perf_counter()
     options = pycolmap.BundleAdjustmentOptions()
     options.refine_focal_length = False
-    options.refine_principal_point = refines_principal_point(run.images)
-    options.refine_extra_params = True
+    options.refine_principal_point = refines_principal_point(run)
+    options.refine_extra_params = not run.all_calibrated
     options.print_summary = False
     options.ceres.solver_options.num_threads = run.threads
     prior_options = pycolmap.PosePriorBundleAdjustmentOptions()
@@ -95,6 +121,13 @@ def adjust_with_intrinsic_priors(run: ColmapRun, model: Any) -> None:
     config = pycolmap.BundleAdjustmentConfig()
     for image_id in model.reg_image_ids():
         config.add_image(image_id)
+    fixed = _calibrated_camera_ids(run, model)
+    for camera_id, key in fixed.items():
+        # the mapper refined them where other cameras needed refining: back to the calibration
+        model.cameras[camera_id].params = np.array(
+            [float(v) for v in run.calibrated[key].colmap_params().split(",")]
+        )
+        config.set_constant_cam_intrinsics(camera_id)
     db = pycolmap.Database.open(run.database)
     try:
         pose_priors = db.read_all_pose_priors()
@@ -106,6 +139,8 @@ def adjust_with_intrinsic_priors(run: ColmapRun, model: Any) -> None:
     costs = []  # kept alive until the problem is solved
     before = {}
     for camera_id, camera in model.cameras.items():
+        if camera_id in fixed:
+            continue
         target = np.zeros(len(camera.params))
         target[:3] = camera.params[:3]  # f, cx, cy as COLMAP starts them; distortion 0
         target[1:3] = (camera.width / 2.0, camera.height / 2.0)
@@ -122,9 +157,21 @@ def adjust_with_intrinsic_priors(run: ColmapRun, model: Any) -> None:
     changes = ", ".join(
         f"k1 {before[i][3]:+.4f} -> {float(c.params[3]):+.4f}, principal point moved "
         f"{float(np.hypot(*(np.asarray(c.params[1:3]) - before[i][1:3]))):.1f} px"
+        if i in before
+        else f"camera {i} held at its calibration"
         for i, c in model.cameras.items()
     )
     run.log(
         f"Bundle adjustment with OpenSfM's camera priors: {changes} "
         f"in {time.perf_counter() - started:.1f} s"
     )
+
+
+def _calibrated_camera_ids(run: ColmapRun, model: Any) -> dict[int, str]:
+    """The model's camera ids whose images have given intrinsics (held constant) -> camera key."""
+    by_name = {m.name: m for m in run.images}
+    return {
+        int(image.camera_id): by_name[image.name].camera_key
+        for image in model.images.values()
+        if image.name in by_name and by_name[image.name].camera_key in run.calibrated
+    }

@@ -36,12 +36,16 @@ POINT_CLOUD = PRODUCTS["point_cloud"].odm_path
 
 STAGE_OUTPUTS: dict[str, tuple[str, ...]] = {
     "dataset": (DATASET,),
-    "opensfm": (f"{RECONSTRUCTION_DIR}/scene.json", f"{RECONSTRUCTION_DIR}/scene_points.npz"),
+    "opensfm": (
+        f"{RECONSTRUCTION_DIR}/scene.json",
+        f"{RECONSTRUCTION_DIR}/scene_points.npz",
+        CAMERAS,
+    ),
     "openmvs": (DENSE_RECORD,),
     "odm_dem": (SURFACE, SURFACE_GRID),
     "odm_orthophoto": (ORTHOPHOTO,),
     "odm_georeferencing": (POINT_CLOUD,),
-    "odm_report": (ENGINE_REPORT, SHOTS, CAMERAS),
+    "odm_report": (ENGINE_REPORT, SHOTS),
 }
 """Stage -> the files (relative to the task folder) whose presence means it finished."""
 

@@ -17,6 +17,7 @@ from numpy.typing import NDArray
 
 from prefect_odm.engine import dem, footprints, orthophoto, terrain, writers
 from prefect_odm.engine.camera import ImageMeta, Scene, read_images
+from prefect_odm.engine.geo_file import GEO_FILE, apply_geo_file
 from prefect_odm.engine.pipeline_options import FEATURE_QUALITY_MAX_FEATURES
 from prefect_odm.engine.stage_files import (
     CAMERAS,
@@ -79,6 +80,9 @@ def _stage_dataset(ctx: StageContext) -> None:
     if not ctx.images_dir.is_dir():
         raise InputError(f"no images folder in {ctx.task_dir}")
     images = read_images(ctx.images_dir)
+    if ctx.path(GEO_FILE).is_file():
+        images, placed = apply_geo_file(images, ctx.path(GEO_FILE))
+        ctx.log(f"{GEO_FILE}: {placed} of {len(images)} images placed from it")
     epsg = survey_utm_epsg([m.latitude_deg for m in images], [m.longitude_deg for m in images])
     cameras = sorted({m.camera or "unknown camera" for m in images})
     ctx.log(f"Loaded {len(images)} images ({', '.join(cameras)}); working CRS EPSG:{epsg}")
@@ -93,6 +97,7 @@ def _stage_opensfm(ctx: StageContext) -> None:
 
         scene = reconstruct_direct(images, epsg, image_dir=ctx.images_dir, log=ctx.log)
     else:
+        from prefect_odm.engine.camera_calibration import calibrated_cameras
         from prefect_odm.engine.sfm import MAX_NEIGHBOURS, reconstruct_sfm
 
         neighbours = ctx.settings["matcher-neighbors"] or MAX_NEIGHBOURS
@@ -106,6 +111,7 @@ def _stage_opensfm(ctx: StageContext) -> None:
             max_features=FEATURE_QUALITY_MAX_FEATURES[ctx.settings["feature-quality"]],
             max_neighbours=neighbours,
             gps_accuracy_m=ctx.settings["gps-accuracy"],
+            calibrated=calibrated_cameras(images, str(ctx.settings["cameras"])),
             log=ctx.log,
         )
     from prefect_odm.engine.block_checks import block_figures, check_block
@@ -114,6 +120,7 @@ def _stage_opensfm(ctx: StageContext) -> None:
     figures = block_figures(scene.cameras, images, None if rms is None else [rms])
     scene.stats.update(figures.as_stats())
     scene.save(ctx.path(RECONSTRUCTION_DIR))
+    writers.write_cameras_json(ctx.path(CAMERAS), scene, images)  # as ODM: after opensfm
     ctx.log(
         f"Reconstruction ({scene.method}): {len(scene.cameras)}/{scene.images} images posed, "
         f"{len(scene.points_xyz)} points; block level {figures.level_deg:.2f} deg against "
@@ -432,7 +439,6 @@ def _stage_report(ctx: StageContext) -> None:
 
     scene = _load_scene(ctx)
     writers.write_shots_geojson(ctx.path(SHOTS), scene)
-    writers.write_cameras_json(ctx.path(CAMERAS), scene, _load_dataset(ctx)[0])
     ground_z = footprints.reference_ground_z_m(scene)
     gsd_cm, ortho_cm, dem_cm = _resolutions(ctx, scene, ground_z)
     laz = ctx.path(POINT_CLOUD)

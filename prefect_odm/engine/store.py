@@ -28,10 +28,14 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
+from pydantic import JsonValue, TypeAdapter, ValidationError
+
+from prefect_odm.engine.api_records import GivenOption, TypedOptions
+from prefect_odm.engine.options import ValidatedOptions
 from prefect_odm.errors import StorageError
 
 logger = logging.getLogger(__name__)
@@ -57,7 +61,19 @@ TABLE_VERSION = 1
 _DECODER = json.JSONDecoder()
 
 
-def salvage_rows(text: str) -> tuple[list[dict[str, Any]], bool]:
+Row = dict[str, JsonValue]
+"""A task row as read from the table's JSON, not yet checked (:meth:`TaskRecord.from_dict`)."""
+
+
+class LostTask(TypedDict):
+    """One entry of ``lost.json``: a task folder set aside because its record was lost."""
+
+    uuid: str
+    reason: str
+    folder: str
+
+
+def salvage_rows(text: str) -> tuple[list[Row], bool]:
     """The task rows of a table's text, and whether the text was whole.
 
     A whole table is parsed as JSON; of a torn one (cut at any byte), every task object that is
@@ -72,7 +88,7 @@ def salvage_rows(text: str) -> tuple[list[dict[str, Any]], bool]:
         return [r for r in listed if isinstance(r, dict) and "uuid" in r], True
     start = text.find('"tasks"')
     start = text.find("[", start) if start >= 0 else -1
-    rows: list[dict[str, Any]] = []
+    rows: list[Row] = []
     pos = start + 1 if start >= 0 else len(text)
     while pos < len(text):
         while pos < len(text) and text[pos] in " \t\r\n,":
@@ -122,8 +138,8 @@ class TaskRecord:
     name: str
     date_created_ms: int
     status: int = PENDING
-    options: list[dict[str, Any]] = field(default_factory=list)
-    typed_options: dict[str, Any] = field(default_factory=dict)
+    options: list[GivenOption] = field(default_factory=list)
+    typed_options: TypedOptions = field(default_factory=dict)
     ignored_options: list[str] = field(default_factory=list)
     images_count: int = 0
     progress: float = 0.0
@@ -142,15 +158,44 @@ class TaskRecord:
     run_count: int = 0
     webhook_sent: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Row:
         """A JSON-ready copy."""
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TaskRecord:
-        """Build from :meth:`to_dict` output, ignoring unknown keys (forward compatible)."""
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+    def from_dict(cls, data: Row) -> TaskRecord:
+        """Build from :meth:`to_dict` output, ignoring unknown keys (forward compatible).
+
+        Raises:
+            pydantic.ValidationError: a field is missing or its value is not of the field's type.
+        """
+        return _RECORD.validate_python(data)
+
+
+_RECORD = TypeAdapter(TaskRecord)
+"""Checks a table row against :class:`TaskRecord`'s fields (unknown keys are ignored)."""
+
+
+class OptionFields(TypedDict, total=False):
+    """The :class:`TaskRecord` fields that a task's options set, at init and at restart
+    (:func:`option_fields` sets all four; empty: a restart keeps the task's options)."""
+
+    options: list[GivenOption]
+    typed_options: TypedOptions
+    ignored_options: list[str]
+    rerun_from: str | None
+
+
+def option_fields(validated: ValidatedOptions) -> OptionFields:
+    """The record fields of validated options (``rerun_from``: the ``rerun-from`` option, None
+    when empty)."""
+    rerun_from = validated.typed.get("rerun-from")
+    return {
+        "options": validated.given,
+        "typed_options": validated.typed,
+        "ignored_options": validated.ignored,
+        "rerun_from": str(rerun_from) if rerun_from else None,
+    }
 
 
 class TaskStore:
@@ -166,6 +211,7 @@ class TaskStore:
     """
 
     def __init__(self, data_dir: Path) -> None:
+        """Create the task folder when missing and load the table (a torn one is recovered)."""
         self.data_dir = Path(data_dir)
         self.tasks_dir = self.data_dir / "tasks"
         self.tasks_dir.mkdir(parents=True, exist_ok=True)
@@ -207,7 +253,7 @@ class TaskStore:
         )
         self._save()
 
-    def _read_rows(self, path: Path) -> tuple[list[dict[str, Any]], bool]:
+    def _read_rows(self, path: Path) -> tuple[list[Row], bool]:
         """Rows of one table file and whether it was whole (a missing file is torn, empty)."""
         try:
             text = path.read_text(encoding="utf-8", errors="replace")
@@ -217,11 +263,11 @@ class TaskStore:
             raise StorageError(f"cannot read the task table {path}: {exc}") from exc
         return salvage_rows(text)
 
-    def _keep(self, row: dict[str, Any]) -> int:
+    def _keep(self, row: Row) -> int:
         """Add a recovered row (1), or skip one that does not make a record (0)."""
         try:
             record = TaskRecord.from_dict(row)
-        except TypeError:
+        except ValidationError:
             return 0
         self._tasks[record.uuid] = record
         return 1
@@ -230,7 +276,7 @@ class TaskStore:
         """Move task folders without a record to ``lost/`` and list them in ``lost.json``."""
         lost_dir = self.data_dir / LOST_DIR
         lost_file = self.data_dir / LOST_FILE
-        listed: list[dict[str, Any]] = []
+        listed: list[LostTask] = []
         with contextlib.suppress(OSError, ValueError):
             listed = list(json.loads(lost_file.read_text(encoding="utf-8")))
         moved = []
@@ -317,10 +363,12 @@ class TaskStore:
         return sorted(records, key=lambda r: (r.date_created_ms, r.uuid))
 
     def __contains__(self, uuid: object) -> bool:
+        """Whether the table holds a task with this UUID (pending uploads included)."""
         with self._lock:
             return uuid in self._tasks
 
     def __iter__(self) -> Iterator[TaskRecord]:
+        """Copies of all records, in creation order (:meth:`all`)."""
         return iter(self.all())
 
     def add(self, record: TaskRecord) -> None:

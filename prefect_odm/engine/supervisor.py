@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import psutil
 
@@ -47,6 +47,7 @@ from prefect_odm.engine.task_files import (
     RUN_FILE,
     STAGE_FILE,
     ZIP_FILE,
+    TaskResult,
     append_output,
     now_ms,
     read_output_lines,
@@ -99,13 +100,13 @@ def kill_process_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
-def describe_failure(returncode: int, result: dict[str, Any] | None, last_lines: list[str]) -> str:
+def describe_failure(returncode: int, result: TaskResult | None, last_lines: list[str]) -> str:
     """The ``errorMessage`` of a failed task: the cause, the exit code and the last output lines.
 
     A process killed by SIGKILL (returncode -9, the out-of-memory killer's signal) or ending with
     exit code 137 or a :class:`MemoryError` is reported as "Not enough memory".
     """
-    result = result or {}
+    result = result or {"ok": False}
     if result.get("memory") or returncode in (-signal.SIGKILL, OOM_EXIT_CODE):
         if returncode == -signal.SIGKILL:
             how = "killed by signal 9 (SIGKILL), exit code 137"
@@ -150,6 +151,7 @@ class Supervisor:
         on_finished: Callable[[str], None] | None = None,
         poll_interval_seconds: float = 0.1,
     ) -> None:
+        """Set up the queue; no process starts before :meth:`start`."""
         self.store = store
         self.max_parallel_tasks = max(1, int(max_parallel_tasks))
         self.faults = faults or Faults()
@@ -395,7 +397,7 @@ class Supervisor:
         if record is None or record.status != RUNNING:
             return False
         task_dir = self.store.task_dir(uuid)
-        result: dict[str, Any] | None
+        result: TaskResult | None
         try:
             result = json.loads((task_dir / RESULT_FILE).read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError):

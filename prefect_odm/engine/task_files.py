@@ -10,6 +10,7 @@ import os
 import time
 import zipfile
 from pathlib import Path, PurePosixPath
+from typing import NotRequired, TypedDict
 
 from prefect_odm.registry import PRODUCTS, REPORT_FOLDER
 
@@ -34,6 +35,17 @@ DEFAULT_ZIP_CONTENTS: tuple[str, ...] = (
     OUTPUT_FILE,
 )
 """What all.zip holds when the client gave no ``outputs`` (NodeODM's default set)."""
+
+
+class TaskResult(TypedDict):
+    """What a task process writes to :data:`RESULT_FILE` when it ends."""
+
+    ok: bool
+    """The pipeline ran to its end and all.zip was built."""
+    memory: NotRequired[bool]
+    """The process ran out of memory (a :class:`MemoryError`)."""
+    error: NotRequired[str]
+    """Why it failed, one line."""
 
 
 def now_ms() -> int:

@@ -148,18 +148,19 @@ def write_cameras_json(path: Path, scene: Scene, images: Sequence[ImageMeta]) ->
     ``p1``, ``p2``, ``k3`` zero (the engine does not refine them). ODM takes the file back with
     ``--cameras``. Cameras of images that did not register are left out.
     """
+    from prefect_odm.engine.camera_calibration import odm_camera_id
+
     by_name = {m.name: m for m in images}
     cameras: dict[str, dict[str, Any]] = {}
     for pose in scene.cameras:
         meta = by_name.get(pose.name)
-        make = (meta.make or "unknown") if meta else "unknown"
-        model = (meta.model or "unknown") if meta else "unknown"
         size = float(max(pose.width, pose.height))
-        prior = meta.focal_length_px / size if meta else pose.focal_px / size
-        key = " ".join(
-            (make.strip(), model.strip(), str(pose.width), str(pose.height), "brown")
-        ).lower()
-        key = f"{key} {str(float(prior))[:6]}"
+        if meta is not None:
+            key = odm_camera_id(meta)
+        else:
+            key = (
+                f"unknown unknown {pose.width} {pose.height} brown {str(pose.focal_px / size)[:6]}"
+            )
         cameras.setdefault(
             key,
             {

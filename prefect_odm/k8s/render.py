@@ -55,6 +55,12 @@ class RenderSettings:
         grace_seconds: a fleet pod's terminationGracePeriodSeconds (its pre-stop wait).
         node_cpu: CPU request of a node.
         overlay: the example overlay's name.
+        scale_down_window_seconds: the HPA's scale-down stabilization window (and KEDA's
+            cooldown to zero).
+        scale_down_period_seconds: at most one pod is removed per this many seconds.
+        drain_quiet_seconds: a leaving pod stays until its ``/info`` has said
+            ``taskQueueCount: 0`` for this long (the run's last poll and download).
+        drain_poll_seconds: how often the pre-stop hook asks ``/info``.
     """
 
     namespace: str = "prefect-odm"
@@ -67,13 +73,17 @@ class RenderSettings:
     fleet_cluster: str = "k8s-fleet"
     capacity_url: str = "http://prefect-odm-capacity.prefect-odm.svc:8080"
     gib_per_pod: int = 16
-    min_replicas: int = 0
+    min_replicas: int = 1
     max_replicas: int = 10
     default_memory_gib: int = 8
     default_deadline_seconds: int = 6 * 3600
     grace_seconds: int = 6 * 3600
     node_cpu: str = "2"
     overlay: str = "production"
+    scale_down_window_seconds: int = 1800
+    scale_down_period_seconds: int = 600
+    drain_quiet_seconds: int = 300
+    drain_poll_seconds: int = 10
 
     def check(self) -> None:
         """Raises :class:`InputError` (one line) for values no cluster would accept."""
@@ -85,6 +95,10 @@ class RenderSettings:
             raise InputError("memory per pod must be positive")
         if self.default_deadline_seconds < 60:
             raise InputError("the submodel deadline must be at least 60 s")
+        if self.drain_poll_seconds < 1 or self.drain_quiet_seconds < 0:
+            raise InputError("the pre-stop hook needs a poll of 1 s or more, a quiet time >= 0")
+        if self.grace_seconds < self.drain_quiet_seconds:
+            raise InputError("the grace period must be longer than the pre-stop quiet time")
 
 
 def memory_request(memory_gib: float) -> str:
@@ -119,8 +133,6 @@ def _values(s: RenderSettings) -> dict[str, str]:
         fleet_node_args=json.dumps(["--port", "3000", "-q", "1"]),
         default_memory=memory_request(s.default_memory_gib),
         default_deadline=str(s.default_deadline_seconds),
-        scale_down_window_seconds="1800",
-        scale_down_period_seconds="600",
         overlay_max_replicas=str(s.max_replicas),
         node_image_name=image_name or s.node_image,
         node_image_tag=tag or "latest",

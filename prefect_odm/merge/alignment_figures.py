@@ -14,6 +14,8 @@ import io
 import numpy as np
 
 from prefect_odm.align.report import AlignmentReport, AlignmentResult
+from prefect_odm.align.stage_records import OverlapSeam, StageCheck
+from prefect_odm.merge.reports import DemMergeReport
 
 ALIGNMENT_PNG = "alignment.png"
 """File name of the picture, beside ``report.md``."""
@@ -61,8 +63,60 @@ def _result_lines(title: str, result: AlignmentResult) -> list[str]:
     return lines
 
 
-def alignment_lines(report: AlignmentReport | None) -> list[str]:
-    """The ``## Alignment between submodels`` section of ``report.md`` (empty without one)."""
+def _seam_row(label: str, seam: OverlapSeam, solver_m: float | None) -> str:
+    o, d = seam.orthophoto, seam.dsm
+    ortho = (
+        f"{o.shift_m[0]:+.3f}, {o.shift_m[1]:+.3f} | {o.median_m:.3f} | {o.matches}"
+        if o is not None
+        else "- | - | 0"
+    )
+    dsm = f"{d.median_m:+.3f} | {d.p90_m:.3f} | {d.samples}" if d is not None else "- | - | 0"
+    solver = f"{solver_m:.3f}" if solver_m is not None else "-"
+    return f"| {label} | {seam.first} / {seam.second} | {solver} | {ortho} | {dsm} |"
+
+
+def stage_lines(report: AlignmentReport, dsm: DemMergeReport | None = None) -> list[str]:
+    """The seams measured on the corrected products, per stage, beside the solver's rms; and,
+    with ``dsm``, the DSM merge's own figures for the stage it applied (the same numbers)."""
+    if not report.stages:
+        return []
+    lines = [
+        "",
+        "### Seams measured on the corrected products",
+        "",
+        "Orthophotos by feature matches (median displacement east, north and median length), "
+        "DSMs on the cells both measured (median of second minus first, p90 of |dz|).",
+        "",
+        "| stage | overlap | solver rms (m) | orthophoto shift (m) | orthophoto median (m) | "
+        "matches | DSM median (m) | DSM p90 (m) | DSM samples |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for st in report.stages:
+        lines += [_seam_row(stage_label(st), s, st.solver_rms_m.get(s.overlap)) for s in st.seams]
+    if dsm is not None and dsm.overlap_seams:
+        for key, d in sorted(dsm.overlap_seams.items()):
+            first, second = key.split("|")
+            seam = OverlapSeam(overlap=key, first=first, second=second, dsm=d)
+            lines.append(_seam_row("merged DSM (merge.json)", seam, None))
+    final = report.final_stage()
+    applied = [stage_label(s) for s in report.stages if s.applied and s.stage != "none"]
+    lines += ["", f"Applied: **{', '.join(applied) or 'none'}**; the merged products are "
+              f"those of stage {stage_label(final) if final else 'none'}."]  # fmt: skip
+    for st in report.stages:
+        lines += [f"- {stage_label(st)}: {note}" for note in st.notes]
+        lines += [f"- {stage_label(st)}: {why}" for why in st.reasons]
+    return lines
+
+
+def stage_label(stage: StageCheck) -> str:
+    """A stage's name in ``report.md``: ``refined on cameras``, ``cameras (NOT APPLIED)``."""
+    name = f"{stage.stage} on {stage.solved_on}" if stage.solved_on else stage.stage
+    return name if stage.applied or stage.stage == "none" else f"{name} (NOT APPLIED)"
+
+
+def alignment_lines(report: AlignmentReport | None, dsm: DemMergeReport | None = None) -> list[str]:
+    """The ``## Alignment between submodels`` section of ``report.md`` (empty without one);
+    ``dsm``: the DSM merge's report, whose overlap figures are shown beside the stages'."""
     if report is None:
         return []
     lines = ["", "## Alignment between submodels", ""]
@@ -78,6 +132,7 @@ def alignment_lines(report: AlignmentReport | None) -> list[str]:
                            else "From the products", report.result)  # fmt: skip
     if report.refinement is not None:
         lines += _result_lines("Refined from the aligned DSMs and orthophotos", report.refinement)
+    lines += stage_lines(report, dsm)
     lines += ["", f"![alignment]({ALIGNMENT_PNG})", ""]
     return lines
 
@@ -103,13 +158,13 @@ def alignment_png(report: AlignmentReport) -> bytes:
     fig = Figure(figsize=(7, 6), dpi=110)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    residuals = report.refinement or report.result
-    worst = max((o.rms_after_m for o in residuals.overlaps), default=1.0) or 1.0
+    seams = _overlap_figures(report)
+    worst = max(seams.values(), default=1.0) or 1.0
     cmap = colormaps["viridis"]
-    for o in residuals.overlaps:
-        (x1, y1), (x2, y2) = centres[o.first], centres[o.second]
-        ax.plot([x1, x2], [y1, y2], color=cmap(o.rms_after_m / worst), lw=3, zorder=1)
-        ax.annotate(f"{o.rms_after_m:.2f} m", ((x1 + x2) / 2, (y1 + y2) / 2), fontsize=7)
+    for (first, second), value in seams.items():
+        (x1, y1), (x2, y2) = centres[first], centres[second]
+        ax.plot([x1, x2], [y1, y2], color=cmap(value / worst), lw=3, zorder=1)
+        ax.annotate(f"{value:.2f} m", ((x1 + x2) / 2, (y1 + y2) / 2), fontsize=7)
     heights = np.array([moves[sid][2] for sid in ids])
     arrows = ax.quiver(
         [centres[s][0] for s in ids], [centres[s][1] for s in ids],
@@ -122,8 +177,8 @@ def alignment_png(report: AlignmentReport) -> bytes:
             sid, tuple(centres[sid]), fontsize=7, xytext=(3, -9), textcoords="offset points"
         )
     ax.set_title(
-        f"correction at each submodel centre (x{factor:.0f}); overlap rms after (m), worst "
-        f"{worst:.2f}",
+        f"correction at each submodel centre (x{factor:.0f}); overlap "
+        f"{_FIGURE_NAME[bool(report.stages)]} (m), worst {worst:.2f}",
         fontsize=9,
     )
     ax.set_aspect("equal")
@@ -133,6 +188,27 @@ def alignment_png(report: AlignmentReport) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", bbox_inches="tight")
     return buf.getvalue()
+
+
+_FIGURE_NAME = {True: "seam on the products", False: "rms after"}
+"""What the overlap figures are: the applied stage's seams (orthophoto median displacement or
+DSM p90, the larger), else the solver's rms."""
+
+
+def _overlap_figures(report: AlignmentReport) -> dict[tuple[str, str], float]:
+    """``(first, second)`` -> the figure drawn for each overlap, metres: the applied stage's
+    seam measured on the products (the larger of its orthophoto median displacement and DSM
+    p90 ``|dz|``), else the last stage's solver rms."""
+    final = report.final_stage()
+    if final is not None:
+        out = {}
+        for s in final.seams:
+            figures = [f.median_m for f in (s.orthophoto,) if f is not None]
+            figures += [f.p90_m for f in (s.dsm,) if f is not None]
+            out[(s.first, s.second)] = max(figures, default=0.0)
+        return out
+    residuals = report.refinement or report.result
+    return {(o.first, o.second): o.rms_after_m for o in residuals.overlaps}
 
 
 def _move(report: AlignmentReport, sid: str, centre: np.ndarray) -> np.ndarray:

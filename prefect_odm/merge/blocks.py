@@ -8,7 +8,7 @@ tiled temporary GeoTIFF that becomes the COG (:func:`write_merged_raster`, :mod:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +26,8 @@ from prefect_odm.merge.cog import (
     write_cog,
 )
 from prefect_odm.merge.coverage import MIN_COVERAGE_OF_UNION
+from prefect_odm.merge.rasterio_options import BlocksProfile, CogOptions, GeoTiffOptions
+from prefect_odm.merge.reports import RasterMergeReport
 from prefect_odm.merge.sources import GridPlan, ThreadReaders
 
 _R = TypeVar("_R")
@@ -137,7 +139,7 @@ def run_blocks(
                     progress(done, total)
 
 
-def check_coverage(out: Path, pixels: int, union: int) -> None:
+def check_union_coverage(out: Path, pixels: int, union: int) -> None:
     """Raise MergeError for an empty merge or one covering less than 99.5 % of the union.
 
     Args:
@@ -155,7 +157,7 @@ def check_coverage(out: Path, pixels: int, union: int) -> None:
         )
 
 
-def _blocks_profile(plan: GridPlan, creation_options: Mapping[str, Any]) -> dict[str, Any]:
+def _blocks_profile(plan: GridPlan, creation_options: GeoTiffOptions) -> BlocksProfile:
     return {
         "driver": "GTiff",
         "width": plan.grid.width,
@@ -173,12 +175,12 @@ def _blocks_profile(plan: GridPlan, creation_options: Mapping[str, Any]) -> dict
 def write_merged_raster(
     out: Path,
     plan: GridPlan,
-    creation_options: Mapping[str, Any],
+    creation_options: GeoTiffOptions,
     merge: BlockMerge[Any],
     readers: ThreadReaders,
     run: RasterRun,
     *,
-    cog_options: Mapping[str, Any],
+    cog_options: CogOptions,
     blocks_done: Callable[[], None] | None = None,
 ) -> tuple[int, int]:
     """Merge ``plan``'s grid block by block into a tiled GeoTIFF, check it, write the COG.
@@ -203,7 +205,7 @@ def write_merged_raster(
 
     Raises:
         MergeError: an empty result, one covering less than 99.5 % of the union (see
-            :func:`check_coverage`), or an invalid COG.
+            :func:`check_union_coverage`), or an invalid COG.
     """
     blocks = list(iter_blocks(plan.grid, run.block_size))
     tmp_blocks = temporary_sibling(out, "blocks")
@@ -223,7 +225,7 @@ def write_merged_raster(
                 readers.close()
             if blocks_done is not None:
                 blocks_done()
-            check_coverage(out, totals[0], totals[1])
+            check_union_coverage(out, totals[0], totals[1])
             build_overviews(dst)
         write_cog(tmp_blocks, out, workers=run.workers, **cog_options)
     finally:
@@ -232,29 +234,41 @@ def write_merged_raster(
     return totals[0], totals[1]
 
 
-def raster_report_fields(
-    out: Path, plan: GridPlan, pixels: int, union_pixels: int
-) -> dict[str, Any]:
-    """The :class:`.reports.RasterMergeReport` fields a grid plan and its pixel counts give.
+def raster_report(
+    out: Path,
+    plan: GridPlan,
+    pixels: int,
+    union_pixels: int,
+    *,
+    ownership_from_footprints: bool,
+    elapsed_seconds: float,
+) -> RasterMergeReport:
+    """The :class:`.reports.RasterMergeReport` of a finished raster merge: the figures its grid
+    plan and pixel counts give (a product's merge extends it with its own,
+    ``OrthoMergeReport(**dict(report), ...)``).
 
     Args:
         out: the output COG.
         plan: the grid the merge wrote.
         pixels: output pixels with data.
         union_pixels: grid pixels where at least one input has data (> 0, see
-            :func:`check_coverage`).
+            :func:`check_union_coverage`).
+        ownership_from_footprints: see :class:`.reports.ProductMergeReport`.
+        elapsed_seconds: wall time of the merge.
     """
-    return {
-        "path": str(out),
-        "submodel_ids": plan.submodel_ids,
-        "crs_wkt": plan.crs.to_wkt(),
-        "crs_epsg": plan.crs.to_epsg(),
-        "resolution_m": plan.grid.resolution_m,
-        "width": plan.grid.width,
-        "height": plan.grid.height,
-        "pixels": pixels,
-        "union_pixels": union_pixels,
-        "covered_area_m2": pixels * plan.grid.pixel_area_m2,
-        "coverage_of_union": pixels / union_pixels,
-        "warped": tuple(s.submodel_id for s in plan.sources if s.warp),
-    }
+    return RasterMergeReport(
+        path=str(out),
+        submodel_ids=plan.submodel_ids,
+        crs_wkt=plan.crs.to_wkt(),
+        crs_epsg=plan.crs.to_epsg(),
+        ownership_from_footprints=ownership_from_footprints,
+        elapsed_seconds=elapsed_seconds,
+        resolution_m=plan.grid.resolution_m,
+        width=plan.grid.width,
+        height=plan.grid.height,
+        pixels=pixels,
+        union_pixels=union_pixels,
+        covered_area_m2=pixels * plan.grid.pixel_area_m2,
+        coverage_of_union=pixels / union_pixels,
+        warped=tuple(s.submodel_id for s in plan.sources if s.warp),
+    )

@@ -101,7 +101,7 @@ def write_cog(
     from rio_cogeo.cogeo import cog_validate
 
     tmp = temporary_sibling(out, "cog")
-    options: dict[str, Any] = {
+    options: dict[str, str] = {
         "COMPRESS": compress,
         "BLOCKSIZE": str(COG_BLOCK_SIZE),
         "OVERVIEWS": "AUTO",

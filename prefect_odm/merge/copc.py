@@ -1,147 +1,265 @@
-"""Write a LAS/LAZ point cloud as COPC (Cloud Optimized Point Cloud, LAZ 1.4 with an octree).
+"""COPC (Cloud Optimized Point Cloud) writing, streamed with bounded memory.
 
 A COPC file is one LAZ 1.4 file whose points are grouped into the nodes of an octree, each node a
 separately compressed chunk listed in a hierarchy, so a viewer (QGIS, Potree 2, a browser) or laspy's
-``CopcReader`` reads only the nodes that intersect its query by range request. Source: the COPC 1.0
-specification (https://copc.io) and the first-point-per-cell sampling of Untwine / PotreeConverter.
+``CopcReader`` reads only the nodes that intersect its query by range request.
+
+:class:`CopcBuilder` is a point sink: the merge (or :func:`write_copc`) hands it chunks of points
+in the COPC point format; each point gets its Morton key in the octree's cube and is spilled, with
+its key, to the file of its spill cell (:mod:`.spill`, :func:`.octree.spill_depth`). When the stream
+ends, each spill cell is read back alone (a cell over :data:`.octree.CELL_POINTS` is first split
+into its eight children, streamed), its nodes are built (:func:`.octree.build_cell`) and written
+(:mod:`.copc_file`); the picks of the levels above the spill cells are gathered per node and written
+last. Memory is the spill budget, one cell and one compression batch, whatever the cloud's size.
+
+Point formats: COPC holds formats 6, 7 and 8 only; ODM's format 3 (RGB) becomes 7 (RGB,
+classification, intensity, returns, GPS time and scan angle carried over), 0/1 become 6, 2 becomes
+7. Extra dimensions are not carried (OpenDroneMap writes none; a plain LAZ keeps them). Sources: the
+COPC 1.0 specification (https://copc.io); Untwine (hobuinc/untwine) for spilling by voxel.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-import copclib
 import laspy
 import numpy as np
-import numpy.typing as npt
+import pyproj
+from numpy.typing import NDArray
 
 from prefect_odm.errors import MergeError
+from prefect_odm.merge import spill
+from prefect_odm.merge.copc_file import CopcFileWriter, CopcHeader
+from prefect_odm.merge.las_points import COPC_FORMAT, convert_points, take_records
+from prefect_odm.merge.octree import (
+    CELL_POINTS,
+    MAX_DEPTH,
+    OctreeCube,
+    build_cell,
+    cell_of,
+    morton,
+    spill_depth,
+)
+from prefect_odm.merge.spill import SpillStore
 
-#: Sampling cells per node side (COPC viewers expect about 128: spacing = node width / 128).
-CELLS_PER_NODE_SIDE = 128
-#: Deepest octree level; every point not sampled above lands in a node of this level.
-MAX_DEPTH = 8
-#: A level whose remaining points fit in this many per node is the last one.
-LEAF_POINTS = 100_000
+log = logging.getLogger(__name__)
 
-#: COPC allows point formats 6, 7 and 8 only: ODM's format 3 (RGB) becomes 7, 2 becomes 7, 0/1 become 6.
-_COPC_FORMAT = {0: 6, 1: 6, 2: 7, 3: 7, 6: 6, 7: 7, 8: 8}
+COPC_MEDIA_TYPE = "application/vnd.laszip+copc"
+"""Media type of a COPC file (the STAC point-cloud extension's and copc.io's)."""
+
+_SPLIT_CHUNK = 1_000_000  # points read at once when an oversized spill cell is split
 
 
-def _node_levels(
-    scaled_xyz: npt.NDArray[np.float64], cube_min: npt.NDArray[np.float64], cube_size_m: float
-) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]:
-    """Assign every point its octree level by first-point-per-cell sampling.
+def copc_header(header: laspy.LasHeader, crs: pyproj.CRS | None) -> laspy.LasHeader:
+    """A LAS 1.4 header in the COPC point format of ``header``'s, same scales and offsets, with
+    ``crs`` (WKT VLR) and no extra dimensions.
 
-    Args:
-        scaled_xyz: (N, 3) coordinates in the file CRS, metres.
-        cube_min: (3,) lower corner of the root cube, metres.
-        cube_size_m: side of the root cube, metres.
-
-    Returns:
-        (levels (N,), cell indices (N, 3) of each point's node at its level).
+    Raises:
+        MergeError: a point format COPC cannot hold (4, 5, 9, 10: waveforms).
     """
-    n = scaled_xyz.shape[0]
-    levels = np.full(n, -1, dtype=np.int32)
-    unit = (scaled_xyz - cube_min) / cube_size_m  # in [0, 1]
-    remaining = np.arange(n)
-    for level in range(MAX_DEPTH + 1):
-        nodes_per_side = 2**level
-        last = level == MAX_DEPTH or remaining.size <= LEAF_POINTS * max(1, nodes_per_side)
-        if last:
-            levels[remaining] = level
-            break
-        cells_per_side = CELLS_PER_NODE_SIDE * nodes_per_side
-        cell = np.minimum((unit[remaining] * cells_per_side).astype(np.int64), cells_per_side - 1)
-        cell_id = (cell[:, 0] * cells_per_side + cell[:, 1]) * cells_per_side + cell[:, 2]
-        _, first = np.unique(cell_id, return_index=True)
-        taken = remaining[first]
-        levels[taken] = level
-        keep = np.ones(remaining.size, dtype=bool)
-        keep[first] = False
-        remaining = remaining[keep]
-    node_cells = np.minimum(
-        (unit * (2 ** levels.astype(np.int64))[:, None]).astype(np.int64),
-        (2 ** levels.astype(np.int64))[:, None] - 1,
-    )
-    return levels, node_cells
+    fmt = header.point_format.id
+    if fmt not in COPC_FORMAT:
+        raise MergeError(f"point format {fmt} cannot be written as COPC (formats 0-3, 6-8)")
+    out = laspy.LasHeader(point_format=COPC_FORMAT[fmt], version="1.4")
+    out.scales = np.asarray(header.scales, dtype=np.float64)
+    out.offsets = np.asarray(header.offsets, dtype=np.float64)
+    if crs is not None:
+        out.add_crs(crs)
+    return out
 
 
-def write_copc(source: Path, destination: Path) -> int:
-    """Write the points of a LAS/LAZ file as a COPC file.
-
-    Point format 3 (ODM's: RGB) is written as COPC format 7 (RGB kept), 0/1/2 as 6/7; classification,
-    intensity, returns and GPS time are carried over. The whole cloud is held in memory (36 bytes per
-    point at format 7 plus ~40 bytes of indices): about 0.3 GiB for 4 M points.
+class CopcBuilder:
+    """A point sink that writes a COPC file (see the module docstring).
 
     Args:
-        source: LAS/LAZ file, any point format laspy reads.
+        header: the output header, in a COPC point format (:func:`copc_header`).
+        cube: the octree's cube; every point must lie inside it.
+        total_points: about how many points will come (sets the spill depth).
+        work: folder for the spill files (None: the system's temporary folder).
+    """
+
+    def __init__(
+        self,
+        header: laspy.LasHeader,
+        cube: OctreeCube,
+        total_points: int,
+        work: Path | None = None,
+    ) -> None:
+        """Check the point format and open the spill store.
+
+        Raises:
+            MergeError: a point format other than 6-8, or one with extra bytes.
+        """
+        if header.point_format.id not in (6, 7, 8) or header.point_format.num_extra_bytes:
+            raise MergeError(f"COPC holds point formats 6-8 without extra bytes, not {header}")
+        self.header = header
+        self.cube = cube
+        self.depth = spill_depth(total_points)
+        self._dtype = header.point_format.dtype()
+        # the points of each spill cell and their Morton keys, in the same order
+        self._cells = SpillStore(self._dtype, parent=work)
+        keys_budget = spill.SPILL_BUDGET_BYTES // 4  # flushed about when the points are
+        self._keys = SpillStore(np.dtype("<u8"), parent=work, budget_bytes=keys_budget)
+        self._work = work
+        self._lo = np.full(3, np.inf)
+        self._hi = np.full(3, -np.inf)
+        self._returns = np.zeros(16, dtype=np.int64)
+        self._gps = [np.inf, -np.inf]
+        self.points = 0
+
+    def write_points(self, points: laspy.ScaleAwarePointRecord) -> None:
+        """Spill a chunk of points (in the header's point format) to their spill cells.
+
+        Raises:
+            MergeError: a point outside the octree's cube.
+        """
+        if len(points) == 0:
+            return
+        xyz = (np.asarray(points.x), np.asarray(points.y), np.asarray(points.z))
+        try:
+            keys = morton(*self.cube.grid(*xyz))
+        except ValueError:
+            raise MergeError("a point lies outside the bounds of the input headers") from None
+        for axis, values in enumerate(xyz):
+            self._lo[axis] = min(self._lo[axis], float(values.min()))
+            self._hi[axis] = max(self._hi[axis], float(values.max()))
+        gps = np.asarray(points.gps_time)
+        self._gps = [min(self._gps[0], float(gps.min())), max(self._gps[1], float(gps.max()))]
+        returns = np.asarray(points.return_number, dtype=np.int64)
+        self._returns += np.bincount(returns, minlength=16)[:16]
+        cells = cell_of(keys, self.depth).astype(np.uint16)  # < 2**15: depth <= 5
+        self._spill(self.depth, cells, points.array, keys)
+        self.points += len(points)
+
+    def _spill(
+        self, depth: int, cells: NDArray[Any], records: NDArray[Any], keys: NDArray[np.uint64]
+    ) -> set[tuple[int, ...]]:
+        """Append points and keys to the spill cells ``(depth, cell)``; returns those cells."""
+        order = np.argsort(cells, kind="stable")
+        records, keys, cells = take_records(records, order), keys[order], cells[order]
+        starts = np.flatnonzero(np.r_[True, cells[1:] != cells[:-1]])
+        touched: set[tuple[int, ...]] = set()
+        for start, stop in zip(starts, np.r_[starts[1:], cells.size], strict=True):
+            key = (depth, int(cells[start]))
+            self._cells.append(key, records[start:stop])
+            self._keys.append(key, keys[start:stop])
+            touched.add(key)
+        return touched
+
+    def discard(self) -> None:
+        """Remove the spilled points without writing a file (after a failure upstream)."""
+        self._cells.close()
+        self._keys.close()
+
+    def _copc_header(self) -> CopcHeader:
+        crs = self.header.parse_crs()
+        s, o = self.header.scales, self.header.offsets
+        return CopcHeader(
+            point_format=int(self.header.point_format.id),
+            scales=(float(s[0]), float(s[1]), float(s[2])),
+            offsets=(float(o[0]), float(o[1]), float(o[2])),
+            crs=crs,
+            mins=(float(self._lo[0]), float(self._lo[1]), float(self._lo[2])),
+            maxs=(float(self._hi[0]), float(self._hi[1]), float(self._hi[2])),
+            points_by_return=tuple(int(v) for v in self._returns[1:16]),
+            gps_time=(float(self._gps[0]), float(self._gps[1])),
+            cube=self.cube,
+        )
+
+    def finish(self, destination: Path) -> int:
+        """Build every cell, write the COPC file (through ``.partial``); returns its points.
+
+        Raises:
+            MergeError: no points were written.
+        """
+        try:
+            if self.points == 0:
+                raise MergeError(f"{destination}: no points to write as COPC")
+            writer = CopcFileWriter(destination, self._copc_header())
+            try:
+                self._write_nodes(writer)
+                writer.close()
+            except BaseException:
+                writer.abort()
+                raise
+            if writer.points != self.points:
+                raise MergeError(f"{destination}: {writer.points} of {self.points} points written")
+            log.info("COPC %s: %d points in %d nodes", destination, writer.points, writer.nodes)
+            return writer.points
+        finally:
+            self.discard()
+
+    def _write_nodes(self, writer: CopcFileWriter) -> None:
+        ancestors = SpillStore(self._dtype, parent=self._work)
+        try:
+            pending = sorted(self._cells.keys(), reverse=True)
+            while pending:
+                key = pending.pop()
+                depth, cell = key
+                if self._cells.count(key) > CELL_POINTS and depth < MAX_DEPTH - 1:
+                    pending.extend(sorted(self._split(depth, cell), reverse=True))
+                    continue
+                build = build_cell(self._keys.take(key), depth)
+                ordered = take_records(self._cells.take(key), build.order)
+                for node, start, stop in build.nodes:
+                    writer.add(node, ordered[start:stop])
+                for node, start, stop in build.ancestors:  # copied: not the whole cell kept
+                    ancestors.append(node, ordered[start:stop], copy=True)
+            for upper in ancestors.keys():
+                level, x, y, z = upper
+                writer.add((level, x, y, z), ancestors.take(upper))
+        finally:
+            ancestors.close()
+
+    def _split(self, depth: int, cell: int) -> set[tuple[int, ...]]:
+        """Move an oversized cell's points into its eight children (streamed); their keys."""
+        children: set[tuple[int, ...]] = set()
+        parts = self._cells.take_chunks((depth, cell), _SPLIT_CHUNK)
+        keys = self._keys.take_chunks((depth, cell), _SPLIT_CHUNK)
+        for part, key in zip(parts, keys, strict=True):
+            children |= self._spill(depth + 1, cell_of(key, depth + 1), part, key)
+        return children
+
+
+def _chunks(path: Path, chunk_points: int) -> Iterator[laspy.ScaleAwarePointRecord]:
+    with laspy.open(path) as reader:
+        yield from reader.chunk_iterator(chunk_points)
+
+
+def write_copc(
+    source: Path, destination: Path, *, chunk_points: int = 2_000_000, work: Path | None = None
+) -> int:
+    """Write the points of a LAS/LAZ file as a COPC file, streamed (memory bounded).
+
+    Args:
+        source: LAS/LAZ file, any point format COPC can hold (0-3, 6-8).
         destination: the ``.copc.laz`` file to write; written to a temporary name and renamed.
+        chunk_points: points read at once.
+        work: folder for the spill files (None: the system's temporary folder).
 
     Returns:
         The number of points written (equal to the source's).
 
     Raises:
-        MergeError: the source has no points or a point format COPC cannot hold.
+        MergeError: the source cannot be read, has no points or a point format COPC cannot
+            hold, or holds points outside its header's bounds.
     """
-    las = laspy.read(str(source))
-    fmt = las.header.point_format.id
-    if fmt not in _COPC_FORMAT:
-        raise MergeError(
-            f"{source}: point format {fmt} cannot be written as COPC (formats 0-3, 6-8)"
-        )
-    n = len(las.points)
-    if n == 0:
-        raise MergeError(f"{source}: no points to write as COPC")
-    target_fmt = _COPC_FORMAT[fmt]
-    if fmt != target_fmt:
-        las = laspy.convert(las, point_format_id=target_fmt, file_version="1.4")
-    xyz = np.column_stack([np.asarray(las.x), np.asarray(las.y), np.asarray(las.z)])
-    lo, hi = xyz.min(axis=0), xyz.max(axis=0)
-    size_m = float(max(hi - lo)) or 1.0
-    size_m *= 1.0 + 1e-9
-    levels, cells = _node_levels(xyz, lo, size_m)
-    order = np.lexsort((cells[:, 2], cells[:, 1], cells[:, 0], levels))
-    keys = np.column_stack([levels[order], cells[order]])
-    starts = np.flatnonzero(np.r_[True, np.any(keys[1:] != keys[:-1], axis=1)])
-    ends = np.r_[starts[1:], n]
-    raw = las.points.array[order]
-
-    scale = las.header.scales
-    offset = las.header.offsets
-    wkt = ""
-    crs = las.header.parse_crs()
-    if crs is not None:
-        wkt = crs.to_wkt()
-    config = copclib.CopcConfigWriter(
-        target_fmt,
-        copclib.Vector3(*[float(v) for v in scale]),
-        copclib.Vector3(*[float(v) for v in offset]),
-        wkt,
-    )
-    config.las_header.min = copclib.Vector3(*[float(v) for v in lo])
-    config.las_header.max = copclib.Vector3(*[float(v) for v in hi])
-    half = size_m / 2.0
-    centre = lo + half
-    config.copc_info.center_x, config.copc_info.center_y, config.copc_info.center_z = (
-        float(centre[0]),
-        float(centre[1]),
-        float(centre[2]),
-    )
-    config.copc_info.halfsize = half
-    config.copc_info.spacing = size_m / CELLS_PER_NODE_SIDE
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    partial = destination.with_name(destination.name + ".partial")
-    writer = copclib.FileWriter(str(partial), config)
     try:
-        for start, end in zip(starts, ends, strict=True):
-            level, ix, iy, iz = (int(v) for v in keys[start])
-            chunk = raw[start:end].tobytes()
-            writer.AddNode(
-                copclib.VoxelKey(level, ix, iy, iz),
-                copclib.VectorChar(np.frombuffer(chunk, dtype=np.int8)),
-            )
-    finally:
-        writer.Close()
-    partial.replace(destination)
-    return n
+        with laspy.open(source) as reader:
+            in_header = reader.header
+            crs = in_header.parse_crs()
+    except (laspy.LaspyException, OSError) as exc:
+        raise MergeError(f"{source} cannot be opened: {exc}") from exc
+    header = copc_header(in_header, crs)
+    cube = OctreeCube.around(np.asarray(in_header.mins), np.asarray(in_header.maxs))
+    builder = CopcBuilder(header, cube, int(in_header.point_count), work)
+    try:
+        for chunk in _chunks(source, chunk_points):
+            builder.write_points(convert_points(chunk, header))
+    except MergeError as exc:
+        builder.discard()
+        raise MergeError(f"{source}: {exc}") from None
+    return builder.finish(destination)

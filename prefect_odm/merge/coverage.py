@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import rasterio
@@ -26,11 +25,12 @@ from prefect_odm.align.similarity import RasterCorrection
 from prefect_odm.errors import MergeError
 from prefect_odm.geo import GeoJSONGeometry
 from prefect_odm.grid import Bounds, Grid, snap_grid
+from prefect_odm.merge.rasterio_options import WarpOptions
 from prefect_odm.merge.reports import CoverageReport, SubmodelCoverage
 
 MIN_COVERAGE_OF_UNION = 0.995
 """Merged covered area / union of the inputs' covered areas below which a merge fails (the
-block merges check their own pixels against it too, :func:`.blocks.check_coverage`)."""
+block merges check their own pixels against it too, :func:`.blocks.check_union_coverage`)."""
 
 MIN_COVERAGE_OF_PLANNED = 0.5
 """Merged covered area inside the planned footprint / the footprint's area below which the
@@ -48,7 +48,7 @@ def _mask_on(
         if ds.crs is None:
             raise MergeError(f"{path} has no CRS")
         alpha = next((i + 1 for i, c in enumerate(ds.colorinterp) if c == ColorInterp.alpha), None)
-        kwargs: dict[str, Any] = {
+        kwargs: WarpOptions = {
             "crs": crs,
             "transform": Affine(*grid.transform),
             "width": grid.width,
@@ -61,11 +61,11 @@ def _mask_on(
                 *fix.corrected_geotransform((t.a, t.b, t.c, t.d, t.e, t.f))
             )
         if alpha:
-            kwargs.update(src_alpha=alpha, dst_alpha=alpha)
+            kwargs.update({"src_alpha": alpha, "dst_alpha": alpha})
         elif ds.nodata is not None:
-            kwargs.update(nodata=ds.nodata)
+            kwargs["nodata"] = ds.nodata
         else:
-            kwargs.update(add_alpha=True)
+            kwargs["add_alpha"] = True
         with WarpedVRT(ds, **kwargs) as vrt:
             if alpha:
                 return np.asarray(vrt.read(alpha) > 0)

@@ -41,6 +41,7 @@ from rasterio.windows import Window
 from scipy.ndimage import distance_transform_edt, map_coordinates
 
 from prefect_odm.align.report import AlignmentReport
+from prefect_odm.align.stage_records import DsmSeam
 from prefect_odm.errors import MergeError
 from prefect_odm.grid import Block
 from prefect_odm.merge.balance import solve_vertical_offsets
@@ -48,12 +49,12 @@ from prefect_odm.merge.blend import blend_heights
 from prefect_odm.merge.blocks import (
     RasterMergeKeywords,
     RasterRun,
-    raster_report_fields,
+    raster_report,
     write_merged_raster,
 )
 from prefect_odm.merge.cog import with_gdal_cache
 from prefect_odm.merge.footprints import resolve_ownership
-from prefect_odm.merge.overlap_sampling import overlap_samples
+from prefect_odm.merge.overlap_sampling import dsm_seam, overlap_samples
 from prefect_odm.merge.reports import DemMergeReport
 from prefect_odm.merge.seamline_rasters import seams_for
 from prefect_odm.merge.seamlines import OwnerLabels
@@ -147,28 +148,34 @@ def edge_distance(
 
 
 def vertical_offsets(
-    plan: GridPlan, remove: bool, max_offset_m: float = math.inf
-) -> tuple[dict[str, float], dict[str, float]]:
-    """Each submodel's vertical offset and the overlaps' median height differences.
+    plan: GridPlan, remove: bool, max_offset_m: float = math.inf, measured: bool = False
+) -> tuple[dict[str, float], dict[str, float], dict[str, DsmSeam]]:
+    """Each submodel's vertical offset, the overlaps' median height differences and their seams.
 
     Args:
         plan: the grid plan.
         remove: solve the offsets (:func:`.balance.solve_vertical_offsets`); False: all 0.
         max_offset_m: the largest plausible offset, metres.
+        measured: band 2 of the plan's sources is the measured flag (the seams count only
+            cells both measured).
 
     Returns:
-        ``(offsets, medians)``: submodel id -> offset to subtract, metres; ``"a|b"`` -> median
-        of ``z_a - z_b`` over the overlap (sampled at a decimated resolution), metres.
+        ``(offsets, medians, seams)``: submodel id -> offset to subtract, metres; ``"a|b"`` ->
+        median of ``z_a - z_b`` over the overlap (sampled at a decimated resolution), metres;
+        ``"a|b"`` -> the same samples' :func:`.overlap_sampling.dsm_seam`.
 
     Raises:
         MergeError: a solved offset above ``max_offset_m``, naming the submodel.
     """
     medians: dict[str, float] = {}
+    seams: dict[str, DsmSeam] = {}
     diffs: list[tuple[str, str, float, int]] = []
     for a, b, va, vb in overlap_samples(plan):
         med = float(np.median(va[0] - vb[0]))
         diffs.append((a.submodel_id, b.submodel_id, med, int(va.shape[1])))
         medians[f"{a.submodel_id}|{b.submodel_id}"] = med
+        if (seam := dsm_seam(va, vb, measured)) is not None:
+            seams[f"{a.submodel_id}|{b.submodel_id}"] = seam
     ids = plan.submodel_ids
     offsets = solve_vertical_offsets(ids, diffs) if remove else {sid: 0.0 for sid in ids}
     worst = max(offsets, key=lambda sid: abs(offsets[sid]), default=None)
@@ -179,7 +186,7 @@ def vertical_offsets(
             f"{_worst_median(medians, worst):+.2f} m in their overlap. Not applied: a free offset "
             "this large flattens a slope. Align the submodels, or raise max_dem_offset_m"
         )
-    return offsets, medians
+    return offsets, medians, seams
 
 
 def _worst_median(medians: Mapping[str, float], sid: str) -> float:
@@ -310,9 +317,8 @@ def merge_dems(
             solved offset above ``max_dem_offset_m`` (without ``alignment``).
         InputError: an unknown seam method.
     """
-    opts, run = options or MergeOptions(), RasterRun(**raster)
+    opts, run, out = options or MergeOptions(), RasterRun(**raster), Path(out)
     started = time.perf_counter()
-    out = Path(out)
     fixes = alignment.raster_corrections() if alignment is not None else None
     # the measured band rides along as a second value band (the height correction is band 1's)
     measured = all(has_measured_band(Path(p)) for p in inputs.values())
@@ -322,7 +328,7 @@ def merge_dems(
     )  # fmt: skip
     owners = resolve_ownership(plan, ownership)
     remove = opts.remove_vertical_offsets and alignment is None
-    offsets, medians = vertical_offsets(plan, remove, opts.max_dem_offset_m)
+    offsets, medians, seams_of = vertical_offsets(plan, remove, opts.max_dem_offset_m, measured)
     edges = edge_distances(plan, edt_max_side_px)
     seams = seams_for(opts.seam_method, owners, plan, run.lattice_step_px, seamlines=seamlines,
                       dsms={k: Path(v) for k, v in inputs.items()}, alignment=fixes)  # fmt: skip
@@ -336,13 +342,14 @@ def merge_dems(
         run,
         cog_options={"compress": "DEFLATE", "predictor": True},
     )
+    grid = raster_report(out, plan, pixels, union_pixels, ownership_from_footprints=ownership is None,
+                         elapsed_seconds=time.perf_counter() - started)  # fmt: skip
     report = DemMergeReport(
-        **raster_report_fields(out, plan, pixels, union_pixels),
+        **dict(grid),
         vertical_offsets_m=dict(sorted(offsets.items())),
         overlap_median_diff_m=medians,
+        overlap_seams=seams_of,
         heights_from_alignment=alignment is not None,
-        ownership_from_footprints=ownership is None,
-        elapsed_seconds=time.perf_counter() - started,
     )
     log.info(
         "merged %d DEMs into %s: %d px, vertical offsets removed %s, in %.1f s",

@@ -25,6 +25,7 @@ import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prefect_odm import storage
 from prefect_odm.errors import InputError
@@ -34,6 +35,9 @@ from prefect_odm.models import MergeOptions, SplitPlan
 from prefect_odm.ownership import Ownership
 from prefect_odm.registry import REPORT_FILES, REPORT_FOLDER
 from prefect_odm.storage import check_inputs_exist, filesystem, is_local
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +116,58 @@ def extract_products(zip_url: str, dest: Path) -> dict[str, str]:
     return found
 
 
+_Found = tuple[str, str, dict[str, str]]
+"""One location's ``(name, url, product -> local path)``; an empty product map holds none."""
+
+
+def _find_in_children(
+    fs: AbstractFileSystem, path: str, url: str, workdir: Path, found: list[_Found]
+) -> None:
+    """Add the outputs one level below the folder ``url`` (``path`` on ``fs``) to ``found``:
+    zip files, ODM project folders (or their ``all.zip``), and a ``submodels/`` folder's
+    children. Zip members go to ``workdir/zip-{n}-{name}``, ``n`` counting what is found."""
+    for child in sorted(p for p in fs.ls(path, detail=False)):
+        name = posixpath.basename(str(child).rstrip("/"))
+        child_url = join(url, name) if not is_local(url) else str(Path(url) / name)
+        if name.lower().endswith(".zip"):
+            prods = extract_products(child_url, workdir / f"zip-{len(found)}-{name[:-4]}")
+            if prods:
+                found.append((_name_of(child_url), child_url, prods))
+        elif fs.isdir(child):
+            prods = _products_in_folder(child_url)
+            zipped = posixpath.join(str(child).rstrip("/"), "all.zip")
+            if not prods and fs.exists(zipped):
+                zip_url = join(child_url, "all.zip")
+                prods = extract_products(zip_url, workdir / f"zip-{len(found)}-{name}")
+            if not prods and name == "submodels":
+                for sub in sorted(fs.ls(child, detail=False)):
+                    sub_name = posixpath.basename(str(sub).rstrip("/"))
+                    sub_url = join(child_url, sub_name)
+                    sub_prods = _products_in_folder(sub_url)
+                    if sub_prods:
+                        found.append((sub_name, sub_url, sub_prods))
+            elif prods:
+                found.append((name, child_url, prods))
+
+
+def _with_unique_ids(found: Sequence[_Found]) -> list[ExistingOutput]:
+    """The locations that hold products, sorted by id; a repeated name gets ``-2``, ``-3``..."""
+    out: list[ExistingOutput] = []
+    used: set[str] = set()
+    for name, url, prods in found:
+        if not prods:
+            log.info("%s holds no OpenDroneMap product", url)
+            continue
+        sid = name
+        n = 2
+        while sid in used:
+            sid = f"{name}-{n}"
+            n += 1
+        used.add(sid)
+        out.append(ExistingOutput(sid, url, dict(sorted(prods.items()))))
+    return sorted(out, key=lambda o: o.submodel_id)
+
+
 def find_existing_outputs(locations: Sequence[str], workdir: Path) -> list[ExistingOutput]:
     """OpenDroneMap outputs found at the given folders, zip files or their children.
 
@@ -127,7 +183,7 @@ def find_existing_outputs(locations: Sequence[str], workdir: Path) -> list[Exist
         InputError: a location that does not exist, or no product found anywhere.
     """
     check_inputs_exist(locations)
-    found: list[tuple[str, str, dict[str, str]]] = []
+    found: list[_Found] = []
     for url in locations:
         fs, path = filesystem(url)
         if url.lower().endswith(".zip"):
@@ -138,29 +194,7 @@ def find_existing_outputs(locations: Sequence[str], workdir: Path) -> list[Exist
         if direct:
             found.append((_name_of(url), url, direct))
             continue
-        children = sorted(p for p in fs.ls(path, detail=False))
-        for child in children:
-            name = posixpath.basename(str(child).rstrip("/"))
-            child_url = join(url, name) if not is_local(url) else str(Path(url) / name)
-            if name.lower().endswith(".zip"):
-                prods = extract_products(child_url, workdir / f"zip-{len(found)}-{name[:-4]}")
-                if prods:
-                    found.append((_name_of(child_url), child_url, prods))
-            elif fs.isdir(child):
-                prods = _products_in_folder(child_url)
-                zipped = posixpath.join(str(child).rstrip("/"), "all.zip")
-                if not prods and fs.exists(zipped):
-                    zip_url = join(child_url, "all.zip")
-                    prods = extract_products(zip_url, workdir / f"zip-{len(found)}-{name}")
-                if not prods and name == "submodels":
-                    for sub in sorted(fs.ls(child, detail=False)):
-                        sub_name = posixpath.basename(str(sub).rstrip("/"))
-                        sub_url = join(child_url, sub_name)
-                        sub_prods = _products_in_folder(sub_url)
-                        if sub_prods:
-                            found.append((sub_name, sub_url, sub_prods))
-                elif prods:
-                    found.append((name, child_url, prods))
+        _find_in_children(fs, path, url, workdir, found)
     if not any(p for _, _, p in found):
         raise InputError(
             "no OpenDroneMap product ("
@@ -168,20 +202,7 @@ def find_existing_outputs(locations: Sequence[str], workdir: Path) -> list[Exist
             + ") found in "
             + ", ".join(locations)
         )
-    out: list[ExistingOutput] = []
-    used: set[str] = set()
-    for name, url, prods in found:
-        if not prods:
-            log.info("%s holds no OpenDroneMap product", url)
-            continue
-        sid = name
-        n = 2
-        while sid in used:
-            sid = f"{name}-{n}"
-            n += 1
-        used.add(sid)
-        out.append(ExistingOutput(sid, url, dict(sorted(prods.items()))))
-    return sorted(out, key=lambda o: o.submodel_id)
+    return _with_unique_ids(found)
 
 
 def shots_url(location: str) -> str | None:

@@ -48,12 +48,13 @@ from prefect_odm.merge.blend import (
 from prefect_odm.merge.blocks import (
     RasterMergeKeywords,
     RasterRun,
-    raster_report_fields,
+    raster_report,
     write_merged_raster,
 )
 from prefect_odm.merge.cog import with_gdal_cache
 from prefect_odm.merge.colour import colour_corrections
 from prefect_odm.merge.footprints import resolve_ownership
+from prefect_odm.merge.rasterio_options import CogOptions, GeoTiffOptions
 from prefect_odm.merge.reports import OrthoMergeReport, SeamQuality
 from prefect_odm.merge.seamline_rasters import seams_for
 from prefect_odm.merge.seamlines import OwnerLabels
@@ -70,7 +71,7 @@ from prefect_odm.ownership import Ownership
 
 log = logging.getLogger(__name__)
 
-_RGBA_OPTIONS = {
+_RGBA_OPTIONS: GeoTiffOptions = {
     "count": 4,
     "dtype": "uint8",
     "SPARSE_OK": "TRUE",
@@ -261,14 +262,17 @@ def merge_orthophotos(
     phases.done("seamlines")
     readers = ThreadReaders(plan)
     blocks = _OrthoBlocks(plan, readers, seams, corrections, opts.orthophoto_feather_m)
-    cog = {"compress": compress, "predictor": compress != "JPEG", "compress_level": compress_level}
+    cog: CogOptions = {
+        "compress": compress,
+        "predictor": compress != "JPEG",
+        "compress_level": compress_level,
+    }
     counts = write_merged_raster(
         Path(out), plan, _RGBA_OPTIONS, blocks, readers, run, cog_options=cog,
         blocks_done=lambda: phases.done("blocks"),
     )  # fmt: skip
     phases.done("cog")
-    extra = {"workers": run.workers, "block_size": run.block_size, "phase_seconds": phases.seconds}
-    return _report(Path(out), blocks, counts, ownership is None, phases.started, extra)
+    return _report(Path(out), blocks, counts, ownership is None, run, phases)
 
 
 def _report(
@@ -276,20 +280,24 @@ def _report(
     blocks: _OrthoBlocks,
     counts: tuple[int, int],
     derived: bool,
-    started: float,
-    extra: dict[str, Any],
+    run: RasterRun,
+    phases: _Phases,
 ) -> OrthoMergeReport:
     """The report of a finished orthophoto merge (logged)."""
     seams, before, after = blocks.seam_quality()
+    elapsed = time.perf_counter() - phases.started
+    grid = raster_report(
+        out, blocks.plan, *counts, ownership_from_footprints=derived, elapsed_seconds=elapsed
+    )
     report = OrthoMergeReport(
-        **raster_report_fields(out, blocks.plan, *counts),
+        **dict(grid),
         seams=seams,
         seam_mean_abs_diff_before=before,
         seam_mean_abs_diff_after=after,
         colour_correction=blocks.corrections_in,
-        ownership_from_footprints=derived,
-        elapsed_seconds=time.perf_counter() - started,
-        **extra,
+        workers=run.workers,
+        block_size=run.block_size,
+        phase_seconds=phases.seconds,
     )
     log.info(
         "merged %d orthophotos into %s: %d px, seam |diff| %.2f -> %.2f DN in %.1f s",

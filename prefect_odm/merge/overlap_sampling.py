@@ -9,6 +9,7 @@ import numpy as np
 from numpy.typing import NDArray
 from rasterio.enums import Resampling
 
+from prefect_odm.align.stage_records import DsmSeam
 from prefect_odm.grid import intersect
 from prefect_odm.merge.sources import GridPlan, RasterSource, SourceReader, Window4
 
@@ -64,3 +65,24 @@ def overlap_samples(
                 yield a, b, va, vb
     finally:
         reader.close()
+
+
+def dsm_seam(
+    values_a: NDArray[np.float32], values_b: NDArray[np.float32], measured: bool
+) -> DsmSeam | None:
+    """Two DSMs' co-located samples (``(bands, n)``, as :func:`overlap_samples` gives them)
+    against each other: ``z_b - z_a`` where both measured a height (band 2 is the measured flag
+    when ``measured``), or None without such a sample. One function for the DEM merge's report
+    and the alignment's stage checks, so the two give the same figures for the same corrections.
+    """
+    both = np.ones(values_a.shape[1], dtype=bool)
+    if measured:
+        both = (values_a[1] == 1) & (values_b[1] == 1)
+    if not both.any():
+        return None
+    dz = (values_b[0][both] - values_a[0][both]).astype(np.float64)
+    return DsmSeam(
+        samples=int(both.sum()),
+        median_m=float(np.median(dz)),
+        p90_m=float(np.percentile(np.abs(dz), 90)),
+    )

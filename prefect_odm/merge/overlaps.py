@@ -29,7 +29,7 @@ import numpy as np
 from numpy.typing import NDArray
 from rasterio.enums import Resampling
 
-from prefect_odm.align.height_tilt import DemOverlap, align_heights
+from prefect_odm.align.height_tilt import DemOverlap, after_shifts, align_heights
 from prefect_odm.align.report import AlignmentOptions, AlignmentResult
 from prefect_odm.align.similarity import RasterCorrection
 from prefect_odm.merge.overlap_sampling import overlap_pairs
@@ -57,6 +57,10 @@ touching at a corner had two tiles, (1.08, -1.21) and (-9.84, 16.46) pixels; the
 orthophotos against the rendered truth were 0.27 m apart."""
 PREDICT_PIXEL_M = 0.1
 """Pixel size the solve's phase correlation reads at (decimated, nearest), metres."""
+MATCHED_SHIFT_M = 2.5
+"""An overlap whose orthophotos feature matches put farther apart than this (metres) takes their
+offset in the solve: an eighth of :data:`ALIGN_TILE_M`, where a tile's content is a quarter
+away from its neighbour's and wrong peaks begin (a peak counts up to a quarter of the tile)."""
 ALIGN_TILE_M = 20.0
 """Tile side of the orthophoto shifts the alignment solves from, metres (more tiles than the
 50 m the figures use: narrow overlaps then still give several)."""
@@ -97,19 +101,31 @@ def _cell_xy(plan: GridPlan, window: Window4, shape: tuple[int, int]) -> tuple[F
 
 def ground_heights(dsms: Mapping[str, Path]) -> dict[str, float]:
     """Submodel id -> median DSM height (metres), read decimated to at most 512 px a side."""
+    return ground_heights_and_relief(dsms)[0]
+
+
+def ground_heights_and_relief(
+    dsms: Mapping[str, Path],
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Submodel id -> median DSM height, and -> the larger distance from it to the 2nd and 98th
+    height percentiles (metres), read decimated to at most 512 px a side."""
     plan = plan_grid(dsms, resolution_m=None, crs_epsg=None, value_bands=1)
     reader = SourceReader(plan, Resampling.nearest)
-    out: dict[str, float] = {}
+    heights: dict[str, float] = {}
+    relief: dict[str, float] = {}
     try:
         for src in plan.sources:
             f = max(1, -(-max(src.height, src.width) // 512))
             shape = (max(1, src.height // f), max(1, src.width // f))
             values, valid = reader.read(src, src.window, out_shape=shape)
             if valid.any():
-                out[src.submodel_id] = float(np.median(values[0][valid]))
+                mid = float(np.median(values[0][valid]))
+                low, high = np.percentile(values[0][valid], [2, 98])
+                heights[src.submodel_id] = mid
+                relief[src.submodel_id] = float(max(mid - low, high - mid))
     finally:
         reader.close()
-    return out
+    return heights, relief
 
 
 def dem_overlaps(
@@ -276,13 +292,16 @@ def align_from_products(
     *,
     corrections: Mapping[str, RasterCorrection] | None = None,
     crs_epsg: int | None = None,
+    matched: Mapping[tuple[str, str], OrthoShift] | None = None,
 ) -> AlignmentResult:
     """Height, tilt and shift per submodel from its products alone (no cameras).
 
     The orthophoto offsets in the overlaps (:func:`ortho_shifts`) give the shifts and the DSM
     differences (:func:`dem_overlaps`) the height planes, solved jointly by
     :func:`~prefect_odm.align.align_heights`. Without DSMs, only the shifts (as height-free
-    samples at the overlap centres).
+    samples at the overlap centres). Feature matches (``matched``) give the offset of an
+    overlap without three clear tiles; where they put one beyond :data:`MATCHED_SHIFT_M`,
+    farther than the tiles see, the products are first shifted by them (:func:`_far_apart`).
 
     Args:
         dsms: submodel id -> local DSM (may be empty).
@@ -291,6 +310,8 @@ def align_from_products(
         corrections: corrections already solved (from the cameras): the products are measured
             with them applied, so the result refines them.
         crs_epsg: the grid's CRS.
+        matched: ``(first, second)`` -> the offset feature matches measure after
+            ``corrections`` (:func:`.overlaps_seams.matched_shifts`), or None.
 
     Raises:
         ValueError: fewer than two submodels with a DSM or an orthophoto.
@@ -306,6 +327,10 @@ def align_from_products(
         if len(orthophotos) > 1
         else {}
     )
+    if any(s.magnitude_m > MATCHED_SHIFT_M for s in (matched or {}).values()):
+        return _far_apart(dsms, orthophotos, options, corrections, crs_epsg, matched or {})
+    # an overlap too narrow for three clear tiles takes the matches' offset
+    shifts = {**(matched or {}), **shifts}
     if len(dsms) > 1:
         overlaps = dem_overlaps(dsms, corrections=fix, shifts=shifts, crs_epsg=crs_epsg)
         centres = _centres(dsms, crs_epsg)
@@ -313,6 +338,31 @@ def align_from_products(
         centres = _centres(orthophotos, crs_epsg)
         overlaps = [_shift_only(s, centres) for s in shifts.values()]
     return align_heights(ids, np.array([centres[sid] for sid in ids]), overlaps, options)
+
+
+def _far_apart(
+    dsms: Mapping[str, Path],
+    orthophotos: Mapping[str, Path],
+    options: AlignmentOptions,
+    corrections: Mapping[str, RasterCorrection] | None,
+    crs_epsg: int | None,
+    matched: Mapping[tuple[str, str], OrthoShift],
+) -> AlignmentResult:
+    """Products feature matches put farther apart than the tiles see: first the shifts the
+    matches give, then :func:`align_from_products` on the products so shifted (DSM samples
+    and tiles where the ground is the same), written as one correction."""
+    ids = sorted(set(dsms) | set(orthophotos))
+    centres = _centres(orthophotos, crs_epsg)
+    flat = options.model_copy(update={"refine_bowl": False})
+    first = align_heights(ids, np.array([centres[sid] for sid in ids]),
+                          [_shift_only(s, centres) for s in matched.values()], flat)  # fmt: skip
+    fix = dict(corrections or {})
+    moved = {}
+    for t in first.transforms:
+        step = t.raster_correction(0.0)
+        moved[t.submodel_id] = fix[t.submodel_id].then(step) if t.submodel_id in fix else step
+    second = align_from_products(dsms, orthophotos, options, corrections=moved, crs_epsg=crs_epsg)
+    return after_shifts(first, second)
 
 
 def _shift_only(shift: OrthoShift, centres: Mapping[str, tuple[float, float]]) -> DemOverlap:

@@ -1,25 +1,16 @@
 """Point-cloud merge (adapter: laspy with lazrs, pyproj).
 
 Each submodel's points are kept only where the ownership rule says that submodel owns them
-(the same nearest-core-camera cells that bound the orthophoto seams), so overlaps are not
-doubled. Inputs are streamed chunk by chunk (``laspy`` ``chunk_iterator``) into one
-``LasWriter``; memory is a few chunks whatever the cloud size.
+(the same nearest-core-camera cells that bound the orthophoto seams, :class:`.CellOwners`), so
+overlaps are not doubled. Inputs are streamed chunk by chunk (``laspy`` ``chunk_iterator``) into
+one sink: a ``LasWriter`` for a plain LAZ, or a :class:`.copc.CopcBuilder` for a COPC file (points
+spilled by octree cell while streaming, each cell built and compressed after); memory is a few
+chunks (and, for COPC, the spill budget and one cell) whatever the cloud size.
 
-The output header is fixed before the first point is written, from all input headers: the
-finest scale of any input per axis, offsets at whole metres below the union of the bounds (the
-scale is coarsened by powers of ten only if the extent would not fit 32-bit integers), the point
-format shared by the inputs (or the highest one among them, copying the dimensions they have in
-common), the extra dimensions common to all inputs, and the output CRS as a WKT VLR (LAS 1.4 /
-point formats >= 6) or GeoTIFF keys (older), via ``LasHeader.add_crs``. The writer updates the
-point count and bounds from the points actually written, so the header is exact.
-
-Ownership is decided per point with :class:`CellOwners` (the nearest-core-camera rule with a
-lookup table for cells whose owner is certain, exact k-d tree queries near seams), and points
-whose format and scales match the output are moved to the output offsets by an exact integer
-shift instead of being rescaled.
-
-COPC is not written: laspy reads COPC but cannot write it; ``copclib`` (PyPI) can write COPC but
-leaves building the octree to the caller, which is future work.
+The output header is fixed before the first point is written, from all input headers
+(:func:`.las_points.output_header`); the writer records the point count and bounds of the points
+actually written, so the header is exact. A COPC file holds point format 6, 7 or 8: ODM's format
+3 (RGB) is written as 7.
 """
 
 from __future__ import annotations
@@ -33,249 +24,53 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import laspy
 import numpy as np
 import pyproj
-from laspy.point.dims import DimensionInfo
-from numpy.typing import NDArray
-from scipy.spatial import cKDTree
 
 from prefect_odm.align.report import AlignmentReport
 from prefect_odm.errors import MergeError
+from prefect_odm.merge.cell_owners import CellOwners
+from prefect_odm.merge.copc import CopcBuilder
+from prefect_odm.merge.las_points import (
+    InputCloud,
+    PointMover,
+    bounds_in,
+    convert_points,
+    header_centres,
+    integer_shift,
+    output_crs,
+    output_header,
+    read_headers,
+    select_points,
+    shifted,
+    union_bounds,
+)
+from prefect_odm.merge.octree import OctreeCube
 from prefect_odm.merge.reports import PointCloudMergeReport, SubmodelPoints
 from prefect_odm.merge.seamlines import LabelOwners, OwnerLabels
 from prefect_odm.merge.seams import ownership_from_centres
 from prefect_odm.ownership import Ownership
+from prefect_odm.registry import PointCloudFormat
+
+__all__ = ["CellOwners", "PointCloudFormat", "PointMover", "merge_point_clouds"]
 
 log = logging.getLogger(__name__)
 
-PointMover = Callable[[NDArray[np.float64]], NDArray[np.float64]]
-"""One submodel's alignment on points: ``(n, 3)`` plan-CRS metres in and out."""
 
-_INT32_MAX = 2**31 - 1
+class PointSink(Protocol):
+    """Where the streamed points go (``laspy.LasWriter`` or :class:`.copc.CopcBuilder`)."""
 
-
-@dataclass(frozen=True)
-class _Input:
-    submodel_id: str
-    path: Path
-    header: laspy.LasHeader
-    crs: pyproj.CRS | None
+    def write_points(self, points: laspy.ScaleAwarePointRecord) -> None: ...
 
 
-def _read_headers(inputs: Mapping[str, Path]) -> list[_Input]:
-    out = []
-    for sid in sorted(inputs):
-        path = Path(inputs[sid])
-        try:
-            with laspy.open(path) as reader:
-                header = reader.header
-                try:
-                    crs = header.parse_crs()
-                except Exception as exc:  # noqa: BLE001 - laspy raises several types here
-                    raise MergeError(f"input {sid} ({path}): unreadable CRS: {exc}") from exc
-        except (laspy.LaspyException, OSError) as exc:
-            raise MergeError(f"input {sid} ({path}) cannot be opened: {exc}") from exc
-        out.append(_Input(sid, path, header, crs))
-    return out
-
-
-def _bounds_in(
-    inp: _Input, crs: pyproj.CRS, moved: PointMover | None = None
-) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """The input's header bounds in ``crs`` (after the alignment's transform ``moved``)."""
-    mins, maxs = _reprojected_bounds(inp, crs)
-    if moved is None:
-        return mins, maxs
-    corners = np.array(np.meshgrid(*zip(mins, maxs, strict=True))).reshape(3, -1).T
-    after = moved(corners)
-    return after.min(axis=0), after.max(axis=0)
-
-
-def _reprojected_bounds(
-    inp: _Input, crs: pyproj.CRS
-) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    mins = np.asarray(inp.header.mins, dtype=np.float64)
-    maxs = np.asarray(inp.header.maxs, dtype=np.float64)
-    if inp.crs is None or inp.crs == crs:
-        return mins, maxs
-    tr = pyproj.Transformer.from_crs(inp.crs, crs, always_xy=True)
-    xs = np.linspace(mins[0], maxs[0], 11)
-    ys = np.linspace(mins[1], maxs[1], 11)
-    gx, gy = np.meshgrid(xs, ys)
-    tx, ty, tz = tr.transform(gx.ravel(), gy.ravel(), np.full(gx.size, mins[2]))
-    _, _, tz2 = tr.transform(gx.ravel(), gy.ravel(), np.full(gx.size, maxs[2]))
-    lo = np.array([tx.min(), ty.min(), min(tz.min(), tz2.min())])
-    hi = np.array([tx.max(), ty.max(), max(tz.max(), tz2.max())])
-    return lo, hi
-
-
-def _output_header(
-    inputs: list[_Input], crs: pyproj.CRS, moving: Mapping[str, PointMover]
-) -> laspy.LasHeader:
-    formats = {i.header.point_format.id for i in inputs}
-    fmt = formats.pop() if len(formats) == 1 else max(i.header.point_format.id for i in inputs)
-    version = max((i.header.version for i in inputs), key=lambda v: (v.major, v.minor))
-    if fmt >= 6:
-        version = laspy.header.Version(1, 4)
-    header = laspy.LasHeader(point_format=fmt, version=f"{version.major}.{version.minor}")
-    common: dict[str, DimensionInfo] | None = None
-    for inp in inputs:
-        extra = {d.name: d for d in inp.header.point_format.extra_dimensions}
-        if common is None:
-            common = extra
-        else:
-            common = {n: d for n, d in common.items() if n in extra and extra[n].dtype == d.dtype}
-    for name, dim in sorted((common or {}).items()):
-        header.add_extra_dim(laspy.ExtraBytesParams(name=name, type=dim.dtype))
-    scales = np.min(np.array([i.header.scales for i in inputs], dtype=np.float64), axis=0)
-    lows, highs = zip(*(_bounds_in(i, crs, moving.get(i.submodel_id)) for i in inputs), strict=True)
-    lo = np.min(np.array(lows), axis=0)
-    hi = np.max(np.array(highs), axis=0)
-    offsets = np.floor(lo)
-    for axis in range(3):
-        while (
-            max(abs(hi[axis] - offsets[axis]), abs(lo[axis] - offsets[axis])) / scales[axis]
-            > _INT32_MAX * 0.99
-        ):
-            scales[axis] *= 10.0
-            log.info("point cloud axis %d scale coarsened to %g to fit 32 bits", axis, scales[axis])
-    header.scales = scales
-    header.offsets = offsets
-    header.add_crs(crs)
-    return header
-
-
-class CellOwners:
-    """:meth:`Ownership.label_of_points` sped up by a grid of cells whose owner is certain.
-
-    A cell of half-diagonal ``r`` centred at ``p`` belongs wholly to the owner ``L`` of ``p``
-    when the nearest camera of any other submodel is more than ``2 r`` farther from ``p`` than
-    ``p``'s nearest camera (triangle inequality). Points in such cells take ``L`` from a table;
-    the others (near seams, or outside the grid) are queried exactly in the k-d tree. Same rule,
-    same tree, hence the same labels as :meth:`Ownership.label_of_points`.
-
-    Args:
-        ownership: the ownership rule.
-        bounds: ``(xmin, ymin, xmax, ymax)`` the points are expected in, CRS units.
-        max_cells: number of cells of the table (memory about 20 bytes per cell at build).
-    """
-
-    def __init__(
-        self,
-        ownership: Ownership,
-        bounds: tuple[float, float, float, float],
-        max_cells: int = 262_144,
-    ) -> None:
-        index = {sid: n for n, sid in enumerate(ownership.submodel_ids)}
-        self._labels = np.array([index[s] for s in ownership.camera_submodel], dtype=np.int32)
-        self._tree = cKDTree(np.column_stack([ownership.x_m, ownership.y_m]).astype(np.float64))
-        xmin, ymin, xmax, ymax = (float(v) for v in bounds)
-        width = max(xmax - xmin, 1e-6)
-        height = max(ymax - ymin, 1e-6)
-        cell = max(math.sqrt(width * height / max_cells), 1e-3)
-        self._x0, self._y0, self._cell = xmin, ymin, cell
-        self._nx = int(math.ceil(width / cell)) + 1
-        self._ny = int(math.ceil(height / cell)) + 1
-        cx = xmin + (np.arange(self._nx) + 0.5) * cell
-        cy = ymin + (np.arange(self._ny) + 0.5) * cell
-        gx, gy = np.meshgrid(cx, cy)
-        k = min(8, len(self._labels))
-        dist, idx = self._tree.query(np.column_stack([gx.ravel(), gy.ravel()]), k=k)
-        dist = np.asarray(dist, dtype=np.float64).reshape(-1, k)
-        idx = np.asarray(idx).reshape(-1, k)
-        labs = self._labels[idx]
-        first = labs[:, 0]
-        other = labs != first[:, None]
-        d_other = np.where(other, dist, np.inf).min(axis=1)
-        if k < len(self._labels):  # another submodel may lie beyond the k nearest
-            d_other = np.minimum(d_other, np.where(other.any(axis=1), np.inf, dist[:, -1]))
-        margin = 2.0 * (cell * math.sqrt(0.5)) * (1.0 + 1e-9) + 1e-9
-        self._table = np.where(d_other - dist[:, 0] > margin, first, -1).astype(np.int32)
-
-    def label_of_points(self, x: NDArray[np.float64], y: NDArray[np.float64]) -> NDArray[np.int32]:
-        """Owner index (into ``ownership.submodel_ids``) of each point, shape of ``x``."""
-        fx = np.floor((x - self._x0) / self._cell)
-        fy = np.floor((y - self._y0) / self._cell)
-        inside = (fx >= 0) & (fx < self._nx) & (fy >= 0) & (fy < self._ny)
-        flat = np.where(inside, fy * self._nx + fx, 0).astype(np.int64)
-        labels = self._table[flat]
-        labels[~inside] = -1
-        unsure = labels < 0
-        if unsure.any():
-            _, nearest = self._tree.query(np.column_stack([x[unsure], y[unsure]]), k=1)
-            labels[unsure] = self._labels[nearest]
-        return labels
-
-
-def _integer_shift(inp: laspy.LasHeader, header: laspy.LasHeader) -> tuple[int, int, int] | None:
-    """Integer steps to add to X, Y, Z to move points from ``inp``'s offsets to ``header``'s.
-
-    None unless the point formats and scales are equal and the offsets differ by whole steps
-    (then the copy is exact and needs no floating-point rescaling).
-    """
-    if inp.point_format != header.point_format or not np.array_equal(inp.scales, header.scales):
-        return None
-    steps = (np.asarray(inp.offsets) - np.asarray(header.offsets)) / np.asarray(header.scales)
-    rounded = np.rint(steps)
-    if np.any(np.abs(steps - rounded) > 1e-6):
-        return None
-    return (int(rounded[0]), int(rounded[1]), int(rounded[2]))
-
-
-def _shifted(
-    points: laspy.ScaleAwarePointRecord, shift: tuple[int, int, int], header: laspy.LasHeader
-) -> laspy.ScaleAwarePointRecord:
-    """The same points expressed in ``header``'s offsets (integer shift; exact)."""
-    array = points.array
-    for name, step in zip(("X", "Y", "Z"), shift, strict=True):
-        if step:
-            array[name] += np.int32(step)
-    return laspy.ScaleAwarePointRecord(array, header.point_format, header.scales, header.offsets)
-
-
-def _convert(
-    chunk: laspy.ScaleAwarePointRecord,
-    header: laspy.LasHeader,
-    xyz: tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]] | None,
-) -> laspy.ScaleAwarePointRecord:
-    """Copy a chunk into the output point format/scales (and new coordinates when given)."""
-    out = laspy.ScaleAwarePointRecord.zeros(len(chunk), header=header)
-    skip = {"X", "Y", "Z"}
-    have = set(chunk.point_format.dimension_names)
-    for name in out.point_format.dimension_names:
-        if name in have and name not in skip:
-            out[name] = chunk[name]
-    if xyz is None:
-        out.x, out.y, out.z = chunk.x, chunk.y, chunk.z
-    else:
-        out.x, out.y, out.z = xyz
-    return out
-
-
-def _centres(inputs: list[_Input], crs: pyproj.CRS) -> dict[str, tuple[float, float]]:
-    centres = {}
-    for inp in inputs:
-        lo, hi = _bounds_in(inp, crs)
-        centres[inp.submodel_id] = (float((lo[0] + hi[0]) / 2), float((lo[1] + hi[1]) / 2))
-    return centres
-
-
-def _output_crs(infos: list[_Input], crs_epsg: int | None) -> pyproj.CRS:
-    """``crs_epsg``, else the CRS of the first input (sorted ids) that has one."""
-    if crs_epsg is not None:
-        return pyproj.CRS.from_epsg(crs_epsg)
-    with_crs = [i.crs for i in infos if i.crs is not None]
-    if not with_crs:
-        raise MergeError("no input point cloud carries a CRS and no crs_epsg was given")
-    return with_crs[0]
-
-
-def _resolve_owners(infos: list[_Input], crs: pyproj.CRS, ownership: Ownership | None) -> Ownership:
+def _resolve_owners(
+    infos: list[InputCloud], crs: pyproj.CRS, ownership: Ownership | None
+) -> Ownership:
     """The given ownership checked against the inputs, or one from their bounds' centres."""
-    owners = ownership if ownership is not None else ownership_from_centres(_centres(infos, crs))
+    owners = ownership or ownership_from_centres(header_centres(infos, crs))
     unknown = sorted({i.submodel_id for i in infos} - set(owners.submodel_ids))
     if unknown:
         raise MergeError(f"point clouds {unknown} own no camera in the ownership rule")
@@ -284,9 +79,9 @@ def _resolve_owners(infos: list[_Input], crs: pyproj.CRS, ownership: Ownership |
 
 @dataclass
 class _Streamer:
-    """Streams the points each input owns into one open ``LasWriter``."""
+    """Streams the points each input owns into one open sink."""
 
-    writer: laspy.LasWriter | None
+    writer: PointSink | None
     header: laspy.LasHeader
     crs: pyproj.CRS
     owners: Ownership
@@ -297,7 +92,7 @@ class _Streamer:
     done: int = 0
     seamlines: OwnerLabels | None = None
 
-    def write_input(self, inp: _Input) -> tuple[SubmodelPoints, bool]:
+    def write_input(self, inp: InputCloud) -> tuple[SubmodelPoints, bool]:
         """Write the points of ``inp`` that it owns.
 
         Returns:
@@ -311,9 +106,9 @@ class _Streamer:
             transformer = pyproj.Transformer.from_crs(inp.crs, self.crs, always_xy=True)
         moved = self.transforms.get(inp.submodel_id)
         exact = transformer is None and moved is None
-        shift = _integer_shift(inp.header, self.header) if exact else None
+        shift = integer_shift(inp.header, self.header) if exact else None
         label = self.owners.submodel_ids.index(inp.submodel_id)
-        lo, hi = _bounds_in(inp, self.crs, moved)
+        lo, hi = bounds_in(inp, self.crs, moved)
         cells: CellOwners | LabelOwners = CellOwners(self.owners, (lo[0], lo[1], hi[0], hi[1]))
         if self.seamlines is not None:
             cells = LabelOwners(self.seamlines, self.owners)
@@ -360,10 +155,12 @@ class _Streamer:
         assert self.writer is not None, "the streamer writes only inside _write_all"
         if count:
             if shift is not None:
-                self.writer.write_points(_shifted(chunk[keep], shift, self.header))
+                self.writer.write_points(shifted(select_points(chunk, keep), shift, self.header))
             else:
                 sel = None if xyz is None else (xyz[0][keep], xyz[1][keep], xyz[2][keep])
-                self.writer.write_points(_convert(chunk[keep], self.header, sel))
+                self.writer.write_points(
+                    convert_points(select_points(chunk, keep), self.header, sel)
+                )
         return count
 
 
@@ -391,26 +188,58 @@ def _check_written(
     return mins, maxs
 
 
+def _stream_inputs(
+    streamer: _Streamer, infos: list[InputCloud]
+) -> tuple[list[SubmodelPoints], list[str]]:
+    """Every input through the streamer's sink: ``(per-submodel points, reprojected ids)``."""
+    per, reprojected = [], []
+    for inp in infos:
+        points, warped = streamer.write_input(inp)
+        per.append(points)
+        if warped:
+            reprojected.append(inp.submodel_id)
+    return per, reprojected
+
+
+def _write_copc(
+    streamer: _Streamer, infos: list[InputCloud], tmp: Path, cube: OctreeCube
+) -> tuple[list[SubmodelPoints], list[str]]:
+    """Stream every input into a :class:`.copc.CopcBuilder` and write the COPC file ``tmp``."""
+    builder = CopcBuilder(streamer.header, cube, streamer.total_in, work=tmp.parent)
+    streamer.writer = builder
+    try:
+        per, reprojected = _stream_inputs(streamer, infos)
+    except BaseException:
+        builder.discard()
+        raise
+    if sum(p.points_kept for p in per):
+        builder.finish(tmp)
+    else:
+        builder.discard()
+    return per, reprojected
+
+
 def _write_all(
-    streamer: _Streamer, infos: list[_Input], out: Path
+    streamer: _Streamer, infos: list[InputCloud], out: Path, cube: OctreeCube | None
 ) -> tuple[list[SubmodelPoints], list[str], int, tuple[Any, Any]]:
     """Stream every input into ``out`` (through a temporary name), check it, promote it.
+
+    Args:
+        cube: the octree's cube for a COPC file; None: a plain LAS/LAZ (by ``out``'s suffix).
 
     Returns:
         ``(per-submodel points, reprojected ids, points kept, (mins, maxs))``.
     """
-    per, reprojected = [], []
     tmp = out.with_name(f".{out.stem}.{uuid.uuid4().hex[:8]}.tmp{out.suffix}")
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
-        compress = out.suffix.lower() == ".laz"
-        with laspy.open(tmp, mode="w", header=streamer.header, do_compress=compress) as writer:
-            streamer.writer = writer
-            for inp in infos:
-                points, warped = streamer.write_input(inp)
-                per.append(points)
-                if warped:
-                    reprojected.append(inp.submodel_id)
+        if cube is not None:
+            per, reprojected = _write_copc(streamer, infos, tmp, cube)
+        else:
+            compress = out.suffix.lower() == ".laz"
+            with laspy.open(tmp, mode="w", header=streamer.header, do_compress=compress) as w:
+                streamer.writer = w
+                per, reprojected = _stream_inputs(streamer, infos)
         kept_total = sum(p.points_kept for p in per)
         bounds = _check_written(tmp, out, kept_total, streamer.crs)
         os.replace(tmp, out)
@@ -434,12 +263,13 @@ def merge_point_clouds(
     progress: Callable[[int, int], None] | None = None,
     alignment: AlignmentReport | None = None,
     seamlines: OwnerLabels | None = None,
+    point_cloud_format: PointCloudFormat = "laz",
 ) -> PointCloudMergeReport:
-    """Merge per-submodel LAS/LAZ point clouds into one LAZ, each point kept once.
+    """Merge per-submodel LAS/LAZ point clouds into one LAZ or COPC file, each point kept once.
 
     Args:
         inputs: submodel id -> local LAS/LAZ path.
-        out: output LAZ path (written through a temporary name, then promoted).
+        out: output path (written through a temporary name, then promoted).
         ownership: who owns each ground position (in the output CRS); None derives one from the
             centre of each input's header bounds (:func:`.seams.ownership_from_centres`).
         crs_epsg: output CRS; None: the CRS of the first input (sorted ids) that has one. Inputs
@@ -451,6 +281,9 @@ def merge_point_clouds(
             transform (plan CRS = output CRS) as they are streamed; None, or identity
             transforms, copy the points as they are (same bytes).
         seamlines: owner labels (output CRS) followed instead of ``ownership``, or None.
+        point_cloud_format: ``laz``: a plain LAS/LAZ (by ``out``'s suffix) in the inputs' point
+            format; ``copc``: a COPC file (LAZ 1.4, point format 6/7/8: ODM's 3 becomes 7),
+            its octree built from spill files beside ``out`` (memory bounded).
 
     Returns:
         A :class:`.reports.PointCloudMergeReport`.
@@ -466,17 +299,19 @@ def merge_point_clouds(
         raise MergeError("nothing to merge: no point clouds")
     if chunk_points <= 0:
         raise MergeError(f"chunk_points must be positive, got {chunk_points}")
-    infos = _read_headers(inputs)
-    crs = _output_crs(infos, crs_epsg)
+    infos = read_headers(inputs)
+    crs = output_crs(infos, crs_epsg)
     owners = _resolve_owners(infos, crs, ownership)
     moving: dict[str, PointMover] = {}
     if alignment is not None:
         moving = {sid: partial(alignment.apply_points, sid) for sid in alignment.moving_ids()}
-    header = _output_header(infos, crs, moving)
+    copc = point_cloud_format == "copc"
+    header = output_header(infos, crs, moving, copc=copc)
+    cube = OctreeCube.around(*union_bounds(infos, crs, moving)) if copc else None
     total_in = sum(int(i.header.point_count) for i in infos)
     streamer = _Streamer(None, header, crs, owners, chunk_points, progress, total_in, moving)
     streamer.seamlines = seamlines
-    per, reprojected, kept_total, (mins, maxs) = _write_all(streamer, infos, out)
+    per, reprojected, kept_total, (mins, maxs) = _write_all(streamer, infos, out, cube)
     elapsed = time.perf_counter() - started
     return PointCloudMergeReport(
         path=str(out),
@@ -494,7 +329,7 @@ def merge_point_clouds(
         maxs=maxs,
         reprojected=tuple(reprojected),
         ownership_from_footprints=ownership is None,
-        copc=False,
+        copc=copc,
         elapsed_seconds=elapsed,
         points_per_second=total_in / elapsed if elapsed > 0 else math.inf,
     )

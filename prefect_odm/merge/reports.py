@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from prefect_odm.align.report import AlignmentReport
+from prefect_odm.align.stage_records import DsmSeam
 from prefect_odm.merge.balance import GainOffset
 from prefect_odm.registry import ProductName
 
@@ -114,10 +115,14 @@ class DemMergeReport(RasterMergeReport):
             offsets (after the alignment's heights when ``heights_from_alignment``), metres.
         heights_from_alignment: heights and tilts came from the alignment between submodels
             (no free offsets were solved).
+        overlap_seams: ``"a|b"`` -> the two inputs against each other as merged (after the
+            alignment's corrections), on the cells both measured: what ``report.md`` shows
+            for the applied alignment stage.
     """
 
     vertical_offsets_m: dict[str, float]
     overlap_median_diff_m: dict[str, float]
+    overlap_seams: dict[str, DsmSeam] = Field(default_factory=dict)
     heights_from_alignment: bool = False
 
 

@@ -329,6 +329,7 @@ class LeastCostSeams:
     _distance: dict[str, _SignedDistance | None] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        """Build the seam field and each submodel's signed distance to its label's edge."""
         object.__setattr__(
             self, "_field", SeamField(self.ownership, self.grid, self.lattice_step_px)
         )
@@ -403,6 +404,8 @@ class LabelOwners:
     """
 
     def __init__(self, labels: OwnerLabels, ownership: Ownership) -> None:
+        """Map the labels' submodel ids onto the ownership's (an id the ownership lacks owns
+        nothing)."""
         index = {sid: n for n, sid in enumerate(ownership.submodel_ids)}
         mapped = [index.get(sid, -1) for sid in labels.submodel_ids]
         self._map = np.array([*mapped, -1], dtype=np.int32)  # label -1 -> the last entry

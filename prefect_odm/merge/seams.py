@@ -57,6 +57,11 @@ class SeamField:
     _all: cKDTree = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        """Build one k-d tree of camera positions per submodel, and one of all.
+
+        Raises:
+            ValueError: ``lattice_step_px`` is below 1.
+        """
         if self.lattice_step_px < 1:
             raise ValueError("lattice_step_px must be >= 1")
         xy = np.column_stack([self.ownership.x_m, self.ownership.y_m]).astype(np.float64)
@@ -215,6 +220,7 @@ class OwnershipSeams:
     _field: SeamField = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        """Build the :class:`SeamField` the distances come from."""
         object.__setattr__(
             self, "_field", SeamField(self.ownership, self.grid, self.lattice_step_px)
         )

@@ -31,6 +31,7 @@ from rasterio.windows import Window
 from prefect_odm.align.similarity import RasterCorrection
 from prefect_odm.errors import MergeError
 from prefect_odm.grid import Block, Bounds, Grid, intersect, snap_grid
+from prefect_odm.merge.rasterio_options import ReadKeywords, WarpOptions
 
 log = logging.getLogger(__name__)
 
@@ -293,17 +294,16 @@ class SourceReader:
     """
 
     def __init__(self, plan: GridPlan, resampling: Resampling = Resampling.bilinear) -> None:
+        """Nothing is opened until a source is first read."""
         self._plan = plan
         self._resampling = resampling
         self._open: dict[str, Any] = {}
         self._handles: list[Any] = []
 
-    def _warp_options(
-        self, src: RasterSource, grid: Grid, resampling: Resampling
-    ) -> dict[str, Any]:
+    def _warp_options(self, src: RasterSource, grid: Grid, resampling: Resampling) -> WarpOptions:
         """``WarpedVRT`` keywords that put ``src`` onto ``grid`` (in the plan CRS), its own alpha,
         nodata or mask carried into the VRT's validity."""
-        kwargs: dict[str, Any] = {
+        kwargs: WarpOptions = {
             "crs": self._plan.crs,
             "transform": Affine(*grid.transform),
             "width": grid.width,
@@ -314,11 +314,11 @@ class SourceReader:
             kwargs["src_transform"] = Affine(*src.src_transform)
         own_alpha = src.src_alpha if src.warp else src.alpha_band
         if own_alpha:
-            kwargs.update(src_alpha=own_alpha, dst_alpha=own_alpha)
+            kwargs.update({"src_alpha": own_alpha, "dst_alpha": own_alpha})
         elif src.nodata is not None:
-            kwargs.update(src_nodata=src.nodata, nodata=src.nodata)
+            kwargs.update({"src_nodata": src.nodata, "nodata": src.nodata})
         else:
-            kwargs.update(add_alpha=True)
+            kwargs["add_alpha"] = True
         return kwargs
 
     def dataset(self, src: RasterSource) -> Any:
@@ -412,9 +412,9 @@ class SourceReader:
         ds = self.dataset(src)
         win = Window(window[1] - src.col_off, window[0] - src.row_off, window[3], window[2])
         shape = out_shape or (window[2], window[3])
-        kw: dict[str, Any] = {"window": win}
+        kw: ReadKeywords = {"window": win}
         if out_shape is not None:
-            kw.update(resampling=Resampling.nearest)
+            kw["resampling"] = Resampling.nearest
         values = ds.read(
             list(src.value_bands), out_shape=(len(src.value_bands), *shape), **kw
         ).astype(np.float32, copy=False)
@@ -445,6 +445,7 @@ class ThreadReaders:
     """One :class:`SourceReader` per worker thread, all closed together."""
 
     def __init__(self, plan: GridPlan) -> None:
+        """No reader exists until a thread asks for one (:meth:`get`)."""
         self._plan = plan
         self._local = threading.local()
         self._lock = threading.Lock()

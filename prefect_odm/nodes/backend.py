@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, Required, TypedDict, Unpack
 
+from pydantic import JsonValue
+
 from prefect_odm.errors import NodeError, TransientNodeError
 
 QUEUED, RUNNING, FAILED, COMPLETED, CANCELED = 10, 20, 30, 40, 50
@@ -66,7 +68,7 @@ class TaskState:
     error_message: str
     images_count: int
     processing_time_ms: int
-    info: dict[str, Any]
+    info: dict[str, JsonValue]
 
     @property
     def finished(self) -> bool:
@@ -74,9 +76,10 @@ class TaskState:
         return self.status in (FAILED, COMPLETED, CANCELED)
 
     @property
-    def options(self) -> dict[str, Any]:
+    def options(self) -> dict[str, JsonValue]:
         """The options the node holds for the task (``info["options"]``, NodeODM's
-        ``[{"name", "value"}]``), name -> value; empty when the node reports none."""
+        ``[{"name", "value"}]``), name -> value as the node wrote it; empty when it reports
+        none."""
         raw = self.info.get("options")
         if not isinstance(raw, list):
             return {}
@@ -219,6 +222,10 @@ def poll_until_done(
         time.sleep(next_poll_seconds(state, poll_interval_seconds))
 
 
+_NUMBER = (int, float, str)
+"""JSON values a figure of ``/info`` may be written as (numbers, or numbers as text)."""
+
+
 @dataclass(frozen=True)
 class NodeInfo:
     """A node's ``/info``.
@@ -236,19 +243,23 @@ class NodeInfo:
     engine_version: str
     total_memory_bytes: float | None
     max_parallel_tasks: int | None
-    raw: dict[str, Any] = field(default_factory=dict)
+    raw: dict[str, JsonValue] = field(default_factory=dict)
 
     @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> NodeInfo:
+    def from_json(cls, raw: Mapping[str, JsonValue]) -> NodeInfo:
         """From NodeODM's ``/info`` JSON (``engine``, ``engineVersion``, ``totalMemory``,
-        ``maxParallelTasks``)."""
+        ``maxParallelTasks``; a figure that is not a number is taken as not said).
+
+        Raises:
+            ValueError: ``totalMemory`` or ``maxParallelTasks`` is text that is not a number.
+        """
         memory = raw.get("totalMemory")
         tasks = raw.get("maxParallelTasks")
         return cls(
             engine=str(raw.get("engine", "odm")),
             engine_version=str(raw.get("engineVersion", "?")),
-            total_memory_bytes=float(memory) if memory else None,
-            max_parallel_tasks=int(tasks) if tasks else None,
+            total_memory_bytes=float(memory) if isinstance(memory, _NUMBER) and memory else None,
+            max_parallel_tasks=int(tasks) if isinstance(tasks, _NUMBER) and tasks else None,
             raw=dict(raw),
         )
 
@@ -270,10 +281,10 @@ class NodeOption:
 
     name: str
     domain: tuple[str, ...] | None
-    raw: dict[str, Any] = field(default_factory=dict)
+    raw: dict[str, JsonValue] = field(default_factory=dict)
 
     @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> NodeOption:
+    def from_json(cls, raw: Mapping[str, JsonValue]) -> NodeOption:
         """From one entry of NodeODM's ``/options`` JSON."""
         domain = raw.get("domain")
         return cls(

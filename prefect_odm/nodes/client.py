@@ -1,6 +1,6 @@
 """NodeODM client: pyodm behind a wrapper that keeps pyodm 1.5.13's defects away from users.
 
-The defects handled here (see DESIGN.md, "NodeODM client"):
+The defects handled here (see DESIGN.md, "Nodes and placement"):
 
 * ``Node.url``/``Node.get`` take a mutable default ``query={}`` and write the token into it, so a
   token leaks to every later request of every ``Node`` object, other hosts included.
@@ -34,6 +34,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import requests
+from pydantic import JsonValue
 from pyodm import Node
 from pyodm.exceptions import (
     NodeConnectionError,
@@ -46,8 +47,6 @@ from pyodm.utils import MultipartEncoder, options_to_json
 from prefect_odm.errors import (
     DownloadError,
     NodeError,
-    OutOfMemoryError,
-    ProcessingFailedError,
     StaleTaskError,
     TransientNodeError,
 )
@@ -61,10 +60,10 @@ from prefect_odm.nodes.backend import (
     NodeInfo,
     NodeOption,
     TaskState,
-    poll_until_done,
     task_uuid,
 )
 from prefect_odm.nodes.messages import is_unknown_task_error
+from prefect_odm.nodes.polled import PolledBackend
 from prefect_odm.nodes.refs import public_url
 from prefect_odm.nodes.uploads import Uploads
 
@@ -99,7 +98,7 @@ class _SafeNode(Node):  # type: ignore[misc]
         return super().post(url, data=data, headers=dict(headers or {}))
 
 
-class NodeClient:
+class NodeClient(PolledBackend):
     """One NodeODM-API node (implements :class:`prefect_odm.nodes.backend.NodeBackend`).
 
     Args:
@@ -108,9 +107,16 @@ class NodeClient:
         timeout_seconds: per-request timeout.
     """
 
+    oom_markers = OOM_MARKERS
+
     def __init__(
         self, url: str, token: str | None = None, *, timeout_seconds: float = 30.0
     ) -> None:
+        """Check the URL and take its token (nothing is sent to the node yet).
+
+        Raises:
+            ValueError: ``url`` is not an ``http(s)://host[:port]`` URL.
+        """
         parsed = urlparse(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise ValueError(f"not a node URL: {public_url(url)!r} (expected http://host:port)")
@@ -124,6 +130,7 @@ class NodeClient:
         self.timeout_seconds = timeout_seconds
 
     def __repr__(self) -> str:
+        """The node's URL (the token never appears)."""
         return f"NodeClient({self.url!r})"
 
     # -- error handling -------------------------------------------------------------------
@@ -135,19 +142,13 @@ class NodeClient:
         try:
             return fn()
         except (NodeConnectionError, NodeServerError, requests.RequestException) as exc:
-            raise TransientNodeError(
-                f"{what} failed: {self._scrub(str(exc))}", node_url=self.url, task_uuid=task_uuid
-            ) from None
+            said = self._scrub(str(exc))
+            raise self.error(TransientNodeError, f"{what} failed: {said}", task_uuid) from None
         except NodeResponseError as exc:
-            raise NodeError(
-                f"{what}: node answered {self._scrub(str(exc))!r}",
-                node_url=self.url,
-                task_uuid=task_uuid,
-            ) from None
+            said = self._scrub(str(exc))
+            raise self.error(NodeError, f"{what}: node answered {said!r}", task_uuid) from None
         except OdmError as exc:  # any other pyodm error
-            raise NodeError(
-                f"{what}: {self._scrub(str(exc))}", node_url=self.url, task_uuid=task_uuid
-            ) from None
+            raise self.error(NodeError, f"{what}: {self._scrub(str(exc))}", task_uuid) from None
 
     # -- node level -----------------------------------------------------------------------
 
@@ -178,13 +179,10 @@ class NodeClient:
         except NodeResponseError as exc:
             if is_unknown_task_error(str(exc), uuid):
                 return None
-            raise NodeError(
-                f"task info: {self._scrub(str(exc))}", node_url=self.url, task_uuid=uuid
-            ) from None
+            raise self.error(NodeError, f"task info: {self._scrub(str(exc))}", uuid) from None
         except (NodeConnectionError, NodeServerError, requests.RequestException) as exc:
-            raise TransientNodeError(
-                f"task info failed: {self._scrub(str(exc))}", node_url=self.url, task_uuid=uuid
-            ) from None
+            said = self._scrub(str(exc))
+            raise self.error(TransientNodeError, f"task info failed: {said}", uuid) from None
         status = raw.get("status") or {}
         return TaskState(
             uuid=uuid,
@@ -218,7 +216,9 @@ class NodeClient:
             fields["options"] = options_to_json(dict(options))
         return bool(self._post_form("/task/restart", fields, uuid).get("success", False))
 
-    def _post_form(self, route: str, fields: Mapping[str, str], uuid: str | None) -> dict[str, Any]:
+    def _post_form(
+        self, route: str, fields: Mapping[str, str], uuid: str | None
+    ) -> dict[str, JsonValue]:
         def go() -> Any:  # urlencoded, as pyodm's Task.cancel/remove/restart send it:
             # NodeODM reads these fields from urlencoded or JSON bodies only (never multipart)
             return self._node.post(route, data=dict(fields))
@@ -343,57 +343,6 @@ class NodeClient:
         )
         if not isinstance(result, dict) or result.get("uuid") != uuid:
             raise NodeError(f"task commit answered {result!r}", node_url=self.url, task_uuid=uuid)
-
-    def wait(
-        self,
-        uuid: str,
-        *,
-        poll_interval_seconds: float = 2.0,
-        max_wait_seconds: float = 24 * 3600.0,
-        max_poll_errors: int = 5,
-        on_progress: Callable[[TaskState], None] | None = None,
-    ) -> TaskState:
-        """Poll until the task finishes; a poll error is transient, never the task's failure.
-
-        Polls every ``poll_interval_seconds``, more often as the task nears its end and less
-        often once it has run long (:func:`~prefect_odm.nodes.backend.next_poll_seconds`).
-
-        Raises:
-            OutOfMemoryError: the task failed for lack of memory.
-            ProcessingFailedError: the task failed or was cancelled.
-            TransientNodeError: the node stopped answering (``max_poll_errors`` polls in a row),
-                forgot the task, or ``max_wait_seconds`` passed.
-        """
-        return poll_until_done(
-            uuid,
-            node_url=self.url,
-            task_state=self.task_state,
-            classify_failure=self.classify_failure,
-            poll_interval_seconds=poll_interval_seconds,
-            max_wait_seconds=max_wait_seconds,
-            max_poll_errors=max_poll_errors,
-            on_progress=on_progress,
-        )
-
-    def classify_failure(self, state: TaskState) -> NodeError:
-        """The error for a FAILED or CANCELED task, with the node's last output lines."""
-        try:
-            last = self.output(state.uuid, -20)
-        except NodeError:
-            last = []
-        text = " ".join([state.error_message, *last[-5:]]).lower()
-        if state.status == CANCELED:
-            return ProcessingFailedError(
-                "task was cancelled", node_url=self.url, task_uuid=state.uuid, last_output=last
-            )
-        message = state.error_message or "task failed (the node gave no error message)"
-        if any(marker in text for marker in OOM_MARKERS):
-            return OutOfMemoryError(
-                message, node_url=self.url, task_uuid=state.uuid, last_output=last
-            )
-        return ProcessingFailedError(
-            message, node_url=self.url, task_uuid=state.uuid, last_output=last
-        )
 
     def download(self, uuid: str, dest: Path, *, max_retries: int = 3) -> Path:
         """Download all.zip, verify it, and extract it into ``dest`` (no path may leave ``dest``).

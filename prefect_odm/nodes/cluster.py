@@ -12,12 +12,9 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
-import math
 import os
-import re
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,13 +25,14 @@ import psutil
 from prefect_odm import __version__
 from prefect_odm.errors import InputError, NodeError, TransientNodeError
 from prefect_odm.models import OptionValue
-from prefect_odm.nodes.backend import NodeBackend, NodeInfo, NodeSettings
-from prefect_odm.nodes.capacity import node_capacity, node_memory_gib, node_task_slots
+from prefect_odm.nodes.backend import NodeBackend, NodeSettings
 from prefect_odm.nodes.client import NodeClient, public_url
-from prefect_odm.nodes.messages import is_bad_token_error
+from prefect_odm.nodes.membership import NodeClients, NodeMembership
 from prefect_odm.nodes.option_check import check_options, format_option_errors
 from prefect_odm.nodes.pool import NodePool, PoolNode
+from prefect_odm.nodes.probes import NodeProbe, pool_node, probe_node, probe_nodes
 from prefect_odm.nodes.scaleodm import ScaleODMClient, is_scaleodm_url
+from prefect_odm.nodes.sources import NodeSource, Resolver, is_source, source_for
 from prefect_odm.settings import get_settings, prefect_odm_home
 
 logger = logging.getLogger(__name__)
@@ -86,7 +84,7 @@ __all__ = [
 class Cluster:
     """Node clients plus the placement pool over them."""
 
-    clients: dict[str, NodeBackend]
+    clients: NodeClients
     pool: NodePool
     engine_identity: str
     node_memory_gib: list[float] = field(default_factory=list)
@@ -95,13 +93,21 @@ class Cluster:
     """Node URL -> planning memory, GiB; ``None`` where unknown (``--split auto`` refuses it)."""
     cancelled: threading.Event = field(default_factory=threading.Event)
     """Set when the run is cancelled: submodel runners cancel their remote tasks and stop."""
+    given: tuple[str, ...] = ()
+    """The node URLs and node sources the cluster was connected from, sorted, without tokens."""
+    membership: NodeMembership | None = None
+    """What keeps the pool in step with the node sources; ``None``: fixed nodes."""
     _checked: list[dict[str, OptionValue]] = field(default_factory=list, init=False, repr=False)
+
+    def serves(self, nodes: Sequence[str]) -> bool:
+        """Whether the cluster was connected from these node URLs and sources (tokens aside)."""
+        return self.given == tuple(sorted(split_token(u)[0] for u in nodes))
 
     def check_options(self, options: Mapping[str, OptionValue]) -> None:
         """:func:`check_node_options` on this cluster's nodes that are up, once per set of options
         (the submodel runs of one parent share the cluster and would ask each node again)."""
         if dict(options) not in self._checked:
-            down = {n.key for n in self.pool.nodes if n.down}
+            down = self.pool.down_keys()
             up = {url: c for url, c in self.clients.items() if url not in down}
             check_node_options(up, options)
             self._checked.append(dict(options))
@@ -112,63 +118,11 @@ PROBE_TIMEOUT_SECONDS = 10.0
 aside (a hung node used to hold every start for 52 s, issue 14)."""
 REPROBE_INTERVAL_SECONDS = 30.0
 """How often a set-aside node is asked for ``/info`` again while the run goes on."""
-
-
-@dataclass(frozen=True)
-class _Probe:
-    """What one node answered at the start of a run."""
-
-    url: str
-    token: str | None
-    settings: NodeSettings
-    client: NodeBackend | None = None
-    info: NodeInfo | None = None
-    problem: str | None = None
-    """Why the node is set aside (it did not answer, or answered with a transient error)."""
-
-
-def _probe(
-    url: str,
-    token: str | None,
-    given: NodeSettings,
-    client_factory: Callable[[str, str | None], NodeBackend],
-) -> _Probe:
-    """Ask one node for ``/info``. Raises :class:`InputError` for a configuration problem
-    (malformed URL, refused token, not a NodeODM); a transient failure becomes a ``problem``."""
-    try:
-        client = client_factory(url, token)
-    except ValueError as exc:
-        raise InputError(_unusable(url, exc)) from None
-    try:
-        return _Probe(url, token, given, client, client.info())
-    except TransientNodeError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return _Probe(url, token, given, client, problem=first.replace(f"; node {url}", ""))
-    except (ValueError, NodeError) as exc:
-        raise InputError(_unusable(url, exc)) from None
-
-
-def _probe_all(
-    wanted: Sequence[tuple[str, str | None, NodeSettings]],
-    client_factory: Callable[[str, str | None], NodeBackend],
-    timeout_seconds: float,
-) -> list[_Probe]:
-    """:func:`_probe` every node at once; a node that has not answered within
-    ``timeout_seconds`` is set aside (its request goes on in the background and is ignored)."""
-    executor = ThreadPoolExecutor(max_workers=max(1, len(wanted)), thread_name_prefix="probe")
-    try:
-        futures = [executor.submit(_probe, *w, client_factory) for w in wanted]
-        done, _ = wait(futures, timeout=timeout_seconds)
-        probes: list[_Probe] = []
-        for (url, token, given), future in zip(wanted, futures, strict=True):
-            if future in done:
-                probes.append(future.result())
-            else:
-                silent = f"no answer to /info within {timeout_seconds:g} s"
-                probes.append(_Probe(url, token, given, problem=silent))
-        return probes
-    finally:
-        executor.shutdown(wait=False, cancel_futures=True)
+SOURCE_EMPTY_WAIT_SECONDS = 900.0
+"""How long a submodel of a run that reads a node source waits while the source lists no usable
+node (a fleet scaling up, its pods replaced) before the attempt fails."""
+SOURCE_TASK_SLOTS = 32
+"""Submodels a run that reads a node source keeps in flight at least (nodes may still join)."""
 
 
 def connect_nodes(
@@ -179,6 +133,7 @@ def connect_nodes(
     client_factory: Callable[[str, str | None], NodeBackend] | None = None,
     probe_timeout_seconds: float = PROBE_TIMEOUT_SECONDS,
     reprobe_interval_seconds: float = REPROBE_INTERVAL_SECONDS,
+    resolver: Resolver | None = None,
 ) -> Cluster:
     """Ask every node for ``/info`` at once and build the pool.
 
@@ -187,14 +142,21 @@ def connect_nodes(
     again every ``reprobe_interval_seconds`` in the background; when it answers with an engine
     the run already uses, placement may use it. The run fails only when no node answers.
 
+    An entry may be a node source (``dns+http://name:port``, ``file:///path``:
+    :mod:`prefect_odm.nodes.sources`): the nodes it lists now are asked like the others (one that
+    does not answer is left to the next reading), and the pool reads it again at each placement
+    (:class:`~prefect_odm.nodes.membership.NodeMembership`): nodes join and leave during the run.
+
     Args:
-        urls: node URLs (``http://host:port``; a ``?token=`` is taken as that node's token).
+        urls: node URLs (``http://host:port``; a ``?token=`` is taken as that node's token) and
+            node sources.
         tokens: node public URL -> token, overriding the environment.
         settings: node public URL -> settings from a pool block (token, memory, task slots).
         client_factory: ``(url, token) -> node``; :func:`node_backend` by default (ScaleODM
             for ``scaleodm+http(s)://`` URLs, NodeODM's HTTP API otherwise).
         probe_timeout_seconds: how long to wait for all the ``/info`` answers.
         reprobe_interval_seconds: seconds between probes of a set-aside node.
+        resolver: the DNS resolver of ``dns+`` sources (:func:`socket.getaddrinfo`).
 
     Returns:
         The cluster: a node per URL, each with the pool block's memory, else 90% of the memory
@@ -205,9 +167,56 @@ def connect_nodes(
 
     Raises:
         InputError: a URL is malformed or listed twice, a node refuses the token or is not a
-            NodeODM, or no node answers ``/info`` (one line naming each node and its problem).
+            NodeODM, a source cannot be read, or no node answers ``/info`` (one line naming
+            each node and its problem).
     """
     client_factory = client_factory or node_backend
+    sources = [source_for(u, resolver) for u in urls if is_source(u)]
+    plain = [u for u in urls if not is_source(u)]
+    listed = _listed_now(sources)
+    wanted = _wanted(plain, tokens, settings)
+    fixed = {w[0] for w in wanted}
+    from_sources = sorted({u for found in listed.values() for u in found} - fixed)
+    wanted += _wanted(from_sources, tokens, settings)
+    probes = probe_nodes(wanted, client_factory, probe_timeout_seconds)
+    if all(p.info is None for p in probes):
+        said = [f"{p.url} ({p.problem})" for p in probes]
+        said += [f"{s.spec} (lists no node)" for s in sources if not listed.get(s.spec)]
+        raise InputError(f"no node answers: {'; '.join(said)}")
+    # A silent node a source lists is asked again at the next reading, not set aside.
+    probes = [p for p in probes if p.info is not None or p.url in fixed]
+    cluster, engines, aside = _assemble(probes, client_factory, reprobe_interval_seconds)
+    cluster.given = tuple(sorted(split_token(u)[0] for u in urls))
+    if aside:
+        _start_reprobe(cluster, aside, engines, reprobe_interval_seconds)
+    if sources:
+        _follow(cluster, sources, listed, fixed, engines, tokens, settings, client_factory)
+    return cluster
+
+
+def _listed_now(sources: Sequence[NodeSource]) -> dict[str, list[str]]:
+    """Each source's node URLs now (source spec -> URLs).
+
+    Raises:
+        InputError: a source cannot be read.
+    """
+    listed: dict[str, list[str]] = {}
+    for source in sources:
+        try:
+            listed[source.spec] = source.resolve()
+        except TransientNodeError as exc:
+            raise InputError(str(exc)) from None
+    return listed
+
+
+def _wanted(
+    urls: Sequence[str], tokens: dict[str, str] | None, settings: dict[str, NodeSettings] | None
+) -> list[tuple[str, str | None, NodeSettings]]:
+    """``(public URL, token, settings)`` of each node URL.
+
+    Raises:
+        InputError: a URL is listed twice.
+    """
     wanted: list[tuple[str, str | None, NodeSettings]] = []
     for raw in urls:
         url, url_token = split_token(raw)
@@ -216,18 +225,23 @@ def connect_nodes(
         given = (settings or {}).get(url, NodeSettings())
         token = given.token or (tokens or {}).get(url) or url_token or token_for(url)
         wanted.append((url, token, given))
-    probes = _probe_all(wanted, client_factory, probe_timeout_seconds)
-    if wanted and all(p.info is None for p in probes):
-        said = "; ".join(f"{p.url} ({p.problem})" for p in probes)
-        raise InputError(f"no node answers: {said}")
-    clients: dict[str, NodeBackend] = {}
+    return wanted
+
+
+def _assemble(
+    probes: Sequence[NodeProbe],
+    client_factory: Callable[[str, str | None], NodeBackend],
+    reprobe_interval_seconds: float,
+) -> tuple[Cluster, set[str], list[NodeProbe]]:
+    """The cluster of the probed nodes, the engines that answered, and the set-aside probes."""
+    clients = NodeClients()
     nodes: list[PoolNode] = []
     engines: set[str] = set()
     memory: dict[str, float | None] = {}
-    aside: list[_Probe] = []
+    aside: list[NodeProbe] = []
     for probe in probes:
         client = probe.client or client_factory(probe.url, probe.token)
-        clients[probe.url] = client
+        clients.add(probe.url, client)
         if probe.info is None:
             logger.warning(
                 "node %s set aside: %s; asked again every %g s",
@@ -238,15 +252,44 @@ def connect_nodes(
             nodes.append(PoolNode(key=probe.url, memory_gib=0.0, max_parallel_tasks=1, down=True))
             aside.append(probe)
             continue
-        node, gib = _pool_node(probe.url, probe.info, probe.settings)
+        node, gib = pool_node(probe.url, probe.info, probe.settings)
         memory[probe.url] = gib
         nodes.append(node)
         engines.add(probe.info.identity)
     known = [gib for gib in memory.values() if gib is not None]
     cluster = Cluster(clients, NodePool(nodes), " | ".join(sorted(engines)), known, memory)
-    if aside:
-        _start_reprobe(cluster, aside, engines, reprobe_interval_seconds)
-    return cluster
+    return cluster, engines, aside
+
+
+def _follow(
+    cluster: Cluster,
+    sources: Sequence[NodeSource],
+    listed: dict[str, list[str]],
+    fixed: set[str],
+    engines: set[str],
+    tokens: dict[str, str] | None,
+    settings: dict[str, NodeSettings] | None,
+    client_factory: Callable[[str, str | None], NodeBackend],
+) -> None:
+    """Let the cluster's pool read ``sources`` again at each placement: a node joins once it
+    answers ``/info`` with an engine the run already uses."""
+
+    def probe(url: str) -> tuple[NodeBackend, PoolNode] | None:
+        ((_, token, given),) = _wanted([url], tokens, settings)
+        answer = probe_node(url, token, given, client_factory)
+        if answer.info is None or answer.client is None:
+            return None
+        if answer.info.identity not in engines:
+            raise InputError(f"it runs {answer.info.identity}, not {' | '.join(sorted(engines))}")
+        return answer.client, pool_node(url, answer.info, given)[0]
+
+    membership = NodeMembership(sources, cluster.pool, cluster.clients, probe, frozenset(fixed))
+    membership.listed.update(listed)
+    membership.refresh(force=True)  # the clock starts; nodes that left since are set aside
+    cluster.membership = membership
+    pool = cluster.pool
+    pool.refresh, pool.spread = membership.refresh, True
+    pool.empty_wait_seconds, pool.source_task_slots = SOURCE_EMPTY_WAIT_SECONDS, SOURCE_TASK_SLOTS
 
 
 def node_backend(url: str, token: str | None = None) -> NodeBackend:
@@ -262,22 +305,8 @@ def node_backend(url: str, token: str | None = None) -> NodeBackend:
     return NodeClient(url, token)
 
 
-def _pool_node(url: str, info: NodeInfo, given: NodeSettings) -> tuple[PoolNode, float | None]:
-    """The placement record of a node that answered ``/info``, and its planning memory."""
-    capacity = node_capacity(info.raw)
-    if capacity.unknown:
-        logger.info("node %s: /info %s not plausible, taken as unknown", url, capacity.unknown)
-    gib = node_memory_gib(capacity, given.memory_gib)
-    node = PoolNode(
-        key=url,
-        memory_gib=math.inf if gib is None else gib,
-        max_parallel_tasks=node_task_slots(capacity, given.max_parallel_tasks),
-    )
-    return node, gib
-
-
 def _start_reprobe(
-    cluster: Cluster, aside: list[_Probe], engines: set[str], interval_seconds: float
+    cluster: Cluster, aside: list[NodeProbe], engines: set[str], interval_seconds: float
 ) -> None:
     """Ask the set-aside nodes for ``/info`` every ``interval_seconds`` (a daemon thread, ended
     by ``cluster.cancelled`` or when every one has answered) and bring each up that answers with
@@ -300,25 +329,11 @@ def _start_reprobe(
                         " | ".join(sorted(engines)),
                     )
                     continue
-                node, _ = _pool_node(probe.url, info, probe.settings)
+                node, _ = pool_node(probe.url, info, probe.settings)
                 cluster.pool.bring_up(probe.url, node.memory_gib, node.max_parallel_tasks)
                 logger.warning("node %s answers again: taking work", probe.url)
 
     threading.Thread(target=loop, name="node-reprobe", daemon=True).start()
-
-
-def _unusable(url: str, exc: Exception) -> str:
-    """One line on why the node at ``url`` cannot be used (the node named once)."""
-    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    first = first.replace(f"; node {url}", "")
-    # The node's own words are quoted ("GET /info: node answered '...'") or follow a colon.
-    said = [*re.findall(r"'([^']*)'", first), *first.split(": ")]
-    if any(is_bad_token_error(part) for part in said):
-        return (
-            f"node {url} refused the token (wrong or missing): set the node's token in the "
-            "pool block, or PREFECT_ODM_NODE_TOKEN / PREFECT_ODM_NODE_TOKENS"
-        )
-    return f"node {url} is not usable: {first}"
 
 
 def check_node_options(
@@ -404,9 +419,10 @@ def embedded_engine(method: str | None = None) -> Iterator[Cluster]:
             max_parallel_tasks=EMBEDDED_MAX_PARALLEL_TASKS,
         )
         yield Cluster(
-            {client.url: client},
+            NodeClients({client.url: client}),
             NodePool([node]),
             EMBEDDED_ENGINE_IDENTITY,
             [node.memory_gib],
             {client.url: node.memory_gib},
+            given=(client.url,),
         )

@@ -126,6 +126,7 @@ class HealthBook:
     records: dict[str, NodeRecord] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
+        """Start every node of ``urls`` healthy."""
         for url in self.urls:
             self.record(url)
 

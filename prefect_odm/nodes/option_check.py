@@ -67,6 +67,7 @@ class OptionError:
     reason: str
 
     def __str__(self) -> str:
+        """``option NAME=VALUE: reason``, the line the user reads."""
         return f"option {self.name}={self.value!r}: {self.reason}"
 
 

@@ -47,6 +47,7 @@ from prefect_odm.nodes.stored import (
     previous_results,
     upload_marked,
 )
+from prefect_odm.nodes.submodel_inputs import altitudes_by_identity, upload_files
 from prefect_odm.run_policy import load_stored_result
 
 logger = logging.getLogger(__name__)
@@ -276,6 +277,7 @@ class SubmodelRunner:
             [identity[n] for n in submodel.image_names],
             early_options(options),
             self.plan.engine_identity,
+            altitudes_by_identity(self.plan, self.survey, submodel.image_names),
         )
 
     def _try_rerun_from(
@@ -401,14 +403,18 @@ class SubmodelRunner:
                 )
         if state is None:
             mark_upload(self.layout, client, submodel, uuid)
-            by_name = {img.name: img.url for img in self.survey.images}
-            files = [by_name[name] for name in submodel.image_names]
+            geo_url = self.layout.submodel_input(submodel.id, submodel.fingerprint, "geo.txt")
+            files = upload_files(self.plan, self.survey, submodel.image_names, geo_url)
             progress.emit(
                 progress.SubmodelEvent(
                     submodel_id=sid, state="uploading", fraction=0.0, node=client.url
                 )
             )
-            self.log(f"{sid}: uploading {len(files)} images to {client.url} as task {uuid}")
+            self.log(
+                f"{sid}: uploading {len(submodel.image_names)} images"
+                + (" and geo.txt" if len(files) > len(submodel.image_names) else "")
+                + f" to {client.url} as task {uuid}"
+            )
             client.create_task(
                 uuid,
                 files,
@@ -429,7 +435,13 @@ class SubmodelRunner:
                 f"{sid}: task {uuid} {STATUS_WORDS[state.status]} earlier; restarting on {client.url}"
             )
             if not client.restart(uuid):
-                raise client.classify_failure(state)
+                # A node that cannot restart a task (ScaleODM) gets a new one, as the retry asks.
+                raise StaleTaskError(
+                    f"task {uuid} {STATUS_WORDS[state.status]} earlier and the node cannot "
+                    "restart it",
+                    node_url=client.url,
+                    task_uuid=uuid,
+                )
         else:
             self.log(f"{sid}: re-attached to running task {uuid} on {client.url}")
 

@@ -37,19 +37,16 @@ from prefect_odm import storage
 from prefect_odm.errors import (
     InputError,
     NodeError,
-    OutOfMemoryError,
-    ProcessingFailedError,
     StorageError,
     TransientNodeError,
 )
 from prefect_odm.nodes.backend import (
-    CANCELED,
     NewTask,
     NodeInfo,
     NodeOption,
     TaskState,
-    poll_until_done,
 )
+from prefect_odm.nodes.polled import PolledBackend
 from prefect_odm.nodes.refs import public_url
 from prefect_odm.settings import get_settings
 
@@ -110,7 +107,7 @@ def is_scaleodm_url(url: str) -> bool:
     return url.startswith(SCHEME_PREFIX)
 
 
-class ScaleODMClient:
+class ScaleODMClient(PolledBackend):
     """One ScaleODM server (implements :class:`~prefect_odm.nodes.backend.NodeBackend`).
 
     Args:
@@ -124,6 +121,9 @@ class ScaleODMClient:
         InputError: no usable staging prefix.
     """
 
+    oom_markers = OOM_MARKERS
+    no_message = "task failed (ScaleODM gave no error message)"
+
     def __init__(
         self,
         url: str,
@@ -132,6 +132,7 @@ class ScaleODMClient:
         settings: ScaleODMSettings | None = None,
         timeout_seconds: float = 30.0,
     ) -> None:
+        """Check the URL and resolve the settings (nothing is sent to the server yet)."""
         self.url = public_url(url)
         api = self.url.removeprefix(SCHEME_PREFIX)
         if not api.startswith(("http://", "https://")):
@@ -145,6 +146,7 @@ class ScaleODMClient:
         self._session = requests.Session()
 
     def __repr__(self) -> str:
+        """The server's URL (the token never appears)."""
         return f"ScaleODMClient({self.url!r})"
 
     # HTTP
@@ -170,27 +172,19 @@ class ScaleODMClient:
                 method, self._api + route, params=params, timeout=self.timeout_seconds, **kwargs
             )
         except requests.RequestException as exc:
-            raise TransientNodeError(
-                f"{method} {route}: {type(exc).__name__}", node_url=self.url, task_uuid=uuid
-            ) from exc
+            said = type(exc).__name__
+            raise self.error(TransientNodeError, f"{method} {route}: {said}", uuid) from exc
         if answer.status_code == 404 and missing_ok:
             return None
         if answer.status_code >= 400:
             said = _problem_text(answer)
             kind = TransientNodeError if answer.status_code >= 500 else NodeError
-            raise kind(
-                f"{method} {route}: HTTP {answer.status_code} {said!r}",
-                node_url=self.url,
-                task_uuid=uuid,
-            )
+            raise self.error(kind, f"{method} {route}: HTTP {answer.status_code} {said!r}", uuid)
         try:
             return answer.json()
         except ValueError as exc:
-            raise NodeError(
-                f"{method} {route}: not JSON ({answer.text[:80]!r})",
-                node_url=self.url,
-                task_uuid=uuid,
-            ) from exc
+            said = answer.text[:80]
+            raise self.error(NodeError, f"{method} {route}: not JSON ({said!r})", uuid) from exc
 
     # where a task's files are
 
@@ -309,49 +303,6 @@ class ScaleODMClient:
         )
         logger.info("%s: task %s is ScaleODM task %s", self.url, uuid, remote)
         return uuid
-
-    def wait(
-        self,
-        uuid: str,
-        *,
-        poll_interval_seconds: float = 2.0,
-        max_wait_seconds: float = 24 * 3600.0,
-        max_poll_errors: int = 5,
-        on_progress: Callable[[TaskState], None] | None = None,
-    ) -> TaskState:
-        """Poll ``/task/{uuid}/info`` until the task ends.
-
-        Raises:
-            OutOfMemoryError: the task's pod was killed for memory.
-            ProcessingFailedError: the task failed or was cancelled.
-            TransientNodeError: ScaleODM stopped answering or forgot the task, or
-                ``max_wait_seconds`` passed.
-        """
-        return poll_until_done(
-            uuid,
-            node_url=self.url,
-            task_state=self.task_state,
-            classify_failure=self.classify_failure,
-            poll_interval_seconds=poll_interval_seconds,
-            max_wait_seconds=max_wait_seconds,
-            max_poll_errors=max_poll_errors,
-            on_progress=on_progress,
-        )
-
-    def classify_failure(self, state: TaskState) -> NodeError:
-        """Out of memory when Argo or ODM says so, else a processing failure."""
-        try:
-            last = self.output(state.uuid, -20)
-        except NodeError:
-            last = []
-        if state.status == CANCELED:
-            return ProcessingFailedError(
-                "task was cancelled", node_url=self.url, task_uuid=state.uuid, last_output=last
-            )
-        message = state.error_message or "task failed (ScaleODM gave no error message)"
-        text = " ".join([message, *last[-5:]]).lower()
-        kind = OutOfMemoryError if any(m in text for m in OOM_MARKERS) else ProcessingFailedError
-        return kind(message, node_url=self.url, task_uuid=state.uuid, last_output=last)
 
     def download(self, uuid: str, dest: Path) -> Path:
         """Copy the task's products from ``writeS3Path`` into ``dest`` (ODM's folder layout).

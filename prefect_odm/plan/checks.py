@@ -36,10 +36,14 @@ class HasImages(Protocol):
     """What these checks read of a submodel (``models.Submodel`` has both)."""
 
     @property
-    def id(self) -> str: ...
+    def id(self) -> str:
+        """The submodel id (``submodel-007``)."""
+        ...
 
     @property
-    def image_names(self) -> Sequence[str]: ...
+    def image_names(self) -> Sequence[str]:
+        """Every image the submodel processes (core and overlap)."""
+        ...
 
 
 S = TypeVar("S", bound=HasImages)

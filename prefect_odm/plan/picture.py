@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from prefect_odm.models import SplitPlan, Survey
 
@@ -69,6 +69,33 @@ def plan_geojson(plan: SplitPlan) -> dict[str, Any]:
         "crs": {"type": "name", "properties": {"name": f"urn:ogc:def:crs:EPSG::{plan.crs_epsg}"}},
         "features": features,
     }
+
+
+def write_plan_files(
+    folder: str, plan: SplitPlan, survey: Survey, *, pictures: bool = True
+) -> None:
+    """Write a plan folder (:data:`prefect_odm.layout.PLAN_FILES`) under ``folder``, a path or an
+    fsspec URL: ``survey.json``, then ``plan.geojson`` and ``plan.png`` (unless ``pictures`` is
+    False: this very plan's are stored already), ``plan.json`` last, since ``process_submodel``
+    runs read it and ``survey.json`` beside it. Each file is written atomically. The one writer
+    of these files (``prefect-odm plan`` and the flow's ``publish_plan``).
+
+    Raises:
+        StorageError: a file cannot be written.
+    """
+    import tempfile
+
+    from prefect_odm import storage
+    from prefect_odm.layout import PLAN_FILES, plan_file
+
+    storage.write_json_atomic(plan_file(folder, "survey"), survey.model_dump(mode="json"))
+    if pictures:
+        storage.write_json_atomic(plan_file(folder, "geojson"), plan_geojson(plan))
+        with tempfile.TemporaryDirectory() as tmp:
+            png = Path(tmp) / PLAN_FILES["png"]
+            plan_png(plan, png)
+            storage.put_file(png, plan_file(folder, "png"))
+    storage.write_json_atomic(plan_file(folder, "plan"), plan.model_dump(mode="json"))
 
 
 def plan_rows(plan: SplitPlan) -> list[dict[str, Any]]:
@@ -326,31 +353,68 @@ def plan_markdown(plan: SplitPlan, survey: Survey) -> str:
 
 GPS_WARNING_TITLES = {
     "altitude_trend": "altitude trend",
+    "altitude_jump": "altitude jumps",
     "implausible_speed": "implausible speed",
     "position_jump": "position jumps",
 }
 
 
 def gps_markdown(plan: SplitPlan) -> list[str]:
-    """The plan report's "GPS before compute" section: one row per GPS warning, or "None found."."""
+    """The plan report's "GPS before compute" section: one row per GPS warning, or "None found.",
+    then what the reconstruction does about the altitudes and the cameras' calibration."""
     lines = ["", "## GPS before compute", ""]
     if not plan.gps_warnings:
-        return [*lines, "None found (altitude trend, speeds, jumping positions checked)."]
-    lines += ["| check | value | threshold | detail |", "|---|---:|---:|---|"]
-    lines += [
-        f"| {GPS_WARNING_TITLES[w.kind]} | {w.value:.2f} | {w.threshold:g} | "
-        f"{_md_escape(w.message)} |"
-        for w in plan.gps_warnings
-    ]
+        lines.append("None found (altitude trend and jumps, speeds, jumping positions checked).")
+    else:
+        lines += ["| check | value | threshold | detail |", "|---|---:|---:|---|"]
+        lines += [
+            f"| {GPS_WARNING_TITLES[w.kind]} | {w.value:.2f} | {w.threshold:g} | "
+            f"{_md_escape(w.message)} |"
+            for w in plan.gps_warnings
+        ]
+    if plan.altitude_correction is not None:
+        lines += ["", f"{plan.altitude_correction.message}."]
+    if "cameras" in plan.options.extra and plan.options.extra["cameras"] not in ("", "{}"):
+        lines += ["", "Every submodel holds one camera calibration (the `cameras` option)."]
     return lines
 
 
-def survey_gaps(plan: SplitPlan, survey: Survey) -> dict[str, Any]:
+class ShotGap(TypedDict):
+    """Missing shots between two images (:class:`prefect_odm.survey.flight_checks.SequenceGap`
+    with the images named); the gap's midpoint in the plan CRS and its length, metres."""
+
+    before: str
+    after: str
+    missing: int
+    x_m: float
+    y_m: float
+    length_m: float
+
+
+class CoverageHole(TypedDict):
+    """A hole in the camera coverage (:class:`prefect_odm.plan.coverage_gaps.CoverageGap`):
+    centre in the plan CRS and radius, metres; area, square metres."""
+
+    x_m: float
+    y_m: float
+    radius_m: float
+    area_m2: float
+
+
+class SurveyGaps(TypedDict):
+    """What :func:`survey_gaps` finds."""
+
+    sequence_gaps: list[ShotGap]
+    coverage_gaps: list[CoverageHole]
+    flight_tail_images: list[str]
+    """Names of the take-off and landing shots (kept in the plan)."""
+
+
+def survey_gaps(plan: SplitPlan, survey: Survey) -> SurveyGaps:
     """Missing shots, holes in camera coverage and take-off/landing tails of a survey.
 
     Returns:
-        ``{"sequence_gaps": [...], "coverage_gaps": [...], "flight_tail_images": [names]}``;
-        positions in the plan CRS, metres (see :func:`prefect_odm.survey.flight_checks.find_sequence_gaps`,
+        The gaps (see :class:`SurveyGaps`); positions in the plan CRS, metres (see :func:`prefect_odm.survey.flight_checks.find_sequence_gaps`,
         :func:`prefect_odm.plan.coverage_gaps.find_coverage_gaps`, :func:`prefect_odm.survey.flight_checks.flight_tail_mask`).
     """
     import numpy as np
@@ -360,7 +424,7 @@ def survey_gaps(plan: SplitPlan, survey: Survey) -> dict[str, Any]:
 
     position = {c.name: (c.x_m, c.y_m) for c in plan.cameras}
     images = [im for im in survey.images if im.name in position]
-    out: dict[str, Any] = {"sequence_gaps": [], "coverage_gaps": [], "flight_tail_images": []}
+    out: SurveyGaps = {"sequence_gaps": [], "coverage_gaps": [], "flight_tail_images": []}
     if len(images) < 4:
         return out
     x = np.array([position[im.name][0] for im in images])

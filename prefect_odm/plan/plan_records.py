@@ -86,6 +86,7 @@ def plan_fingerprint(plan: SplitPlan, images: Sequence[ImageRecord]) -> str:
             "gps_warnings": True,
             "neighbours": True,
             "split_overlap_asked_m": True,
+            "altitude_correction": True,  # its heights enter through the cameras
             "cameras": True,
             "submodels": {"__all__": {"image_names", "core_image_names"}},
         },
@@ -168,3 +169,32 @@ def submodel_records(
             )
         )
     return submodels
+
+
+def with_altitudes(
+    plan: SplitPlan, images: Sequence[ImageRecord], altitudes_m: dict[str, float]
+) -> SplitPlan:
+    """``plan`` with its cameras at ``altitudes_m`` (image name -> metres) and every submodel's
+    fingerprint over the altitudes of its images (the ``geo.txt`` its node gets)."""
+    identity = {im.name: im.identity for im in images}
+    node_options = plan.options.to_nodeodm()
+    cameras = [
+        c.model_copy(update={"z_m": round(altitudes_m[c.name], COORD_DECIMALS)})
+        if c.name in altitudes_m
+        else c
+        for c in plan.cameras
+    ]
+    submodels = [
+        sm.model_copy(
+            update={
+                "fingerprint": submodel_fingerprint(
+                    [identity[n] for n in sm.image_names],
+                    node_options,
+                    plan.engine_identity,
+                    {identity[n]: altitudes_m[n] for n in sm.image_names if n in altitudes_m},
+                )
+            }
+        )
+        for sm in plan.submodels
+    ]
+    return plan.model_copy(update={"cameras": cameras, "submodels": submodels})

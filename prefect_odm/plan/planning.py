@@ -33,7 +33,7 @@ The algorithm, in the plan's projected CRS (one UTM zone for the whole survey, m
    every pair is tied, a set one that leaves a submodel untied is refused.
 
 This module runs the steps on raw positions (:func:`plan_from_positions`) and on a scanned survey
-(:func:`plan_submodels`, which adds memory estimates, fingerprints and GeoJSON geometry). Holes in
+(:func:`plan_split`, which adds memory estimates, fingerprints and GeoJSON geometry). Holes in
 the coverage are found by :mod:`prefect_odm.plan.coverage_gaps`. Nothing here imports Prefect or does
 I/O.
 """
@@ -60,6 +60,7 @@ from prefect_odm.models import (
     SplitPlan,
     Survey,
 )
+from prefect_odm.plan.altitudes import altitude_correction
 from prefect_odm.plan.checks import gps_warnings
 from prefect_odm.plan.core_areas import core_areas, multipoint, overlap_members
 from prefect_odm.plan.memory import MemoryModel, max_images_within
@@ -80,6 +81,7 @@ from prefect_odm.plan.plan_records import (
     camera_positions,
     plan_fingerprint,
     submodel_records,
+    with_altitudes,
 )
 from prefect_odm.plan.position_plan import PositionPlan, merge_duplicate_parts
 from prefect_odm.settings import DEFAULT_SPLIT, DEFAULT_SPLIT_OVERLAP_M
@@ -92,7 +94,7 @@ __all__ = [
     "memory_model_for",
     "merge_duplicate_parts",
     "plan_from_positions",
-    "plan_submodels",
+    "plan_split",
 ]
 
 #: Engine identities (lower-case prefixes) whose memory is estimated with the built-in model.
@@ -119,7 +121,7 @@ def plan_from_positions(
     geometry: bool = True,
     balance_load: bool = True,
 ) -> PositionPlan:
-    """Plan submodels on raw projected positions (the engine of :func:`plan_submodels`).
+    """Plan submodels on raw projected positions (the engine of :func:`plan_split`).
 
     Args:
         x_m, y_m: camera positions in a projected CRS, metres, shape ``(n,)``.
@@ -381,18 +383,26 @@ def _with_checks(
     pairs: list[NeighbourPair],
     widened_from_m: float | None,
 ) -> SplitPlan:
-    """``plan`` with its GPS checks, warnings, neighbour pairs and fingerprint filled in."""
+    """``plan`` with its GPS checks, warnings, neighbour pairs and fingerprint filled in; its
+    camera altitudes corrected where the GPS altitude is unreliable
+    (:func:`~prefect_odm.plan.altitudes.altitude_correction`)."""
     gps, lines = gps_warnings([(im.name, im) for im in images], x, y)
+    correction = altitude_correction(images, gps)
+    if correction is not None:
+        plan = with_altitudes(plan, images, correction[1])
+        lines.append(correction[0].message)
+        logger.warning("%s", correction[0].message)
     extra = {
         "warnings": warnings + lines,
         "gps_warnings": gps,
         "neighbours": pairs,
         "split_overlap_asked_m": widened_from_m,
+        "altitude_correction": None if correction is None else correction[0],
     }
     return plan.model_copy(update={"fingerprint": plan_fingerprint(plan, images), **extra})
 
 
-def plan_submodels(
+def plan_split(
     survey: Survey,
     *,
     split: int | Literal["auto"] = DEFAULT_SPLIT,

@@ -39,12 +39,15 @@ class PositionPlan:
 
     @property
     def k(self) -> int:
+        """Number of parts."""
         return len(self.members)
 
     def core_counts(self) -> NDArray[np.int64]:
+        """Core positions per part, shape ``(k,)``."""
         return np.bincount(self.labels, minlength=self.k)
 
     def overlap_counts(self) -> NDArray[np.int64]:
+        """Overlap positions per part (processed, not owned), shape ``(k,)``."""
         return np.array([len(m) for m in self.members]) - self.core_counts()
 
 

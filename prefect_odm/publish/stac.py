@@ -10,7 +10,8 @@ Raster assets carry the projection extension (``proj:code``/EPSG, ``proj:shape``
 (per band: nodata, data type, spatial resolution in metres, statistics over the valid pixels read
 block by block with rasterio). The LAZ asset carries the point-cloud extension (``pc:count``,
 ``pc:density`` in points per m² of the header's xy bounds, ``pc:schemas``, encoding) read from the
-LAS header with laspy, without reading the points. Items carry the run's fingerprints and NodeODM
+LAS header with laspy, without reading the points; a COPC file (``*.copc.laz``) has the media type
+``application/vnd.laszip+copc``. Items carry the run's fingerprints and NodeODM
 options as ``prefect_odm:*`` properties.
 
 Every link and asset href is relative (:attr:`pystac.CatalogType.SELF_CONTAINED`), so the run
@@ -49,13 +50,16 @@ from prefect_odm import storage
 from prefect_odm.errors import InputError
 from prefect_odm.layout import OutputLayout, join
 from prefect_odm.models import Manifest
-from prefect_odm.registry import PRODUCTS
+from prefect_odm.registry import PRODUCTS, point_cloud_format_of
 
 STAC_FOLDER = "stac"
 """The catalogue's folder inside a run folder."""
 
 LAZ_MEDIA_TYPE = "application/vnd.laszip"
 """Media type of a LAZ point cloud (as the point-cloud extension's examples use it)."""
+
+COPC_MEDIA_TYPE = "application/vnd.laszip+copc"
+"""Media type of a COPC point cloud (copc.io; the STAC point-cloud extension's COPC examples)."""
 
 MERGED_ITEM_ID = "merged"
 
@@ -77,9 +81,11 @@ class FsspecStacIO(DefaultStacIO):
     """pystac's reads and writes through :mod:`prefect_odm.storage` (local paths or fsspec URLs)."""
 
     def read_text_from_href(self, href: str) -> str:
+        """Read ``href`` (a path or fsspec URL) as UTF-8 text."""
         return storage.read_bytes(href).decode()
 
     def write_text_to_href(self, href: str, txt: str) -> None:
+        """Write ``txt`` to ``href`` atomically (a partial file, then renamed)."""
         storage.write_bytes_atomic(href, txt.encode())
 
 
@@ -149,9 +155,7 @@ def write_stac(run_folder: str, manifest: Manifest | None = None) -> str:
         ),
         license="other",
     )
-    merged: dict[str, str] = {
-        p: layout.merged_product(p) for p in PRODUCTS if p in manifest.products
-    }
+    merged = _merged_products(layout, manifest)
     items = [_item(MERGED_ITEM_ID, merged, manifest, _common_options(manifest), None)]
     for result in manifest.submodels:
         if result.status == "failed":
@@ -185,6 +189,16 @@ def write_stac(run_folder: str, manifest: Manifest | None = None) -> str:
     collection.make_asset_hrefs_relative()  # the Collection's own (manifest, report)
     collection.save(pystac.CatalogType.SELF_CONTAINED, stac_io=FsspecStacIO())
     return join(stac_root, "collection.json")
+
+
+def _merged_products(layout: OutputLayout, manifest: Manifest) -> dict[str, str]:
+    """Product -> its path in this run folder's ``merged/`` (the point cloud's file name, COPC or
+    LAZ, as the manifest's URL names it)."""
+    return {
+        p: layout.merged_product(p, point_cloud_format_of(manifest.products[p]))
+        for p in PRODUCTS
+        if p in manifest.products
+    }
 
 
 def _in_folder_or_stored(in_folder: str, stored: str) -> str:
@@ -228,7 +242,10 @@ def _item(
     item.common_metadata.created = manifest.created
     bboxes: list[tuple[float, float, float, float]] = []
     for name, url in products.items():
-        asset = pystac.Asset(href=url, title=_TITLES[name], roles=_ROLES[name])
+        title = _TITLES[name]
+        if point_cloud_format_of(url) == "copc":
+            title = title.replace("(LAZ)", "(COPC)")
+        asset = pystac.Asset(href=url, title=title, roles=_ROLES[name])
         item.add_asset(name, asset)
         if PRODUCTS[name].kind == "point_cloud":  # type: ignore[index]
             bboxes.append(_point_cloud_fields(asset, url))
@@ -345,6 +362,8 @@ def _point_cloud_fields(asset: pystac.Asset, url: str) -> tuple[float, float, fl
     mins, maxs = [float(v) for v in header.mins], [float(v) for v in header.maxs]
     area_m2 = (maxs[0] - mins[0]) * (maxs[1] - mins[1])
     asset.media_type = LAZ_MEDIA_TYPE if url.lower().endswith(".laz") else "application/vnd.las"
+    if point_cloud_format_of(url) == "copc":
+        asset.media_type = COPC_MEDIA_TYPE
     pc = PointcloudExtension.ext(asset, add_if_missing=True)
     pc.apply(
         count=int(header.point_count),

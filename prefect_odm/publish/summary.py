@@ -22,6 +22,7 @@ import rasterio
 
 from prefect_odm import storage
 from prefect_odm.models import Manifest
+from prefect_odm.registry import point_cloud_format_of
 
 CHUNK_POINTS = 2_000_000
 """Points read at once when counting the DSM cells the cloud measured."""
@@ -82,12 +83,32 @@ def product_summary_lines(manifest: Manifest, report_dir: str | None = None) -> 
         )
         lines.append(f"- **Point cloud**: {int(figures['points']):,} points{density}.")
     lines += _coverage_words(manifest.coverage)
-    lines += [
-        "- **Open**: the GeoTIFFs in QGIS (Layer > Add Raster Layer); the LAZ in QGIS 3.18+ or "
-        "CloudCompare, and a COPC file in a browser viewer such as https://viewer.copc.io.",
-        "",
-    ]
+    lines += [*_open_where(products), ""]
     return lines
+
+
+def _open_where(products: Mapping[str, str]) -> list[str]:
+    """Which program opens which product (the COPC file's advice follows its format)."""
+    cloud = products.get("point_cloud", "")
+    if point_cloud_format_of(cloud) == "copc":
+        where = (
+            f"the point cloud `{posixpath.basename(cloud)}` is a COPC file (a LAZ 1.4 with an "
+            "octree): QGIS 3.32+ streams it (Layer > Add Layer > Add Point Cloud Layer, from "
+            "disk or an https/S3 URL), as do PDAL (`readers.copc`), Potree 2 and "
+            "https://viewer.copc.io (drop the file or give its URL); any LAZ reader "
+            "(CloudCompare, LAStools, laspy) reads it whole."
+        )
+    elif cloud:
+        where = (
+            f"the point cloud `{posixpath.basename(cloud)}` (plain LAZ) in QGIS 3.18+ (it builds "
+            "a COPC index beside the file on first opening) or CloudCompare."
+        )
+    else:
+        where = "no point cloud was merged."
+    return [
+        "- **Open**: the GeoTIFFs (Cloud Optimized) in QGIS (Layer > Add Raster Layer) or any GIS; "
+        + where
+    ]
 
 
 def _coverage_words(coverage: Mapping[str, float]) -> list[str]:

@@ -13,6 +13,9 @@ flights at gaps longer than ``flight_gap_s``, three checks run per flight:
   and must stay constant whatever the flight does); without it a constant-height flight is
   assumed. Warned when the drift over the flight exceeds ``max_altitude_drift_m`` and the 95 %
   interval of the slope excludes zero.
+* **altitude jumps** (GPS altitude lagging on turns): the same heights less the flight's
+  Theil-Sen line; warned when more than ``max_jump_share`` of the shots lie over
+  ``altitude_jump_m`` off it.
 * **implausible speed**: distance between consecutive shots over the time between them plus the
   clock's resolution (EXIF times have whole seconds), above ``max_speed_m_s``.
 * **position jumps** (GPS lag on turns): each shot is predicted at constant velocity from the two
@@ -39,8 +42,10 @@ __all__ = [
     "GpsFix",
     "GpsQualityOptions",
     "GpsWarning",
+    "altitude_jumps",
     "altitude_trend",
     "check_gps",
+    "flights",
     "implausible_speeds",
     "jump_distances",
     "position_jumps",
@@ -114,15 +119,16 @@ class GpsFix:
     relative_alt_m: float | None = None
 
 
-def _flights(fixes: Sequence[GpsFix], gap_s: float) -> list[list[GpsFix]]:
+def flights(fixes: Sequence[GpsFix], gap_s: float) -> list[list[GpsFix]]:
+    """The fixes sorted by capture time (then name), cut into flights at pauses over ``gap_s``."""
     ordered = sorted(fixes, key=lambda f: (f.time_s, f.name))
-    flights: list[list[GpsFix]] = []
+    out: list[list[GpsFix]] = []
     for fix in ordered:
-        if flights and fix.time_s - flights[-1][-1].time_s <= gap_s:
-            flights[-1].append(fix)
+        if out and fix.time_s - out[-1][-1].time_s <= gap_s:
+            out[-1].append(fix)
         else:
-            flights.append([fix])
-    return flights
+            out.append([fix])
+    return out
 
 
 def _shown(names: Sequence[str]) -> str:
@@ -130,10 +136,17 @@ def _shown(names: Sequence[str]) -> str:
     return ", ".join(names[:NAMES_SHOWN]) + more
 
 
-def altitude_trend(flight: Sequence[GpsFix], options: GpsQualityOptions) -> GpsWarning | None:
-    """The altitude drift warning for one flight (sorted by time), or None."""
+def _heights(flight: Sequence[GpsFix]) -> tuple[FloatArray, bool]:
+    """The heights that must stay constant over a flight: GPS minus relative altitude (the
+    take-off height) when every shot has a relative altitude, else the GPS altitude; and which."""
     with_rel = all(f.relative_alt_m is not None for f in flight)
     h = np.array([f.alt_m - (f.relative_alt_m or 0.0) if with_rel else f.alt_m for f in flight])
+    return h, with_rel
+
+
+def altitude_trend(flight: Sequence[GpsFix], options: GpsQualityOptions) -> GpsWarning | None:
+    """The altitude drift warning for one flight (sorted by time), or None."""
+    h, with_rel = _heights(flight)
     slope, low, high = theil_sen_slope(h)
     drift = slope * (len(h) - 1)
     if abs(drift) <= options.max_altitude_drift_m or low <= 0.0 <= high:
@@ -147,6 +160,31 @@ def altitude_trend(flight: Sequence[GpsFix], options: GpsQualityOptions) -> GpsW
         threshold=options.max_altitude_drift_m,
         message=f"{what} drifts {slope:+.2f} m per image, {drift:+.1f} m from {first} to {last} "
         f"({len(h)} images)",
+    )
+
+
+def altitude_jumps(flight: Sequence[GpsFix], options: GpsQualityOptions) -> GpsWarning | None:
+    """The altitude jump warning for one flight (sorted by time), or None: too many shots whose
+    height (:func:`_heights`) lies more than ``altitude_jump_m`` off the flight's Theil-Sen line."""
+    h, with_rel = _heights(flight)
+    slope, _, _ = theil_sen_slope(h)
+    steps = np.arange(len(h), dtype=np.float64)
+    off = h - slope * steps
+    off = np.abs(off - float(np.median(off)))
+    bad = np.flatnonzero(off > options.altitude_jump_m)
+    share = len(bad) / len(flight)
+    if share <= options.max_jump_share:
+        return None
+    names = [flight[k].name for k in bad[np.argsort(-off[bad])].tolist()]
+    what = "GPS minus relative altitude" if with_rel else "GPS altitude (constant height assumed)"
+    return GpsWarning(
+        kind="altitude_jump",
+        images=names,
+        value=share,
+        threshold=options.max_jump_share,
+        message=f"{what} of {len(bad)} of {len(flight)} images jumps more than "
+        f"{options.altitude_jump_m:g} m off the flight's trend (up to {float(off.max()):.0f} m; "
+        f"GPS lag on turns?), worst first: {_shown(names)}",
     )
 
 
@@ -231,10 +269,10 @@ def check_gps(
     """
     opts = options or GpsQualityOptions()
     out: list[GpsWarning] = []
-    for flight in _flights(fixes, opts.flight_gap_s):
+    for flight in flights(fixes, opts.flight_gap_s):
         if len(flight) < opts.min_images:
             continue
-        for check in (altitude_trend, implausible_speeds, position_jumps):
+        for check in (altitude_trend, altitude_jumps, implausible_speeds, position_jumps):
             warning = check(flight, opts)
             if warning is not None:
                 out.append(warning)

@@ -53,6 +53,7 @@ class IdentityCache:
     """
 
     def __init__(self, path: Path) -> None:
+        """Open (or create) the cache file in write-ahead-log mode."""
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._lock = threading.Lock()

@@ -72,6 +72,7 @@ class InboxReport(BaseModel):
 
     @property
     def started(self) -> list[InboxEntry]:
+        """The entries whose reconstruction was started."""
         return [e for e in self.entries if e.action == "started"]
 
     def markdown(self) -> str:

@@ -73,10 +73,12 @@ class Layout:
     capture_time: tuple[datetime | None, ...]
 
     def __len__(self) -> int:
+        """Number of photos."""
         return len(self.source_files)
 
     @property
     def crs_epsg(self) -> int:
+        """EPSG code of the WGS 84 / UTM zone of the layout's mean position."""
         return survey_utm_epsg(self.latitude, self.longitude)
 
     def projected(self, epsg: int | None = None) -> tuple[NDArray[np.float64], NDArray[np.float64]]:

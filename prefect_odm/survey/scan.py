@@ -26,9 +26,9 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -39,7 +39,7 @@ from prefect_odm.fingerprints import survey_fingerprint
 from prefect_odm.geo import project_lonlat, survey_utm_epsg
 from prefect_odm.models import ImageMetadata, ImageRecord, RejectedImage, RejectReason, Survey
 from prefect_odm.settings import prefect_odm_home
-from prefect_odm.storage import is_local, local_path
+from prefect_odm.storage import StorageOptions, file_size_bytes, filesystem, is_local, local_path
 from prefect_odm.survey.exif import RangeReader, file_range_reader, read_metadata
 from prefect_odm.survey.flight_checks import low_altitude_mask, position_outlier_mask
 from prefect_odm.survey.identity_cache import IdentityCache, open_default_cache
@@ -62,10 +62,12 @@ class ScanStats:
 
     @property
     def metadata_bytes_per_image(self) -> float:
+        """Header bytes read per image (0 before any file)."""
         return self.metadata_bytes / self.files if self.files else 0.0
 
     @property
     def images_per_second(self) -> float:
+        """Files scanned per second of wall time (0 before any time passed)."""
         return self.files / self.seconds if self.seconds else 0.0
 
 
@@ -80,7 +82,6 @@ class _FileResult:
     detail: str = ""
     metadata_bytes: int = 0
     identity_bytes: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _is_image_name(name: str) -> bool:
@@ -155,10 +156,10 @@ def _decode_whole(res: _FileResult, path: Path) -> None:
 
 
 def _scan_remote_file(
-    fs: Any, root: str, path: str, info: dict[str, Any], protocol: str
+    fs: Any, root: str, path: str, info: Mapping[str, object], protocol: str
 ) -> _FileResult:
     name = path[len(root) :].lstrip("/")
-    size = int(info.get("size") or 0)
+    size = file_size_bytes(info)
     res = _FileResult(name=name, url=f"{protocol}://{path}", size_bytes=size)
 
     def read(offset: int, length: int) -> bytes:
@@ -255,14 +256,9 @@ def _scan_local(images: str, max_workers: int, cache: IdentityCache | None) -> l
 
 
 def _scan_remote(
-    images: str, storage_options: dict[str, Any] | None, max_workers: int
+    images: str, storage_options: StorageOptions | None, max_workers: int
 ) -> list[_FileResult]:
-    try:
-        from fsspec.core import url_to_fs
-
-        fs, root_path = url_to_fs(images, **(storage_options or {}))
-    except (ImportError, ValueError) as exc:
-        raise StorageError(f"{images}: cannot open this location ({exc})") from exc
+    fs, root_path = filesystem(images, storage_options)
     protocol = images.split("://", 1)[0]
     root_path = root_path.rstrip("/")
     try:
@@ -281,7 +277,7 @@ def _scan_remote(
             raise InputError(f"{images}: does not exist")
         raise _no_images(images)
     strays = [
-        _stray(p[len(root_path) :].lstrip("/"), f"{protocol}://{p}", int(info.get("size") or 0))
+        _stray(p[len(root_path) :].lstrip("/"), f"{protocol}://{p}", file_size_bytes(info))
         for p, info in sorted(found.items())
         if info.get("type", "file") == "file" and _is_stray_name(p[len(root_path) :].lstrip("/"))
     ]
@@ -295,7 +291,7 @@ def _scan_remote(
 
 def _list_and_scan(
     images: str,
-    storage_options: dict[str, Any] | None,
+    storage_options: StorageOptions | None,
     max_workers: int,
     use_identity_cache: bool,
 ) -> list[_FileResult]:
@@ -418,15 +414,15 @@ def _survey(images: str, accepted: list[_FileResult], rejected: list[_FileResult
     )
 
 
-def scan_survey_with_stats(
+def scan_images_with_stats(
     images: str,
     *,
     policy: Literal["exclude", "fail"] = "exclude",
-    storage_options: dict[str, Any] | None = None,
+    storage_options: StorageOptions | None = None,
     max_workers: int = 8,
     use_identity_cache: bool = True,
 ) -> tuple[Survey, ScanStats]:
-    """:func:`scan_survey`, also returning the :class:`ScanStats` of the scan."""
+    """:func:`scan_images`, also returning the :class:`ScanStats` of the scan."""
     if policy not in ("exclude", "fail"):
         raise InputError(f"unknown policy {policy!r}; expected 'exclude' or 'fail'")
     t0 = time.perf_counter()
@@ -451,11 +447,11 @@ def scan_survey_with_stats(
     return survey, stats
 
 
-def scan_survey(
+def scan_images(
     images: str,
     *,
     policy: Literal["exclude", "fail"] = "exclude",
-    storage_options: dict[str, Any] | None = None,
+    storage_options: StorageOptions | None = None,
     max_workers: int = 8,
     use_identity_cache: bool = True,
 ) -> Survey:
@@ -481,7 +477,7 @@ def scan_survey(
         NoImagesError: no image files, or none of them readable.
         StorageError: the location cannot be listed.
     """
-    return scan_survey_with_stats(
+    return scan_images_with_stats(
         images,
         policy=policy,
         storage_options=storage_options,

@@ -46,6 +46,12 @@ class TiffReader:
     """Read-only view of a TIFF structure (the EXIF APP1 payload or a TIFF file)."""
 
     def __init__(self, data: bytes) -> None:
+        """Read the byte order and check the magic number.
+
+        Raises:
+            ValueError: no TIFF byte-order mark, or a magic number other than 42 (BigTIFF is
+                not read).
+        """
         if data[:2] == b"II":
             self.endian = "<"
         elif data[:2] == b"MM":

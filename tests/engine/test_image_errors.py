@@ -22,10 +22,9 @@ def test_the_orthophoto_and_direct_stages_name_an_image_that_does_not_decode(
 ) -> None:
     from prefect_odm.engine.direct import _grey_small
     from prefect_odm.engine.ortho_blend import load_rgb
-    from prefect_odm.engine.ortho_blocks import _load_rgb
 
     path = _damaged(brighton_images, tmp_path)
-    for read in (load_rgb, _load_rgb, lambda p: _grey_small(p, 1)):
+    for read in (load_rgb, lambda p: _grey_small(p, 1)):
         with pytest.raises(OSError, match=r"^DJI_0020\.JPG: cannot decode the image \(broken"):
             read(path)
     assert load_rgb(brighton_images / "DJI_0018.JPG").shape == (900, 1600, 3)

@@ -14,12 +14,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from prefect_odm.engine import ortho_blocks, ortho_labels, ortho_measures, ortho_views
+from prefect_odm.engine import ortho_labels, ortho_measures, ortho_views
 from prefect_odm.engine.camera import CameraPose, Scene
 from prefect_odm.engine.dem import HeightSampler
 from prefect_odm.engine.ortho_radiometry import normalised_radius2
 from prefect_odm.engine.orthophoto import OrthophotoResult, render_orthophoto_views
 from prefect_odm.grid import Grid
+
+from . import ortho_blocks
 
 ALTITUDE_M = 30.0
 NADIR = ((1.0, 0.0, 0.0), (0.0, -1.0, 0.0), (0.0, 0.0, -1.0))

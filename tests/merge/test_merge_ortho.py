@@ -194,14 +194,14 @@ def test_progress_is_reported(ortho_tiles: Callable, tmp_path: Path) -> None:
 
 
 def test_coverage_guard_and_overview_levels() -> None:
-    from prefect_odm.merge.blocks import check_coverage
+    from prefect_odm.merge.blocks import check_union_coverage
     from prefect_odm.merge.cog import overview_factors
 
-    check_coverage(Path("x.tif"), 995, 1000)
+    check_union_coverage(Path("x.tif"), 995, 1000)
     with pytest.raises(MergeError, match="covers 99.4%"):
-        check_coverage(Path("x.tif"), 994, 1000)
+        check_union_coverage(Path("x.tif"), 994, 1000)
     with pytest.raises(MergeError, match="empty"):
-        check_coverage(Path("x.tif"), 0, 0)
+        check_union_coverage(Path("x.tif"), 0, 0)
     assert overview_factors(1200, 900) == [2, 4]
     assert overview_factors(500, 400) == []
     assert overview_factors(14400, 14400) == [2, 4, 8, 16, 32]

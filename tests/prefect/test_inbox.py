@@ -29,7 +29,7 @@ def test_inbox_starts_exactly_one_reconstruction(
     from prefect_odm.flows.process_inbox import SURVEY_TAG_PREFIX
 
     from prefect_odm.models import ProcessingOptions
-    from prefect_odm.survey.scan import scan_survey
+    from prefect_odm.survey.scan import scan_images
 
     output = tmp_path / "out"
     # Half A was reconstructed earlier from a folder of another name (inline, in this process).
@@ -44,7 +44,7 @@ def test_inbox_starts_exactly_one_reconstruction(
     inbox = tmp_path / "inbox"
     _half(brighton_images, inbox / "a-renamed", 0)
     new = _half(brighton_images, inbox / "b", 1)
-    new_fp = scan_survey(str(new)).fingerprint
+    new_fp = scan_images(str(new)).fingerprint
 
     inbox_parameters = {
         "inbox": str(inbox),

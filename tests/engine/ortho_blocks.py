@@ -1,4 +1,5 @@
-"""The built-in engine's first orthophoto renderer, kept as the benchmarks' named baseline.
+"""The built-in engine's first orthophoto renderer, kept (out of the library) as the named
+baseline of ``test_orthophoto.py`` and ``benchmarks/bench_orthophoto.py``.
 
 For every ground cell, the camera whose image holds the cell nearest to its centre is chosen
 (decided on blocks of ``SELECTION_BLOCK`` x ``SELECTION_BLOCK`` cells), the cell (x, y, z from the
@@ -15,25 +16,17 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from PIL import Image
 
 from prefect_odm.engine.camera import Scene
 from prefect_odm.engine.dem import HeightSampler
 from prefect_odm.engine.footprints import camera_window, cell_offsets, in_image
+from prefect_odm.engine.ortho_blend import load_rgb
 from prefect_odm.grid import Grid
 
 logger = logging.getLogger(__name__)
 
 SELECTION_BLOCK = 16
 """Orthophoto cells per block side when choosing the best camera."""
-
-
-def _load_rgb(path: Path) -> NDArray[np.uint8]:
-    try:
-        with Image.open(path) as image:
-            return np.asarray(image.convert("RGB"))
-    except (OSError, SyntaxError, ValueError) as exc:  # Pillow's errors never name the file
-        raise OSError(f"{path.name}: cannot decode the image ({exc})") from exc
 
 
 def _bilinear(
@@ -145,18 +138,8 @@ def render_orthophoto_blocks(
     *,
     log: Callable[[str], None] = logger.info,
 ) -> NDArray[np.uint8]:
-    """Colour every cell of ``grid`` from the best camera (see the module docstring).
-
-    Args:
-        scene: posed cameras.
-        image_dir: folder of the image files named as the cameras.
-        grid: the orthophoto grid.
-        height_at: ``(rows, cols) -> z`` of orthophoto cells in metres (the surface).
-        log: progress line sink.
-
-    Returns:
-        RGBA, uint8, shape ``(4, grid.height, grid.width)``; alpha 255 where coloured, else 0.
-    """
+    """Colour every cell of ``grid`` from the best camera of its block (see the module
+    docstring); arguments and result as :func:`.orthophoto.render_orthophoto`'s."""
     best = best_cameras(scene, grid, height_at)
     rgba = np.zeros((4, grid.height, grid.width), dtype=np.uint8)
     used = 0
@@ -172,7 +155,7 @@ def render_orthophoto_blocks(
         seen = in_image(camera, u, v, depth)
         if not seen.any():
             continue
-        image = _load_rgb(image_dir / camera.name)
+        image = load_rgb(image_dir / camera.name)
         colour = _bilinear(image, u[seen], v[seen])
         flat = rows[seen].astype(np.intp) * grid.width + cols[seen]
         for band in range(3):

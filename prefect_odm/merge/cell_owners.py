@@ -1,0 +1,75 @@
+"""Which submodel owns each point: a lookup table where the owner is certain, exact k-d tree
+queries near seams (numpy and scipy; the point-cloud merge's cropping)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy.spatial import cKDTree
+
+from prefect_odm.ownership import Ownership
+
+
+class CellOwners:
+    """:meth:`Ownership.label_of_points` sped up by a grid of cells whose owner is certain.
+
+    A cell of half-diagonal ``r`` centred at ``p`` belongs wholly to the owner ``L`` of ``p``
+    when the nearest camera of any other submodel is more than ``2 r`` farther from ``p`` than
+    ``p``'s nearest camera (triangle inequality). Points in such cells take ``L`` from a table;
+    the others (near seams, or outside the grid) are queried exactly in the k-d tree. Same rule,
+    same tree, hence the same labels as :meth:`Ownership.label_of_points`.
+
+    Args:
+        ownership: the ownership rule.
+        bounds: ``(xmin, ymin, xmax, ymax)`` the points are expected in, CRS units.
+        max_cells: number of cells of the table (memory about 20 bytes per cell at build).
+    """
+
+    def __init__(
+        self,
+        ownership: Ownership,
+        bounds: tuple[float, float, float, float],
+        max_cells: int = 262_144,
+    ) -> None:
+        """Build the cell table from the cameras (the k-d tree stays for the cells near seams)."""
+        index = {sid: n for n, sid in enumerate(ownership.submodel_ids)}
+        self._labels = np.array([index[s] for s in ownership.camera_submodel], dtype=np.int32)
+        self._tree = cKDTree(np.column_stack([ownership.x_m, ownership.y_m]).astype(np.float64))
+        xmin, ymin, xmax, ymax = (float(v) for v in bounds)
+        width = max(xmax - xmin, 1e-6)
+        height = max(ymax - ymin, 1e-6)
+        cell = max(math.sqrt(width * height / max_cells), 1e-3)
+        self._x0, self._y0, self._cell = xmin, ymin, cell
+        self._nx = int(math.ceil(width / cell)) + 1
+        self._ny = int(math.ceil(height / cell)) + 1
+        cx = xmin + (np.arange(self._nx) + 0.5) * cell
+        cy = ymin + (np.arange(self._ny) + 0.5) * cell
+        gx, gy = np.meshgrid(cx, cy)
+        k = min(8, len(self._labels))
+        dist, idx = self._tree.query(np.column_stack([gx.ravel(), gy.ravel()]), k=k)
+        dist = np.asarray(dist, dtype=np.float64).reshape(-1, k)
+        idx = np.asarray(idx).reshape(-1, k)
+        labs = self._labels[idx]
+        first = labs[:, 0]
+        other = labs != first[:, None]
+        d_other = np.where(other, dist, np.inf).min(axis=1)
+        if k < len(self._labels):  # another submodel may lie beyond the k nearest
+            d_other = np.minimum(d_other, np.where(other.any(axis=1), np.inf, dist[:, -1]))
+        margin = 2.0 * (cell * math.sqrt(0.5)) * (1.0 + 1e-9) + 1e-9
+        self._table = np.where(d_other - dist[:, 0] > margin, first, -1).astype(np.int32)
+
+    def label_of_points(self, x: NDArray[np.float64], y: NDArray[np.float64]) -> NDArray[np.int32]:
+        """Owner index (into ``ownership.submodel_ids``) of each point, shape of ``x``."""
+        fx = np.floor((x - self._x0) / self._cell)
+        fy = np.floor((y - self._y0) / self._cell)
+        inside = (fx >= 0) & (fx < self._nx) & (fy >= 0) & (fy < self._ny)
+        flat = np.where(inside, fy * self._nx + fx, 0).astype(np.int64)
+        labels = self._table[flat]
+        labels[~inside] = -1
+        unsure = labels < 0
+        if unsure.any():
+            _, nearest = self._tree.query(np.column_stack([x[unsure], y[unsure]]), k=1)
+            labels[unsure] = self._labels[nearest]
+        return labels

@@ -1,0 +1,108 @@
+"""Asking nodes for ``/info``: at the start of a run, and when a node source lists a new node.
+
+A node that answers gives its placement record (:func:`pool_node`); one that does not answer, or
+answers with a transient error, has a ``problem``; a configuration problem (malformed URL,
+refused token, not a NodeODM) raises :class:`InputError` in one line (:func:`unusable`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass
+
+from prefect_odm.errors import InputError, NodeError, TransientNodeError
+from prefect_odm.nodes.backend import NodeBackend, NodeInfo, NodeSettings
+from prefect_odm.nodes.capacity import node_capacity, node_memory_gib, node_task_slots
+from prefect_odm.nodes.messages import is_bad_token_error
+from prefect_odm.nodes.pool import PoolNode
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class NodeProbe:
+    """What one node answered to ``/info``."""
+
+    url: str
+    token: str | None
+    settings: NodeSettings
+    client: NodeBackend | None = None
+    info: NodeInfo | None = None
+    problem: str | None = None
+    """Why the node is set aside (it did not answer, or answered with a transient error)."""
+
+
+def probe_node(
+    url: str,
+    token: str | None,
+    given: NodeSettings,
+    client_factory: Callable[[str, str | None], NodeBackend],
+) -> NodeProbe:
+    """Ask one node for ``/info``. Raises :class:`InputError` for a configuration problem
+    (malformed URL, refused token, not a NodeODM); a transient failure becomes a ``problem``."""
+    try:
+        client = client_factory(url, token)
+    except ValueError as exc:
+        raise InputError(unusable(url, exc)) from None
+    try:
+        return NodeProbe(url, token, given, client, client.info())
+    except TransientNodeError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return NodeProbe(url, token, given, client, problem=first.replace(f"; node {url}", ""))
+    except (ValueError, NodeError) as exc:
+        raise InputError(unusable(url, exc)) from None
+
+
+def probe_nodes(
+    wanted: Sequence[tuple[str, str | None, NodeSettings]],
+    client_factory: Callable[[str, str | None], NodeBackend],
+    timeout_seconds: float,
+) -> list[NodeProbe]:
+    """:func:`probe_node` every node at once; a node that has not answered within
+    ``timeout_seconds`` is set aside (its request goes on in the background and is ignored)."""
+    executor = ThreadPoolExecutor(max_workers=max(1, len(wanted)), thread_name_prefix="probe")
+    try:
+        futures = [executor.submit(probe_node, *w, client_factory) for w in wanted]
+        done, _ = wait(futures, timeout=timeout_seconds)
+        probes: list[NodeProbe] = []
+        for (url, token, given), future in zip(wanted, futures, strict=True):
+            if future in done:
+                probes.append(future.result())
+            else:
+                silent = f"no answer to /info within {timeout_seconds:g} s"
+                probes.append(NodeProbe(url, token, given, problem=silent))
+        return probes
+    finally:
+        executor.shutdown(wait=False, cancel_futures=True)
+
+
+def pool_node(url: str, info: NodeInfo, given: NodeSettings) -> tuple[PoolNode, float | None]:
+    """The placement record of a node that answered ``/info``, and its planning memory."""
+    capacity = node_capacity(info.raw)
+    if capacity.unknown:
+        logger.info("node %s: /info %s not plausible, taken as unknown", url, capacity.unknown)
+    gib = node_memory_gib(capacity, given.memory_gib)
+    node = PoolNode(
+        key=url,
+        memory_gib=math.inf if gib is None else gib,
+        max_parallel_tasks=node_task_slots(capacity, given.max_parallel_tasks),
+    )
+    return node, gib
+
+
+def unusable(url: str, exc: Exception) -> str:
+    """One line on why the node at ``url`` cannot be used (the node named once)."""
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    first = first.replace(f"; node {url}", "")
+    # The node's own words are quoted ("GET /info: node answered '...'") or follow a colon.
+    said = [*re.findall(r"'([^']*)'", first), *first.split(": ")]
+    if any(is_bad_token_error(part) for part in said):
+        return (
+            f"node {url} refused the token (wrong or missing): set the node's token in the "
+            "pool block, or PREFECT_ODM_NODE_TOKEN / PREFECT_ODM_NODE_TOKENS"
+        )
+    return f"node {url} is not usable: {first}"

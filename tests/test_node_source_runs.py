@@ -1,0 +1,138 @@
+"""Node sources with real built-in engines on 127.0.0.1 (issue 34): a DNS source through
+``connect_nodes`` with a stand-in resolver, and a run whose node file changes while its
+submodels are processed (the direct pipeline on brighton)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from test_node_sources import Resolver
+
+from prefect_odm.engine.launch import EngineProcess, start_engine
+from prefect_odm.errors import TransientNodeError
+from prefect_odm.layout import OutputLayout
+from prefect_odm.models import ProcessingOptions
+from prefect_odm.nodes.client import RUNNING, NodeClient
+from prefect_odm.nodes.cluster import connect_nodes
+from prefect_odm.nodes.runner import SubmodelRunner
+from prefect_odm.plan.planning import plan_split
+from prefect_odm.survey.scan import scan_images
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def two_engines(tmp_path: Path) -> Iterator[list[EngineProcess]]:
+    with (
+        start_engine(tmp_path / "a", method="direct", max_parallel_tasks=1) as a,
+        start_engine(tmp_path / "b", method="direct", max_parallel_tasks=1) as b,
+    ):
+        yield [a, b]
+
+
+def write_nodes(path: Path, urls: list[str]) -> None:
+    """Replace the node file whole, as a writer must."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(f"{u}\n" for u in urls))
+    os.replace(tmp, path)
+
+
+def test_a_dns_source_resolved_again_sets_its_node_aside_and_takes_it_back(tmp_path):
+    with start_engine(tmp_path / "node") as engine:
+        resolver = Resolver(["127.0.0.1"])
+        spec = f"dns+http://nodeodm.odm.svc:{engine.port}"
+        cluster = connect_nodes([spec], resolver=resolver)
+        assert cluster.given == (spec,) and cluster.serves([spec])
+        (node,) = cluster.pool.nodes
+        assert node.key == engine.url and node.usable
+        assert cluster.membership is not None
+        resolver.answers = []  # the Service has no ready pod
+        cluster.membership.refresh(force=True)
+        assert node.gone and cluster.pool.down_keys() == {engine.url}
+        cluster.pool.empty_wait_seconds = 0.5
+        with pytest.raises(TransientNodeError, match="no node available"):
+            with cluster.pool.lease(1.0, what="submodel-000"):
+                pass
+        resolver.answers = ["127.0.0.1"]
+        cluster.membership.refresh(force=True)
+        assert node.usable
+        with cluster.pool.lease(1.0, what="submodel-000") as leased:
+            assert leased.key == engine.url
+        assert all(asked[0] == "nodeodm.odm.svc" for asked in resolver.asked)
+
+
+def _running_on(client: NodeClient) -> int:
+    return sum(1 for u in client.task_list() if (s := client.task_state(u)) and s.status == RUNNING)
+
+
+def _wait(what: str, done: threading.Event, check, timeout_seconds: float = 300) -> None:
+    deadline = time.monotonic() + timeout_seconds
+    while not check():
+        assert not done.is_set(), f"the run ended before {what}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout_seconds} s"
+        time.sleep(0.2)
+
+
+def test_nodes_join_and_leave_a_run_through_its_node_file(
+    brighton_images, tmp_path, two_engines, odm_home
+):
+    """Four submodels on a node file that first lists A; B is added once A runs a task and
+    removed once B runs one: B takes work, its running task ends and is downloaded, it gets no
+    task after it left, and no submodel is processed twice."""
+    a, b = (NodeClient(e.url) for e in two_engines)
+    survey = scan_images(str(brighton_images))
+    options = ProcessingOptions(pipeline="direct", orthophoto_resolution_cm=20)  # fast
+    plan = plan_split(survey, split=3, split_overlap_m=10, options=options)
+    plan = plan.model_copy(update={"submodels": plan.submodels[:4]})  # four are enough
+    nodes_file = tmp_path / "nodes.txt"
+    write_nodes(nodes_file, [a.url])
+    cluster = connect_nodes([f"file://{nodes_file}"])
+    assert [n.key for n in cluster.pool.nodes] == [a.url]
+    runner = SubmodelRunner(
+        plan,
+        survey,
+        OutputLayout(str(tmp_path / "out"), survey.fingerprint),
+        cluster.pool,
+        cluster.clients,
+        poll_interval_seconds=0.3,
+    )
+    done = threading.Event()
+    with ThreadPoolExecutor(max_workers=len(plan.submodels)) as ex:
+        futures = [ex.submit(runner.run, s.id) for s in plan.submodels]
+        ex.submit(lambda: (wait_all(futures), done.set()))
+        _wait("task running on A", done, lambda: _running_on(a) > 0)
+        write_nodes(nodes_file, [a.url, b.url])
+        _wait("task running on B", done, lambda: _running_on(b) > 0)
+        write_nodes(nodes_file, [a.url])
+        on_b = next(n for n in cluster.pool.nodes if n.key == b.url)
+        _wait("B set aside", done, lambda: on_b.gone)
+        left_at_ms = time.time() * 1000
+        assert on_b.running == 1  # its one task slot was held when it left
+        running_when_left = [
+            u for u in b.task_list() if (s := b.task_state(u)) and s.status == RUNNING
+        ]
+        results = [f.result() for f in futures]
+    assert all(r.status == "completed" and r.attempts == 1 for r in results), [
+        (r.submodel_id, r.error) for r in results
+    ]
+    tasks = {c.url: [c.task_state(u) for u in c.task_list()] for c in (a, b)}
+    print({url: len(states) for url, states in tasks.items()})
+    assert sum(len(states) for states in tasks.values()) == len(plan.submodels)  # none redone
+    on_b_results = [r for r in results if r.node_url == b.url]
+    assert on_b_results and len(on_b_results) == len(tasks[b.url])
+    assert all(s is not None and s.info["dateCreated"] < left_at_ms for s in tasks[b.url])
+    # the task B ran when it left went on to the end, and its products were stored
+    assert len(running_when_left) == 1
+    (kept,) = [r for r in on_b_results if r.task_uuid == running_when_left[0]]
+    assert all(Path(p).stat().st_size > 0 for p in kept.products.values())
+
+
+def wait_all(futures: list) -> None:
+    for f in futures:
+        f.exception()
