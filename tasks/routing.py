@@ -55,6 +55,7 @@ class ClusterSession:
     summary: RoutingSummary = field(init=False)
 
     def __post_init__(self) -> None:
+        """Start the run's routing summary empty, named after the directory block it reads."""
         self.summary = RoutingSummary(directory=self.options.directory)
 
     def refresh(self) -> None:

@@ -44,6 +44,15 @@ class SubmodelStop:
         flow_run_id: UUID | None = None,
         server_poll_seconds: float = SERVER_POLL_SECONDS,
     ) -> None:
+        """Set up the stop for one submodel; nothing is watched before ``with`` enters it.
+
+        Args:
+            submodel_id: The submodel whose progress events start its deadline clock.
+            run_cancelled: The event of the run's cluster (or whole run) being cancelled.
+            deadline_seconds: Processing time allowed on the node, seconds; None: no deadline.
+            flow_run_id: This submodel's flow run, whose server state is polled; None: not polled.
+            server_poll_seconds: How often the server state is read, seconds.
+        """
         self.submodel_id = submodel_id
         self.run_cancelled = run_cancelled
         self.deadline_seconds = deadline_seconds
@@ -100,6 +109,7 @@ class SubmodelStop:
                 return
 
     def __enter__(self) -> SubmodelStop:
+        """Subscribe to the submodel's progress events and start the watching thread."""
         self._unsubscribe = progress.subscribe(self._listen)
         threading.Thread(target=self._loop, name=f"stop-{self.submodel_id}", daemon=True).start()
         return self
@@ -110,6 +120,7 @@ class SubmodelStop:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        """Stop the watching thread and unsubscribe from progress events; nothing is raised."""
         self._done.set()
         unsubscribe = self._unsubscribe
         if callable(unsubscribe):
