@@ -34,6 +34,9 @@ from prefect_odm.errors import DeploymentRunError
 from prefect_odm.models import SplitPlan
 
 DEAD_LETTER_TAG = "dead-letter"
+DEAD_LETTER_STATE = "DeadLetter"
+"""The name of a dead-letter run's ``Scheduled`` state: Prefect's late-runs service marks only
+runs named ``Scheduled`` ``Late`` (which would drop the error from the state message)."""
 PARENT_TAG_PREFIX = "prefect-odm-parent:"
 """Tag of a dead-letter run naming the ``reconstruct`` run it belongs to."""
 
@@ -159,8 +162,8 @@ def dead_letter(
     parent_id: str,
 ) -> DeadLetterRecord:
     """Put a submodel in the paused dead-letter queue (created paused when missing; paused
-    again when someone resumed it): a run of the submodel deployment, ``Scheduled`` with its
-    last error as the state message, tagged ``dead-letter`` and with its parent's id.
+    again when someone resumed it): a run of the submodel deployment, of type ``SCHEDULED``
+    named ``DeadLetter`` (never marked ``Late``) with its last error as the state message, tagged ``dead-letter`` and with its parent's id.
 
     Raises:
         DeploymentRunError: the submodel deployment does not exist.
@@ -188,7 +191,7 @@ def dead_letter(
         run = client.create_flow_run_from_deployment(
             found.id,
             parameters={**parameters, "cluster": None},
-            state=Scheduled(message=error[:2000]),
+            state=Scheduled(message=error[:2000], name=DEAD_LETTER_STATE),
             name=f"{sid}-dead-letter",
             tags=[DEAD_LETTER_TAG, f"{PARENT_TAG_PREFIX}{parent_id}"],
             idempotency_key=f"{parent_id}-{sid}-dead-letter",

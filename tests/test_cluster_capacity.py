@@ -1,7 +1,7 @@
 """``prefect-odm capacity serve`` and ``prefect-odm clusters`` against a real ``prefect server``
 backed by a real PostgreSQL, and a real built-in engine node: the figures equal a count made
 directly through Prefect's REST API and one made in PostgreSQL itself, and ``/health`` answers
-within 1 s while 100 submodel runs wait."""
+while 100 submodel runs wait (how fast: ``benchmarks/bench_capacity_health.py``)."""
 
 from __future__ import annotations
 
@@ -231,17 +231,10 @@ def test_capacity_serve_figures_equal_a_direct_count_and_health_is_fast(
         metrics = httpx.get(f"{url}/metrics", timeout=5)
         assert metrics.headers["content-type"].startswith("text/plain")
         assert f'prefect_odm_cluster_queue_depth{{cluster="cap-a"}} {WAITING}' in metrics.text
-        times: list[float] = []
-        for _ in range(20):
-            t0 = time.perf_counter()
-            health = httpx.get(f"{url}/health", timeout=5)
-            times.append(time.perf_counter() - t0)
-            assert health.status_code == 200
-            assert health.json()["status"] == "ok" and health.json()["queue_depth"] == WAITING + 2
-        times.sort()
-        print(f"\n/health with {WAITING} runs waiting: median {times[10] * 1000:.1f} ms, "
-              f"max {times[-1] * 1000:.1f} ms over 20 requests")  # fmt: skip
-        assert times[-1] < 1.0  # the issue's figure
+        # /health while 100 submodels wait (its latency: benchmarks/bench_capacity_health.py)
+        health = httpx.get(f"{url}/health", timeout=5)
+        assert health.status_code == 200
+        assert health.json()["status"] == "ok" and health.json()["queue_depth"] == WAITING + 2
     finally:
         stop_group(proc)
 

@@ -251,6 +251,7 @@ def test_a_submodel_failing_everywhere_waits_in_dead_letter_then_requeue_merges_
             waiting = client.read_flow_run(dead.flow_run_id)
             queue = client.read_work_queue_by_name("dead-letter", work_pool_name=POOL)
         assert (waiting.state_type.value, waiting.work_queue_name) == ("SCHEDULED", "dead-letter")
+        assert waiting.state_name == "DeadLetter"  # not marked Late, which drops the message
         assert "Injected failure of 001" in (waiting.state.message or "") and queue.is_paused
         restart_engine(a)  # the fault is cleared
         restart_engine(b)
