@@ -7,12 +7,21 @@ follow-up command live in :mod:`prefect_odm.flows.reconstruct_support`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 from prefect import flow, get_run_logger
-from prefect.futures import PrefectFuture, as_completed
+from prefect.futures import PrefectFuture
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
+from prefect_odm.flows.reconstruct_clusters import (
+    dead_lettered,
+    open_session,
+    planning_memory,
+    process_routed,
+    routing_from,
+    with_area_rule,
+)
+from prefect_odm.flows.reconstruct_inline import run_inline
 from prefect_odm.flows.reconstruct_support import (
     NODES_FIELD,
     PRIORITY_FIELD,
@@ -31,19 +40,19 @@ from prefect_odm.tasks.artifacts import (
     reuse_stored,
 )
 from prefect_odm.tasks.calibration import PlanRequest, with_shared_calibration
-from prefect_odm.tasks.clusters import sharing_cluster
 from prefect_odm.tasks.deployment import (
     SubmodelChildren,
     show_child_history,
 )
 from prefect_odm.tasks.merge import MergedProducts, merge_products
 from prefect_odm.tasks.report import publish_plan, publish_report, stored_merge_reports
-from prefect_odm.tasks.submodels import run_submodel
+from prefect_odm.tasks.routing import ClusterSession
 from prefect_odm.tasks.survey import plan_submodels, scan_survey
 from pydantic import Field
 
 from prefect_odm import progress, storage
 from prefect_odm.align.report import AlignmentError
+from prefect_odm.clusters.records import RoutingOptions, RoutingSummary
 from prefect_odm.errors import IncompleteRunError, InputError, MergeError, PlanningError
 from prefect_odm.fingerprints import merge_fingerprint
 from prefect_odm.layout import OutputLayout
@@ -108,6 +117,7 @@ def reconstruct(
     submodel_deployment: str | None = SUBMODEL_DEPLOYMENT_FIELD,
     priority: Literal["normal", "urgent"] = PRIORITY_FIELD,
     merge_options: MergeOptions | None = None,
+    routing: RoutingOptions | None = None,
 ) -> Manifest:
     """Reconstruct a drone survey into one orthophoto, DSM and point cloud.
 
@@ -135,6 +145,7 @@ def reconstruct(
         priority: ``"urgent"`` puts the submodel runs (deployment mode) on the urgent work queue,
             taken before the default queue's backlog. Not part of any fingerprint.
         merge_options: alignment gates, ``accept_alignment``, merge settings (None: defaults).
+        routing: route submodels among a cluster directory's clusters (manifest ``routing``).
 
     Returns:
         The manifest (also written to ``manifest.json`` next to the products, last).
@@ -142,8 +153,9 @@ def reconstruct(
     Raises:
         InputError: the images location is missing, empty, or has no geotagged image; a node
             URL carries a credential.
+        RoutingError: no cluster of the directory may take the survey.
         IncompleteRunError: some submodels failed and ``allow_partial`` is off (after the
-            others finished, so a rerun reuses them).
+            others finished, so a rerun reuses them); one in the dead-letter queue does not count.
         MergeError: the merged result is empty or does not cover what the submodels cover.
     """
     refuse_credentials(nodes)
@@ -151,24 +163,27 @@ def reconstruct(
     timer = StageTimer()
     with timer.stage("scan"):
         survey = _scan(images)
-    nodes, cluster = _connect(nodes, node_pool, options)
+    session = _clusters(routing, options, submodel_deployment)
+    nodes, cluster = (None, None) if session else _connect(nodes, node_pool, options)
     with timer.stage("plan"):
         asked = (split, split_overlap_m, options, merge_options)
-        plan, layout = _plan(survey, output, asked, cluster)
+        plan, layout = _plan(survey, output, asked, cluster, session)
     with timer.stage("process"):
         table = LiveSubmodelTable(SubmodelBoard([s.id for s in plan.submodels]), key=_key(plan))
         mode = (force, submodel_deployment, priority)
-        results, health = _process(plan, layout, _Nodes(nodes, cluster, node_pool), table, *mode)
+        where = _Nodes(nodes, cluster, node_pool, session, survey)
+        results, health = _process(plan, layout, where, table, *mode)
     failed = failed_submodels(results)
-    if failed and not allow_partial:
-        raise IncompleteRunError(failed)
+    blocking = {k: v for k, v in failed.items() if k not in dead_lettered(session)}
+    if blocking and not allow_partial:
+        raise IncompleteRunError(blocking)
     with timer.stage("merge"):
         merge_fp, products, reports = _merge_or_reuse(plan, results, layout, force, merge_options)
-    manifest = _finish(
+    return _finish(
         images, survey, plan, layout, results, failed, table, timer,
         merge=(merge_fp, products, reports), node_health=health,
+        routing=session.summary if session else None,
     )  # fmt: skip
-    return manifest
 
 
 def _finish(
@@ -183,6 +198,7 @@ def _finish(
     *,
     merge: tuple[str, dict[str, str], MergeReports],
     node_health: list[NodeHealthRecord],
+    routing: RoutingSummary | None = None,
 ) -> Manifest:
     """The run's manifest, with its report, STAC catalogue and ``manifest.json`` written (last)."""
     merge_fp, products, reports = merge
@@ -198,6 +214,7 @@ def _finish(
         alignment=reports.alignment,
         timings_seconds=timer.finish(),
         node_health=node_health,
+        routing=routing,
     )
     table.publish()
     publish_report(manifest, plan, survey, layout, reports, table.board.table())
@@ -205,6 +222,18 @@ def _finish(
     storage.write_json_atomic(layout.manifest, manifest.model_dump(mode="json"))
     progress.emit(progress.StageEvent(name="done"))
     return manifest
+
+
+def _clusters(
+    routing: RoutingOptions | None, options: ProcessingOptions | None, deployment: str | None
+) -> ClusterSession | None:
+    """The clusters the run routes among (the parameter, else
+    ``PREFECT_ODM_CLUSTER_DIRECTORY``), read now; ``None`` without a directory."""
+    routed = routing_from(routing)
+    if routed is None:
+        return None
+    workers = configured_submodel_deployment(deployment) is not None
+    return open_session(routed, options, workers)
 
 
 def _scan(images: str) -> Survey:
@@ -263,25 +292,33 @@ def _plan(
         int | Literal["auto"], float | None, ProcessingOptions | None, MergeOptions | None
     ],
     cluster: Cluster | None,
+    session: ClusterSession | None = None,
 ) -> tuple[SplitPlan, OutputLayout]:
     """Plan the submodels for the nodes' memory and publish the plan beside the outputs.
 
-    ``asked`` is ``(split, split_overlap_m, options, merge_options)``. A split whose submodels
+    ``asked`` is ``(split, split_overlap_m, options, merge_options)``. Routed among clusters
+    (``session``), the plan is made for the preferred cluster's engine and the largest node of
+    the clusters running it, and the area rule may split it further. A split whose submodels
     the merge could not align raises ``PlanningError`` before the plan is published.
     """
     split, split_overlap_m, options, merge_options = asked
-    identity = cluster.engine_identity if cluster else EMBEDDED_ENGINE_IDENTITY
-    if cluster is None:
-        memory = [embedded_memory_gib()]
-    elif split == "auto":
-        memory = memory_for_auto_split(cluster.memory_by_node)
+    if session is not None:
+        identity, memory = planning_memory(session)
     else:
-        memory = cluster.node_memory_gib
+        identity = cluster.engine_identity if cluster else EMBEDDED_ENGINE_IDENTITY
+        memory = _node_memory(cluster, split)
     progress.emit(progress.StageEvent(name="plan"))
     options = options or ProcessingOptions()
-    plan: SplitPlan = plan_submodels(
-        survey, split, split_overlap_m, options, identity, memory, merge_options
-    )
+
+    def make(split: int | Literal["auto"]) -> SplitPlan:
+        made: SplitPlan = plan_submodels(
+            survey, split, split_overlap_m, options, identity, memory, merge_options
+        )
+        return made
+
+    plan = make(split)
+    if session is not None:
+        plan = with_area_rule(plan, survey, session, make)
     layout = OutputLayout(output, survey.fingerprint)
     publish_plan(plan, survey, layout)
     refusal = plan_gps_refusal(plan, survey)
@@ -296,14 +333,26 @@ def _plan(
     return plan, layout
 
 
+def _node_memory(cluster: Cluster | None, split: int | Literal["auto"]) -> list[float]:
+    """The nodes' memory the plan is made for (the built-in engine's without nodes)."""
+    if cluster is None:
+        return [embedded_memory_gib()]
+    if split == "auto":
+        return memory_for_auto_split(cluster.memory_by_node)
+    return cluster.node_memory_gib
+
+
 @dataclass(frozen=True)
 class _Nodes:
     """The nodes of a run: URLs without credentials, their cluster (``None``: the built-in
-    engine), and the pool block they came from (children load it themselves)."""
+    engine), and the pool block they came from (children load it themselves); or the
+    clusters of a cluster directory (``session``) and the survey the run routes among them."""
 
     urls: list[str] | None
     cluster: Cluster | None
     pool_block: str | None
+    session: ClusterSession | None = None
+    survey: Survey | None = None
 
 
 def _process(
@@ -332,6 +381,14 @@ def _process(
     if not pending:
         return results, []
     progress.emit(progress.StageEvent(name="process"))
+    if nodes.session is not None:
+        assert nodes.survey is not None
+        routed, health = process_routed(
+            nodes.session, plan, layout, nodes.survey, pending, live,
+            force=force, deployment=deployment,
+        )  # fmt: skip
+        results.update(routed)
+        return results, health
     if deployment is not None:
         queue = work_queue_for(priority)
         children = SubmodelChildren(deployment, queue, nodes.urls, nodes.pool_block, force)
@@ -340,89 +397,13 @@ def _process(
     if nodes.cluster is not None:
         assert nodes.urls is not None
         results.update(
-            _run_inline(nodes.cluster, list(nodes.urls), pending, plan, layout, live, force)
+            run_inline(nodes.cluster, list(nodes.urls), pending, plan, layout, live, force)
         )
         return results, nodes.cluster.pool.health.report()
     with embedded_engine(plan.options.pipeline) as engine:
         urls = list(engine.clients)
-        results.update(_run_inline(engine, urls, pending, plan, layout, live, force, builtin=True))
+        results.update(run_inline(engine, urls, pending, plan, layout, live, force, builtin=True))
         return results, engine.pool.health.report()
-
-
-def _run_inline(
-    cluster: Cluster,
-    urls: list[str],
-    pending: list[str],
-    plan: SplitPlan,
-    layout: OutputLayout,
-    live: LiveSubmodelTable,
-    force: bool,
-    builtin: bool = False,
-) -> dict[str, SubmodelResult]:
-    """One ``run_submodel`` task per pending submodel, all placing work through ``cluster``;
-    the board follows their progress events (the table is published on each change of state).
-
-    Raises:
-        InputError: an option is not accepted by some node (checked before any upload).
-    """
-    cluster.check_options(plan.options.to_nodeodm())
-
-    def follow(event: progress.ProgressEvent) -> None:
-        if isinstance(event, progress.SubmodelRunEvent) and event.submodel_id in pending:
-            if live.board.update(event.submodel_id, runs=event.runs):
-                live.publish()
-        elif isinstance(event, progress.SubmodelEvent) and event.submodel_id in pending:
-            row = live.board.rows.get(event.submodel_id)
-            before = row.state if row else None
-            live.board.apply(replace(event, node="built-in engine" if builtin else event.node))
-            if row is not None and row.state != before:
-                live.publish()
-
-    unsubscribe = progress.subscribe(follow)
-    # As many submodels in flight as the pool has task slots (the flow's own runner would hold
-    # them to its 4 workers whatever the nodes, issue 14), and one more per node waiting for a
-    # slot: its Prefect bookkeeping and node look-ups are done by the time a slot frees, so the
-    # node starts its next task at once. The pool's leases still decide which node and how
-    # much memory each gets, first come first served.
-    workers = min(len(pending), cluster.pool.task_slots + len(cluster.pool.nodes))
-    # Largest first (Graham's longest-processing-time rule): a big submodel started last would
-    # keep one node busy while the others idle.
-    images = {s.id: len(s.image_names) for s in plan.submodels}
-    order = sorted(pending, key=lambda sid: (-images[sid], sid))
-    with (
-        sharing_cluster(cluster),
-        ThreadPoolTaskRunner[SubmodelResult](max_workers=workers) as runner,
-    ):
-        futures: list[PrefectFuture[SubmodelResult]] = [
-            runner.submit(
-                run_submodel,
-                parameters={
-                    "plan_url": layout.plan_json,
-                    "submodel_id": sid,
-                    "output": layout.root,
-                    "nodes": urls,
-                    "force": force,
-                },
-            )
-            for sid in order
-        ]
-        by_future = dict(zip(futures, order, strict=True))
-        try:
-            results: dict[str, SubmodelResult] = {}
-            for future in as_completed(futures):
-                result = future.result()
-                results[by_future[future]] = result
-                live.show_result(result, builtin)
-            return results
-        except BaseException:
-            # Cancelled or interrupted: every runner cancels its remote task and returns
-            # its slots before the run ends.
-            cluster.cancelled.set()
-            for f in futures:
-                f.wait(timeout=60)
-            raise
-        finally:
-            unsubscribe()
 
 
 def _merge_or_reuse(

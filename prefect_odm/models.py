@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from prefect_odm.align.report import AlignmentOptions, AlignmentReport
+from prefect_odm.clusters.records import RoutingSummary
 from prefect_odm.errors import HeaderProblem as HeaderProblem  # re-exported
 from prefect_odm.registry import PointCloudFormat
 from prefect_odm.registry import ProductName as ProductName  # re-exported
@@ -337,6 +338,9 @@ class SubmodelResult(BaseModel):
         default_factory=dict, description="Product name -> URL of the stored file."
     )
     node_url: str | None = None
+    cluster: str | None = Field(
+        None, description="The cluster whose nodes processed it (None: no cluster directory)."
+    )
     task_uuid: str | None = None
     attempts: int = 0
     duration_seconds: float = 0.0
@@ -405,6 +409,11 @@ class Manifest(BaseModel):
         None,
         description="Each submodel's transform and residuals, the failed gates and whether the "
         "operator accepted them; None when the merge did not align.",
+    )
+    routing: RoutingSummary | None = Field(
+        None,
+        description="Where each submodel was routed and why, failovers and the dead-letter "
+        "queue (None: no cluster directory).",
     )
 
 

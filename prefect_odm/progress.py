@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypedDict, Unpack
+from typing import NotRequired, TypedDict, Unpack
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +136,9 @@ class SubmodelRow:
         history: earlier outcomes in words, oldest first (``run 1 failed: ...``).
         error: the last failure in words (empty when none).
         started: ``time.monotonic()`` when it started processing (``None`` while waiting).
+        cluster: where it was routed (a cluster, or the global queue) and ran, in words (empty
+            without a cluster directory).
+        route: why it was routed there (the router's reason; empty without a directory).
     """
 
     submodel_id: str
@@ -148,6 +151,8 @@ class SubmodelRow:
     history: list[str] = field(default_factory=list)
     error: str = ""
     started: float | None = None
+    cluster: str = ""
+    route: str = ""
 
     def elapsed_seconds(self, now: float | None = None) -> float:
         """Seconds since it started (0 while waiting)."""
@@ -191,6 +196,8 @@ class RowFields(TypedDict, total=False):
     seconds: float | None
     history: list[str]
     error: str
+    cluster: str
+    route: str
 
 
 class TableRow(TypedDict):
@@ -204,6 +211,8 @@ class TableRow(TypedDict):
     seconds: float | str
     history: str
     error: str
+    cluster: NotRequired[str]
+    route: NotRequired[str]
 
 
 class SubmodelBoard:
@@ -269,8 +278,10 @@ class SubmodelBoard:
         """One dictionary per submodel, for a table artifact (history joined with ``; ``)."""
         with self._lock:
             rows = list(self.rows.values())
-        return [
-            {
+        routed = any(r.cluster for r in rows)
+        table: list[TableRow] = []
+        for r in rows:
+            row: TableRow = {
                 "submodel": r.submodel_id,
                 "state": r.state,
                 "node": r.node or "not known",
@@ -280,5 +291,8 @@ class SubmodelBoard:
                 "history": "; ".join(r.history) or "none",
                 "error": r.error or "none",
             }
-            for r in rows
-        ]
+            if routed:  # the columns of a run routed among clusters
+                row["cluster"] = r.cluster or "not routed"
+                row["route"] = r.route or "none"
+            table.append(row)
+        return table

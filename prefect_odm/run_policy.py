@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 
 from prefect_odm import __version__, progress, storage
 from prefect_odm.align.report import AlignmentReport
+from prefect_odm.clusters.records import RoutingSummary
 from prefect_odm.errors import StorageError
 from prefect_odm.layout import OutputLayout
 from prefect_odm.models import (
@@ -138,11 +139,12 @@ def run_manifest(
     alignment: AlignmentReport | None,
     timings_seconds: Mapping[str, float],
     node_health: Sequence[NodeHealthRecord] = (),
+    routing: RoutingSummary | None = None,
 ) -> Manifest:
     """The manifest of a run: its inputs' fingerprints, products, every planned submodel's
     result (plan order), the failed ones with their reasons, rejected images, the merge's
-    coverage figures (``MergeReports.coverage_figures``) and alignment, and the stage timings
-    (seconds, rounded to ms)."""
+    coverage figures (``MergeReports.coverage_figures``) and alignment, the stage timings
+    (seconds, rounded to ms) and, routed among clusters, the routing summary."""
     return Manifest(
         version=__version__,
         created=datetime.now(UTC),
@@ -159,6 +161,7 @@ def run_manifest(
         timings_seconds={k: round(v, 3) for k, v in timings_seconds.items()},
         node_health=list(node_health),
         alignment=alignment,
+        routing=routing,
     )
 
 

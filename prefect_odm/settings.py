@@ -14,6 +14,8 @@ else in the package reads ``os.environ`` for its own settings; Prefect's own var
 | ``PREFECT_ODM_URGENT_WORK_QUEUE`` | ``urgent_work_queue`` | work queue of ``priority="urgent"`` submodels |
 | ``PREFECT_ODM_ENGINE_FAULTS`` | ``engine_faults`` | fault injection for the built-in engine (tests) |
 | ``PREFECT_ODM_POD_NODE`` | ``pod_node`` | the processing node beside the flow in its pod (Kubernetes) |
+| ``PREFECT_ODM_CLUSTER`` | ``cluster`` | the cluster (of a cluster directory) whose worker this is |
+| ``PREFECT_ODM_CLUSTER_DIRECTORY`` | ``cluster_directory`` | route a run's submodels with this cluster directory block |
 | ``PREFECT_ODM_SCALEODM_STAGING`` | ``scaleodm_staging`` | ``s3://`` prefix where ScaleODM tasks read and write |
 | ``PREFECT_ODM_SCALEODM_S3_ENDPOINT`` | ``scaleodm_s3_endpoint`` | S3 endpoint ScaleODM's workflows use |
 | ``PREFECT_ODM_SCALEODM_MEMORY_GIB`` | ``scaleodm_memory_gib`` | memory of one ScaleODM task, GiB |
@@ -72,6 +74,14 @@ class Settings(BaseSettings):
         None,
         description="URL of the processing node in the flow's own pod (the Kubernetes job "
         "template sets http://127.0.0.1:3000); used when a submodel run is given no nodes.",
+    )
+    cluster: str | None = Field(
+        None,
+        description="Name of the cluster (in the cluster directory) whose worker runs this "
+        "process: a submodel run taken from the global queue runs on its nodes.",
+    )
+    cluster_directory: str | None = Field(
+        None, description="Cluster directory block a reconstruct run routes its submodels with."
     )
     scaleodm_staging: str | None = Field(
         None, description="s3://bucket/prefix under which each ScaleODM task reads and writes."

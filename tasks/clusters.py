@@ -18,17 +18,18 @@ from prefect_odm.blocks import load_pool_block
 from prefect_odm.nodes.cluster import Cluster, connect_nodes, embedded_engine
 from prefect_odm.settings import get_settings
 
-_shared: ContextVar[Cluster | None] = ContextVar("prefect_odm_shared_cluster", default=None)
+_shared: ContextVar[tuple[Cluster, ...]] = ContextVar("prefect_odm_shared_cluster", default=())
 
 
 @contextmanager
-def sharing_cluster(cluster: Cluster) -> Iterator[None]:
-    """Let ``process_submodel`` runs in this process place work through ``cluster``'s pool.
+def sharing_cluster(*clusters: Cluster) -> Iterator[None]:
+    """Let ``process_submodel`` runs in this process place work through these clusters' pools
+    (a run given the nodes of one of them uses its pool; several: a run routed among clusters).
 
     Concurrent inline subflows must share one placement pool, or each would think it had the
     nodes to itself.
     """
-    token = _shared.set(cluster)
+    token = _shared.set(clusters)
     try:
         yield
     finally:
@@ -53,10 +54,10 @@ def cluster_for(
     if node_pool:
         nodes, settings = load_pool_block(node_pool)
     if nodes:
-        shared = _shared.get()
-        if shared is not None and shared.serves(nodes):
-            yield shared
-            return
+        for shared in _shared.get():
+            if shared.serves(nodes):
+                yield shared
+                return
         yield connect_nodes(nodes, settings=settings)
         return
     with embedded_engine(pipeline) as cluster:

@@ -69,6 +69,7 @@ __all__ = [
     "SubmodelChildren",
     "board_state",
     "child_runs",
+    "read_runs",
     "result_of",
     "retry_flow_run",
     "run_history",
@@ -216,41 +217,44 @@ def wait_for_runs(
     Raises:
         DeploymentRunError: ``timeout_seconds`` passed with runs still unfinished.
     """
+    by_id = {UUID(v): k for k, v in run_ids.items()}
+    done: dict[str, FlowRun] = {}
+    deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
+    while len(done) < len(by_id):
+        runs = read_runs({k: v for k, v in run_ids.items() if k not in done})
+        if on_poll is not None:
+            on_poll(runs)
+        for key, run in runs.items():
+            if run.state is not None and run.state.is_final():
+                done[key] = run
+                if on_final is not None:
+                    on_final(key, run)
+        if len(done) < len(by_id):
+            if deadline is not None and time.monotonic() > deadline:
+                left = sorted(k for k in by_id.values() if k not in done)
+                raise DeploymentRunError(f"runs still unfinished after {timeout_seconds} s: {left}")
+            time.sleep(poll_interval_seconds)
+    return done
+
+
+def read_runs(run_ids: dict[str, str]) -> dict[str, FlowRun]:
+    """Key -> the flow run now, for key -> flow run id (one API call per
+    :data:`API_PAGE_LIMIT` runs; a run the server does not know is left out)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     by_id = {UUID(v): k for k, v in run_ids.items()}
-    done: dict[str, FlowRun] = {}
-    deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
+    ids = list(by_id)
     with get_client(sync_client=True) as client:
-        while len(done) < len(by_id):
-            pending = [i for i, k in by_id.items() if k not in done]
-            runs = [  # in pages of API_PAGE_LIMIT runs (one call below 200 submodels)
-                run
-                for n in range(0, len(pending), API_PAGE_LIMIT)
-                for run in client.read_flow_runs(
-                    flow_run_filter=FlowRunFilter(
-                        id=FlowRunFilterId(any_=pending[n : n + API_PAGE_LIMIT])
-                    ),
-                    limit=API_PAGE_LIMIT,
-                )
-            ]
-            if on_poll is not None:
-                on_poll({by_id[run.id]: run for run in runs})
-            for run in runs:
-                if run.state is not None and run.state.is_final():
-                    key = by_id[run.id]
-                    done[key] = run
-                    if on_final is not None:
-                        on_final(key, run)
-            if len(done) < len(by_id):
-                if deadline is not None and time.monotonic() > deadline:
-                    left = sorted(k for k in by_id.values() if k not in done)
-                    raise DeploymentRunError(
-                        f"runs still unfinished after {timeout_seconds} s: {left}"
-                    )
-                time.sleep(poll_interval_seconds)
-    return done
+        runs = [
+            run
+            for n in range(0, len(ids), API_PAGE_LIMIT)
+            for run in client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids[n : n + API_PAGE_LIMIT])),
+                limit=API_PAGE_LIMIT,
+            )
+        ]
+    return {by_id[run.id]: run for run in runs}
 
 
 def result_of(run: FlowRun, plan: SplitPlan, submodel_id: str, output: str) -> SubmodelResult:

@@ -3,6 +3,7 @@ its Prefect bookkeeping fails."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -15,6 +16,17 @@ from prefect_odm.flows.process_submodel import process_submodel
 from prefect_odm import progress
 from prefect_odm.errors import SubmodelFailedError
 from prefect_odm.models import SubmodelResult
+
+
+@dataclass(frozen=True)
+class InlineCluster:
+    """Where an inline run routed a submodel: the cluster directory block, the cluster's name
+    and the submodel's deadline on its node (seconds, ``None``: none)."""
+
+    directory: str
+    name: str
+    deadline_seconds: float | None = None
+
 
 BOOKKEEPING_RETRY_DELAYS_SECONDS = [2.0, 5.0, 15.0]
 """Back-off before each new try of a submodel whose Prefect bookkeeping failed (jitter 0.5x)."""
@@ -42,7 +54,12 @@ def bookkeeping_failed(task: Task[Any, Any], task_run: TaskRun, state: State[Any
     retry_condition_fn=bookkeeping_failed,
 )
 def run_submodel(
-    plan_url: str, submodel_id: str, output: str, nodes: list[str], force: bool
+    plan_url: str,
+    submodel_id: str,
+    output: str,
+    nodes: list[str],
+    force: bool,
+    on: InlineCluster | None = None,
 ) -> SubmodelResult:
     """Run the ``process_submodel`` subflow; a failed submodel comes back as a failed result.
 
@@ -53,6 +70,8 @@ def run_submodel(
         nodes: node URLs (a cluster shared with :func:`.clusters.sharing_cluster` is used when
             it has the same nodes).
         force: process again even when a stored result exists.
+        on: the cluster of a cluster directory the submodel was routed to (the cluster's memory
+            limit is used, and the submodel's deadline); ``None``: no directory.
     """
     # Each try of this task is one flow run of the submodel: the live table's ``runs``.
     progress.emit(
@@ -60,7 +79,19 @@ def run_submodel(
     )
     try:
         # Called as a subflow, the flow returns its result's data (also from a Cached state).
-        done = process_submodel(plan_url, submodel_id, output, nodes=nodes, force=force)
+        if on is None:
+            done = process_submodel(plan_url, submodel_id, output, nodes=nodes, force=force)
+        else:
+            done = process_submodel(
+                plan_url,
+                submodel_id,
+                output,
+                nodes=nodes,
+                force=force,
+                cluster_directory=on.directory,
+                cluster=on.name,
+                deadline_seconds=on.deadline_seconds,
+            )
         assert isinstance(done, SubmodelResult)
         return done
     except SubmodelFailedError as exc:

@@ -1,7 +1,7 @@
 """``prefect-odm capacity serve`` and ``prefect-odm clusters`` against a real ``prefect server``
 backed by a real PostgreSQL, and a real built-in engine node: the figures equal a count made
 directly through Prefect's REST API and one made in PostgreSQL itself, and ``/health`` answers
-within 1 s while 100 submodel runs wait."""
+while 100 submodel runs wait (how fast: ``benchmarks/bench_capacity_health.py``)."""
 
 from __future__ import annotations
 
@@ -231,17 +231,10 @@ def test_capacity_serve_figures_equal_a_direct_count_and_health_is_fast(
         metrics = httpx.get(f"{url}/metrics", timeout=5)
         assert metrics.headers["content-type"].startswith("text/plain")
         assert f'prefect_odm_cluster_queue_depth{{cluster="cap-a"}} {WAITING}' in metrics.text
-        times: list[float] = []
-        for _ in range(20):
-            t0 = time.perf_counter()
-            health = httpx.get(f"{url}/health", timeout=5)
-            times.append(time.perf_counter() - t0)
-            assert health.status_code == 200
-            assert health.json()["status"] == "ok" and health.json()["queue_depth"] == WAITING + 2
-        times.sort()
-        print(f"\n/health with {WAITING} runs waiting: median {times[10] * 1000:.1f} ms, "
-              f"max {times[-1] * 1000:.1f} ms over 20 requests")  # fmt: skip
-        assert times[-1] < 1.0  # the issue's figure
+        # /health while 100 submodels wait (its latency: benchmarks/bench_capacity_health.py)
+        health = httpx.get(f"{url}/health", timeout=5)
+        assert health.status_code == 200
+        assert health.json()["status"] == "ok" and health.json()["queue_depth"] == WAITING + 2
     finally:
         stop_group(proc)
 
@@ -289,3 +282,36 @@ def test_clusters_table_shows_a_live_built_in_engine_node(
     assert (
         missing.stderr.strip() == "prefect-odm: error: no cluster directory block named 'no-such'"
     )
+
+
+def test_a_run_taken_from_the_global_queue_counts_for_the_cluster_it_runs_on(
+    pg_prefect: tuple[str, Postgres], prefect_api: str, waiting_runs: dict[str, Any]
+) -> None:
+    """A submodel run of the global queue tags itself ``cluster:<name>`` once it runs: its
+    memory is that cluster's (wanted and running); a run still waiting there is no cluster's.
+    The tagged run is counted in PostgreSQL too."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Running
+
+    from prefect_odm.clusters.capacity import PlanMemory, cluster_tag, queue_figures
+
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("process_submodel/capacity-test")
+        taken = client.create_flow_run_from_deployment(
+            deployment.id, tags=["memory-gib:6", cluster_tag("cap-c")], work_queue_name="global"
+        )
+        client.set_flow_run_state(taken.id, Running(), force=True)
+        client.create_flow_run_from_deployment(
+            deployment.id, tags=["memory-gib:3"], work_queue_name="global"
+        )
+        spec = ClusterSpec(name="cap-c", work_pool=POOL, nodes=[])
+        counted = queue_figures(client, spec, PlanMemory(), global_queue="global")
+        alone = queue_figures(client, spec, PlanMemory())
+    assert (counted.wanted_memory_gib, counted.running_memory_gib) == (6.0, 6.0)
+    assert counted.queue_depth == 0 and alone.wanted_memory_gib == 0.0
+    rows = pg_prefect[1].sql(
+        "prefect",
+        "SELECT count(*) FROM flow_run fr JOIN work_queue wq ON fr.work_queue_id = wq.id "
+        "WHERE wq.name = 'global' AND fr.state_type = 'RUNNING' AND fr.tags ? 'cluster:cap-c'",
+    )
+    assert rows == "1"

@@ -315,6 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rec.add_argument("--force", action="store_true", help="process every submodel again")
     _add_accept_alignment(rec)
+    from prefect_odm.cli.clusters import add_routing_args
+
+    add_routing_args(rec)  # --clusters and the options of a run routed among clusters
 
     plan = sub.add_parser("plan", help="scan and plan a survey without processing it")
     plan.add_argument("images", help="folder or fsspec URL of geotagged images")

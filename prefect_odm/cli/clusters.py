@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect_odm.clusters.figures import ClusterFigures
+
+if TYPE_CHECKING:
+    from prefect_odm.clusters.records import RoutingOptions
 
 
 def _port(text: str) -> int:
@@ -31,7 +34,7 @@ def _seconds(text: str) -> float:
 
 
 def add_parsers(sub: Any) -> list[argparse.ArgumentParser]:
-    """Add ``clusters`` and ``capacity serve`` to the sub-command parsers.
+    """Add ``clusters``, ``capacity serve`` and ``requeue`` to the sub-command parsers.
 
     Returns:
         Their parsers (the caller adds ``-v`` to them).
@@ -54,7 +57,84 @@ def add_parsers(sub: Any) -> list[argparse.ArgumentParser]:
         default=5.0,
         help="how often the figures are read again (default 5)",
     )
-    return [show, serve]
+    from prefect_odm.cli.requeue import add_parser as _add_requeue
+
+    return [show, serve, _add_requeue(sub)]
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (value > 0 and value < float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, not {text}")
+    return value
+
+
+def add_routing_args(rec: argparse.ArgumentParser) -> None:
+    """The ``reconstruct`` options of a run routed among the clusters of a directory."""
+    group = rec.add_argument_group("several clusters (a cluster directory block)")
+    group.add_argument(
+        "--clusters",
+        metavar="BLOCK_NAME",
+        help="route the submodels among the clusters of this saved cluster directory "
+        "(instead of --nodes; default: $PREFECT_ODM_CLUSTER_DIRECTORY)",
+    )
+    group.add_argument("--groups", nargs="+", default=[], metavar="GROUP", help="your groups")
+    group.add_argument("--data-region", help="region of the images' storage (nearest first)")
+    group.add_argument("--region", help="your own region (its clusters after the data-near)")
+    group.add_argument(
+        "--submodel-timeout",
+        type=_positive,
+        metavar="SECONDS",
+        help="cancel a submodel's node task after this long on its node (default: from the "
+        "time model, 10 min to 6 h)",
+    )
+    group.add_argument(
+        "--split-area-m2",
+        type=_positive,
+        metavar="M2",
+        help="area rule: split-merge a survey larger than this even when one node holds it",
+    )
+
+
+def routing_options(args: argparse.Namespace) -> RoutingOptions | None:
+    """The routing of ``reconstruct``'s ``--clusters`` and the options beside it (``None``
+    without ``--clusters``: the flow still reads ``PREFECT_ODM_CLUSTER_DIRECTORY``).
+
+    Raises:
+        InputError: ``--groups``, ``--data-region``, ``--region``, ``--submodel-timeout`` or
+            ``--split-area-m2`` without ``--clusters`` or the variable.
+    """
+    from prefect_odm.clusters.records import RoutingOptions
+    from prefect_odm.errors import InputError
+    from prefect_odm.settings import get_settings
+
+    name = args.clusters or get_settings().cluster_directory
+    given = [
+        flag
+        for flag, value in (
+            ("--groups", args.groups),
+            ("--data-region", args.data_region),
+            ("--region", args.region),
+            ("--submodel-timeout", args.submodel_timeout),
+            ("--split-area-m2", args.split_area_m2),
+        )
+        if value
+    ]
+    if name is None:
+        if given:
+            raise InputError(f"{given[0]} needs --clusters (a cluster directory block)")
+        return None
+    return RoutingOptions(
+        directory=name,
+        groups=list(args.groups),
+        data_region=args.data_region,
+        local_region=args.region,
+        submodel_timeout_seconds=args.submodel_timeout,
+        split_area_m2=args.split_area_m2,
+    )
 
 
 def _age(seconds: float) -> str:
@@ -92,7 +172,7 @@ def figures_table(figures: list[ClusterFigures]) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``clusters`` or ``capacity serve``.
+    """Run ``clusters``, ``capacity serve`` or ``requeue``.
 
     Raises:
         InputError: no such directory block, or a pool block it names is missing.
@@ -105,6 +185,10 @@ def run(args: argparse.Namespace) -> int:
     quiet_prefect_console(args.verbose)
     if not os.environ.get("PREFECT_API_URL"):
         start_embedded_api()
+    if args.command == "requeue":
+        from prefect_odm.cli.requeue import run as _requeue
+
+        return _requeue(args)
     directory = load_cluster_directory(args.directory)
     if args.command == "capacity":
         from prefect_odm.clusters.service import serve

@@ -75,7 +75,7 @@ def _ops(args: argparse.Namespace) -> int:
 
 
 def _clusters(args: argparse.Namespace) -> int:
-    """``prefect-odm clusters`` and ``capacity`` (:mod:`prefect_odm.cli.clusters`)."""
+    """``prefect-odm clusters``, ``capacity`` and ``requeue`` (:mod:`prefect_odm.cli.clusters`)."""
     from prefect_odm.cli.clusters import run
 
     return run(args)
@@ -248,6 +248,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "automations": _ops,
     "clusters": _clusters,
     "capacity": _clusters,
+    "requeue": _clusters,
     "slots": _slots,
     "merge": _merge_existing,
     "k8s": _k8s_render,

@@ -140,6 +140,12 @@ def add_parsers(sub: Any) -> list[argparse.ArgumentParser]:
         default=DEFAULT_HEARTBEAT_WINDOW_SECONDS,
         help="mark runs crashed after this long without heartbeat (default 540)",
     )
+    setup.add_argument(
+        "--directory",
+        metavar="BLOCK_NAME",
+        help="also each cluster's queue, the global and dead-letter queues of this cluster "
+        "directory, and the automations pausing a cluster's queue while its pool is not ready",
+    )
     auto = sub.add_parser("automations", help="Prefect automations of prefect-odm")
     auto_sub = auto.add_subparsers(dest="automations_command", required=True)
     create = auto_sub.add_parser("create", help="create the crash-detection automation")
@@ -152,6 +158,18 @@ def add_parsers(sub: Any) -> list[argparse.ArgumentParser]:
     return [setup, create]
 
 
+def _setup_clusters(block: str) -> None:
+    """The queues and automations of the cluster directory ``block`` (printed)."""
+    from prefect_odm.blocks.clusters import load_cluster_directory
+    from prefect_odm.cli.cluster_setup import create_cluster_automations, create_cluster_queues
+
+    directory = load_cluster_directory(block)
+    for (pool, queue), what in create_cluster_queues(directory).items():
+        print(f"work queue {queue} of {pool}: {what}")
+    for name, automation_id in create_cluster_automations(directory).items():
+        print(f"automation '{name}': {automation_id}")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``setup`` or ``automations create``; prints what was made."""
     if args.command == "setup":
@@ -160,6 +178,8 @@ def run(args: argparse.Namespace) -> int:
             f"work queues of {args.pool}: "
             + ", ".join(f"{q} (priority {p})" for q, p in queues.items())
         )
+        if getattr(args, "directory", None):
+            _setup_clusters(args.directory)
     automation_id = create_crash_automation(args.heartbeat_window_seconds)
     print(f"automation '{CRASH_AUTOMATION_NAME}': {automation_id}")
     print("workers need PREFECT_FLOWS_HEARTBEAT_FREQUENCY (seconds, >= 30) for heartbeats")

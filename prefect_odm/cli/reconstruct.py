@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Literal, TypedDict
 
 from prefect_odm import __version__, storage
 from prefect_odm.cli.args import merge_options, processing_options
+from prefect_odm.cli.clusters import routing_options
 from prefect_odm.cli.console import quiet_prefect_console
 from prefect_odm.cli.process import EmbeddedAPIStart, prefect_environment
 from prefect_odm.errors import InputError
@@ -25,6 +26,7 @@ from prefect_odm.settings import get_settings
 if TYPE_CHECKING:
     from pydantic import JsonValue
 
+    from prefect_odm.clusters.records import RoutingOptions
     from prefect_odm.models import Manifest, MergeOptions, ProcessingOptions
 
 
@@ -102,6 +104,7 @@ class FlowParameters(TypedDict):
     force: bool
     options: ProcessingOptions
     merge_options: MergeOptions | None
+    routing: RoutingOptions | None
 
 
 def _run_request(args: argparse.Namespace, options: ProcessingOptions) -> RunRequest:
@@ -260,7 +263,8 @@ def reconstruct_command(args: argparse.Namespace) -> int:
     given = [*(args.nodes or []), *([nodes_file] if nodes_file else [])]
     args.nodes = _tokens_out_of_urls(given)
     options = processing_options(args)
-    if not args.nodes:
+    routed = routing_options(args) is not None  # the clusters' nodes check the options
+    if not args.nodes and not routed:
         from prefect_odm.nodes.cluster import check_embedded_options
 
         # the flow checks again; here a bad option costs no Prefect start-up
@@ -270,7 +274,9 @@ def reconstruct_command(args: argparse.Namespace) -> int:
 
     request = _run_request(args, options)
     unchanged = (
-        None if args.force or not embedded_api else _unchanged_since_last_run(args.output, request)
+        None
+        if args.force or routed or not embedded_api
+        else _unchanged_since_last_run(args.output, request)
     )
     if unchanged is not None:
         _print_summary(
@@ -329,4 +335,5 @@ def _flow_parameters(args: argparse.Namespace, options: ProcessingOptions) -> Fl
         force=args.force,
         options=options,
         merge_options=merge_options(args),
+        routing=routing_options(args),
     )

@@ -14,7 +14,9 @@
 * **Ready**: the cluster's work queue is ``READY`` (a worker polled it lately; Prefect marks it
   ``NOT_READY`` about three heartbeats after the last worker stops) and some node answers.
 
-Runs taken from the global overflow queue stay in that queue's name, so they count for no cluster.
+A run taken from the global overflow queue keeps that queue's name; the ``process_submodel`` run
+tags itself ``cluster:<name>`` when it starts on a cluster (:func:`cluster_tag`), and the
+cluster's wanted and running memory count its ``RUNNING`` runs of the global queue so tagged.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import httpx
 
 from prefect_odm.clusters.directory import ClusterDirectory, ClusterSpec
 from prefect_odm.clusters.figures import ClusterFigures
+from prefect_odm.nodes.backend import NodeInfo
 from prefect_odm.nodes.capacity import node_capacity, node_memory_gib
 
 INFO_TIMEOUT_SECONDS = 2.0
@@ -43,16 +46,34 @@ MEMORY_TAG_PREFIX = "memory-gib:"
 WAITING_STATES = ("SCHEDULED", "PENDING")
 RUNNING_STATES = ("RUNNING",)
 
+CLUSTER_TAG_PREFIX = "cluster:"
+"""Tag prefix of the cluster a submodel run ran on, e.g. ``cluster:eu``."""
+
+
+def cluster_tag(name: str) -> str:
+    """The tag a submodel run carries once it runs on cluster ``name``."""
+    return f"{CLUSTER_TAG_PREFIX}{name}"
+
+
+def tagged_cluster(tags: Iterable[str]) -> str | None:
+    """The cluster a run's tags say it ran on, or ``None``."""
+    for tag in tags:
+        if tag.startswith(CLUSTER_TAG_PREFIX):
+            return tag.removeprefix(CLUSTER_TAG_PREFIX)
+    return None
+
 
 @dataclass(frozen=True)
 class NodeFigures:
-    """What the nodes' ``/info`` answered: ``up`` of ``total`` nodes, memory in GiB."""
+    """What the nodes' ``/info`` answered: ``up`` of ``total`` nodes, memory in GiB, and the
+    engine identities of the nodes up (``"{engine} {engineVersion}"``, sorted)."""
 
     up: int
     total: int
     usable_memory_gib: float | None
     available_memory_gib: float | None
     largest_node_gib: float | None
+    engines: tuple[str, ...] = ()
 
 
 def node_figures(
@@ -76,6 +97,7 @@ def node_figures(
     up = 0
     usable: list[float] = []
     available: list[float] = []
+    engines: set[str] = set()
     with httpx.Client(timeout=timeout_seconds) as http:
         for url in urls:
             token = (tokens or {}).get(url)
@@ -90,6 +112,7 @@ def node_figures(
             if not isinstance(info, dict):
                 continue
             up += 1
+            engines.add(NodeInfo.from_json(info).identity)
             cap = node_capacity(info)
             gib = node_memory_gib(cap, (configured_gib or {}).get(url))
             if gib is not None:
@@ -102,6 +125,7 @@ def node_figures(
         usable_memory_gib=round(sum(usable), 3) if usable else None,
         available_memory_gib=round(sum(available), 3) if available else None,
         largest_node_gib=max(usable) if usable else None,
+        engines=tuple(sorted(engines)),
     )
 
 
@@ -165,63 +189,56 @@ class QueueFigures:
     queue_ready: bool
 
 
-def queue_figures(
-    client: Any, cluster: ClusterSpec, plan_memory: Callable[[str, str], float | None]
-) -> QueueFigures:
-    """Count and read the cluster's queue through Prefect's API (``client``: a sync Prefect
-    client). A queue that does not exist yet is empty and not ready."""
+def _filters(cluster: ClusterSpec, queue_name: str) -> tuple[Any, Any]:
+    """Prefect's work pool and work queue filters of ``queue_name`` in the cluster's pool."""
     from prefect.client.schemas.filters import (
-        FlowRunFilter,
-        FlowRunFilterState,
-        FlowRunFilterStateType,
         WorkPoolFilter,
         WorkPoolFilterName,
         WorkQueueFilter,
         WorkQueueFilterName,
     )
-    from prefect.client.schemas.objects import StateType, WorkQueueStatus
-    from prefect.client.schemas.sorting import FlowRunSort
-    from prefect.exceptions import ObjectNotFound
 
-    pool = WorkPoolFilter(name=WorkPoolFilterName(any_=[cluster.work_pool]))
-    queue = WorkQueueFilter(name=WorkQueueFilterName(any_=[cluster.queue]))
-
-    def by_state(states: Sequence[str]) -> FlowRunFilter:
-        types = [StateType(s) for s in states]
-        return FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=types)))
-
-    try:
-        status = client.read_work_queue_by_name(cluster.queue, work_pool_name=cluster.work_pool)
-        ready = status.status == WorkQueueStatus.READY
-    except ObjectNotFound:
-        ready = False
-    waiting = by_state(WAITING_STATES)
-    depth = int(
-        client.count_flow_runs(
-            flow_run_filter=waiting, work_pool_filter=pool, work_queue_filter=queue
-        )
+    return (
+        WorkPoolFilter(name=WorkPoolFilterName(any_=[cluster.work_pool])),
+        WorkQueueFilter(name=WorkQueueFilterName(any_=[queue_name])),
     )
-    oldest = 0.0
-    if depth:
-        first = client.read_flow_runs(
-            flow_run_filter=waiting,
-            work_pool_filter=pool,
-            work_queue_filter=queue,
-            sort=FlowRunSort.EXPECTED_START_TIME_ASC,
-            limit=1,
-        )
-        start = first[0].expected_start_time if first else None
-        if start is not None:
-            oldest = max(0.0, (datetime.now(UTC) - start).total_seconds())
+
+
+def _runs_filter(states: Sequence[str], tag: str | None = None) -> Any:
+    """A flow run filter of these state types (and this tag)."""
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+        FlowRunFilterTags,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    types = [StateType(s) for s in states]
+    return FlowRunFilter(
+        state=FlowRunFilterState(type=FlowRunFilterStateType(any_=types)),
+        tags=FlowRunFilterTags(all_=[tag]) if tag else None,
+    )
+
+
+def _run_memory(
+    client: Any,
+    flow_run_filter: Any,
+    filters: tuple[Any, Any],
+    plan_memory: Callable[[str, str], float | None],
+) -> tuple[float, float, list[str]]:
+    """(memory of the runs, of those running, names of runs whose memory nothing says), GiB,
+    read in pages of :data:`PAGE` runs."""
+    from prefect.client.schemas.sorting import FlowRunSort
+
     wanted = running = 0.0
     unknown: list[str] = []
-    active = by_state(WAITING_STATES + RUNNING_STATES)
     offset = 0
     while True:
         runs = client.read_flow_runs(
-            flow_run_filter=active,
-            work_pool_filter=pool,
-            work_queue_filter=queue,
+            flow_run_filter=flow_run_filter,
+            work_pool_filter=filters[0],
+            work_queue_filter=filters[1],
             sort=FlowRunSort.ID_DESC,
             limit=PAGE,
             offset=offset,
@@ -235,8 +252,54 @@ def queue_figures(
             if run.state_type is not None and run.state_type.value in RUNNING_STATES:
                 running += gib
         if len(runs) < PAGE:
-            break
+            return wanted, running, unknown
         offset += PAGE
+
+
+def queue_figures(
+    client: Any,
+    cluster: ClusterSpec,
+    plan_memory: Callable[[str, str], float | None],
+    global_queue: str | None = None,
+) -> QueueFigures:
+    """Count and read the cluster's queue through Prefect's API (``client``: a sync Prefect
+    client). A queue that does not exist yet is empty and not ready; a paused one is not ready.
+    With ``global_queue``, the cluster's wanted and running memory include the runs of that
+    queue running on it (tagged :func:`cluster_tag`)."""
+    from prefect.client.schemas.objects import WorkQueueStatus
+    from prefect.client.schemas.sorting import FlowRunSort
+    from prefect.exceptions import ObjectNotFound
+
+    own = _filters(cluster, cluster.queue)
+    try:
+        status = client.read_work_queue_by_name(cluster.queue, work_pool_name=cluster.work_pool)
+        ready = status.status == WorkQueueStatus.READY
+    except ObjectNotFound:
+        ready = False
+    waiting = _runs_filter(WAITING_STATES)
+    depth = int(
+        client.count_flow_runs(
+            flow_run_filter=waiting, work_pool_filter=own[0], work_queue_filter=own[1]
+        )
+    )
+    oldest = 0.0
+    if depth:
+        first = client.read_flow_runs(
+            flow_run_filter=waiting,
+            work_pool_filter=own[0],
+            work_queue_filter=own[1],
+            sort=FlowRunSort.EXPECTED_START_TIME_ASC,
+            limit=1,
+        )
+        start = first[0].expected_start_time if first else None
+        if start is not None:
+            oldest = max(0.0, (datetime.now(UTC) - start).total_seconds())
+    active = _runs_filter(WAITING_STATES + RUNNING_STATES)
+    wanted, running, unknown = _run_memory(client, active, own, plan_memory)
+    if global_queue is not None and cluster.reads_global:
+        taken = _runs_filter(RUNNING_STATES, tag=cluster_tag(cluster.name))
+        more = _run_memory(client, taken, _filters(cluster, global_queue), plan_memory)
+        wanted, running, unknown = wanted + more[0], running + more[1], unknown + more[2]
     return QueueFigures(
         queue_depth=depth,
         oldest_waiting_seconds=round(oldest, 3),
@@ -268,20 +331,33 @@ def cluster_nodes(
     )
 
 
-def cluster_figures(
+@dataclass(frozen=True)
+class ClusterProbe:
+    """One cluster now, as the router needs it: its figures, its largest node up (GiB), the
+    engine its nodes run (``" | "``-joined when they differ; ``None`` when none answers) and
+    why it is down (``None`` when ready)."""
+
+    figures: ClusterFigures
+    largest_node_gib: float | None
+    engine_identity: str | None
+    down_reason: str | None
+
+
+def cluster_probe(
     client: Any,
     cluster: ClusterSpec,
     plan_memory: Callable[[str, str], float | None],
-) -> ClusterFigures:
-    """One cluster's figures now (a sync Prefect client; nodes asked over HTTP).
+    global_queue: str | None = None,
+) -> ClusterProbe:
+    """One cluster's figures and node facts now (a sync Prefect client; nodes over HTTP).
 
     Raises:
         InputError: the cluster names a pool block that does not exist.
     """
     urls, tokens, configured = cluster_nodes(cluster)
     nodes = node_figures(urls, tokens, configured)
-    queue = queue_figures(client, cluster, plan_memory)
-    return ClusterFigures(
+    queue = queue_figures(client, cluster, plan_memory, global_queue)
+    figures = ClusterFigures(
         cluster=cluster.name,
         wanted_memory_gib=queue.wanted_memory_gib,
         running_memory_gib=queue.running_memory_gib,
@@ -292,14 +368,48 @@ def cluster_figures(
         nodes_up=nodes.up,
         nodes_total=nodes.total,
     )
+    down = None
+    if not queue.queue_ready:
+        down = f"queue {cluster.queue} of pool {cluster.work_pool} not ready (no worker polls it)"
+    elif nodes.up == 0:
+        down = f"no node answers /info (0 of {nodes.total})"
+    return ClusterProbe(
+        figures=figures,
+        largest_node_gib=cluster.largest_node_gib or nodes.largest_node_gib,
+        engine_identity=cluster.engine_identity or (" | ".join(nodes.engines) or None),
+        down_reason=down,
+    )
+
+
+def cluster_figures(
+    client: Any,
+    cluster: ClusterSpec,
+    plan_memory: Callable[[str, str], float | None],
+    global_queue: str | None = None,
+) -> ClusterFigures:
+    """One cluster's figures now (see :func:`cluster_probe`).
+
+    Raises:
+        InputError: the cluster names a pool block that does not exist.
+    """
+    return cluster_probe(client, cluster, plan_memory, global_queue).figures
+
+
+def directory_probes(
+    directory: ClusterDirectory, plan_memory: Callable[[str, str], float | None] | None = None
+) -> list[ClusterProbe]:
+    """Every cluster's probe now, in the directory's order (one Prefect client for all)."""
+    from prefect.client.orchestration import get_client
+
+    memory = plan_memory or PlanMemory()
+    with get_client(sync_client=True) as client:
+        return [
+            cluster_probe(client, c, memory, directory.global_queue) for c in directory.clusters
+        ]
 
 
 def directory_figures(
     directory: ClusterDirectory, plan_memory: Callable[[str, str], float | None] | None = None
 ) -> list[ClusterFigures]:
     """Every cluster's figures now, in the directory's order (one Prefect client for all)."""
-    from prefect.client.orchestration import get_client
-
-    memory = plan_memory or PlanMemory()
-    with get_client(sync_client=True) as client:
-        return [cluster_figures(client, c, memory) for c in directory.clusters]
+    return [p.figures for p in directory_probes(directory, plan_memory)]

@@ -16,8 +16,9 @@ priority in mind, ClusterODM#23, #66, #96):
    chosen while a cheaper eligible one has room.
 4. No eligible cluster has room: the **global overflow queue**, read by every cluster's workers
    after their own, provided every cluster that reads it is eligible (otherwise an ineligible
-   cluster could take it); else the eligible cluster with the most room left waits in its own
-   queue.
+   cluster could take it: one down, whose worker may live while its nodes are dead, or one the
+   submodel was failed over from, counts as ineligible); else the eligible cluster with the
+   most room left waits in its own queue.
 
 No eligible cluster at all is a :class:`~prefect_odm.errors.RoutingError` naming why each
 cluster was left out.
@@ -189,7 +190,9 @@ def route(
         )
         return RouteDecision(demand.submodel_id, best.name, best.work_queue, reason, names)
     full = ", ".join(f"{c.name} {c.used_fraction():.0%}" for c in sorted(eligible, key=_by_name))
-    readers = [c for c in clusters if c.reads_global and not c.down and c.name not in exclude]
+    # Every reader counts, down or failed over from too: a cluster whose nodes are down while
+    # its worker lives still takes runs from the global queue.
+    readers = [c for c in clusters if c.reads_global]
     if readers and all(c.name in names for c in readers):
         reason = f"overflow: every eligible cluster at or over {overflow_fraction:.0%} ({full})"
         return RouteDecision(demand.submodel_id, None, global_queue, reason, names)
