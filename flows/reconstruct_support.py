@@ -70,11 +70,13 @@ class StageTimer:
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
+        """Time the block as the stage ``name`` (seconds, monotonic clock)."""
         t = time.monotonic()
         yield
         self.seconds[name] = time.monotonic() - t
 
     def finish(self) -> dict[str, float]:
+        """Add ``total`` (seconds since the timer was made) and return every stage's seconds."""
         self.seconds["total"] = time.monotonic() - self.start
         return self.seconds
 

@@ -359,11 +359,13 @@ class ChildRunFeed:
     """
 
     def __init__(self, board: SubmodelBoard, publish: Callable[[], None]) -> None:
+        """Start with no child state seen."""
         self.board = board
         self.publish = publish
         self._seen: dict[str, object] = {}
 
     def __call__(self, runs: dict[str, FlowRun]) -> None:
+        """Record each child whose state changed since the last poll; publish once if any did."""
         from prefect.client.orchestration import get_client
 
         changed = False

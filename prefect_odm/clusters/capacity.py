@@ -161,9 +161,11 @@ class PlanMemory:
     (a stored plan never changes; one that cannot be read is asked again next time)."""
 
     def __init__(self) -> None:
+        """Start with no plan read."""
         self._plans: dict[str, dict[str, float]] = {}
 
     def __call__(self, plan_url: str, submodel_id: str) -> float | None:
+        """The submodel's ``estimated_memory_gib`` in the plan at ``plan_url`` (None: unknown)."""
         if plan_url not in self._plans:
             from prefect_odm.storage import read_json
 
