@@ -17,6 +17,29 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 REPO = Path(__file__).resolve().parents[1]
 DATA = (REPO / ".." / "shared" / "data").resolve()
 
+SHARED_SESSION_RUNS = {"brighton_split": "brighton-split"}
+"""Session fixtures that reconstruct a survey: every test file using one runs on the same
+pytest-xdist worker, so the survey is reconstructed once for the suite."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Group the tests for ``--dist loadgroup``: by file (module fixtures made once), the files
+    sharing a reconstructing session fixture together, and ``tests/prefect/`` (one deployment
+    and one worker for the session) as one group."""
+    by_file: dict[Path, str] = {}
+    for item in items:
+        path = Path(str(item.path))
+        if path not in by_file:
+            by_file[path] = str(path.relative_to(REPO))
+        fixtures = getattr(item, "fixturenames", ())
+        for fixture, group in SHARED_SESSION_RUNS.items():
+            if fixture in fixtures:
+                by_file[path] = group
+        if path.parent.name == "prefect":
+            by_file[path] = "tests/prefect"
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(by_file[Path(str(item.path))]))
+
 
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
