@@ -62,7 +62,7 @@ from prefect_odm.models import (
 )
 from prefect_odm.plan.altitudes import altitude_correction
 from prefect_odm.plan.checks import gps_warnings
-from prefect_odm.plan.core_areas import core_areas, multipoint, overlap_members
+from prefect_odm.plan.core_areas import core_areas, multipoint, overlap_members, voronoi_frame
 from prefect_odm.plan.memory import MemoryModel, max_images_within
 from prefect_odm.plan.neighbours import (
     AlignmentNeeds,
@@ -283,12 +283,13 @@ def _balanced_split(
     image within 4 % (``python benchmarks/bench_plan_balance.py``).
     """
     n = len(xy)
+    frame = voronoi_frame(xy, clip) if len(sizes) > 1 else None  # one triangulation, every round
 
     def split_with(part_sizes: Sequence[int]) -> tuple[_Split, NDArray[np.int64]]:
         labels = _part_labels(xy, part_sizes)
         k = int(labels.max()) + 1
-        areas = core_areas(xy, labels, k, clip)
-        members = overlap_members(xy, labels, areas, split_overlap_m)
+        areas = core_areas(xy, labels, k, clip, frame)
+        members = overlap_members(xy, labels, areas, split_overlap_m, frame)
         return (labels, areas, members), np.array([len(m) for m in members], dtype=np.int64)
 
     best, loads = split_with(sizes)
