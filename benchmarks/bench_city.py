@@ -10,13 +10,14 @@ does, samples the nodes every half second, and prints:
 * node utilisation while work remained: the share of the time from the first task's start to
   the last task's end in which each node ran a task (from the tasks each engine records in its
   ``tasks.json``), and how long a node idled between two of its tasks;
-* overhead per submodel outside the node: the submodel's duration minus its task's processing
-  time on the node and minus its wait for a free node (median, p90), and the median of each
+* time per submodel outside the node: the submodel's duration minus its task's processing
+  time on the node (median, p90), its wait for memory slots and a node apart, and the median of each
   phase the run records per submodel (``phase_seconds`` in the manifest: waiting for a node,
   upload, processing, download, store); and how much longer the runner's processing phase is
   than the node's (the start after the commit and noticing the end: the polling);
-* Prefect API errors seen by the run (retried ``503``/``429`` answers in its log);
-* the flow process's peak memory (RSS) and CPU seconds per image;
+* Prefect API errors seen by the run (retried ``503``/``429`` answers, logged by the client at
+  DEBUG, which the run is given);
+* the flow process's peak memory (RSS), peak threads and CPU seconds per image;
 * merge time; and, for several ``--images`` values, how CPU per image grows against the smallest
   run (the baseline, run in the same process).
 
@@ -196,6 +197,8 @@ def run_once(n: int, k: int, split: int, sqlite: bool, work: Path) -> dict[str, 
                 "PREFECT_API_URL": api_url,
                 "PREFECT_HOME": str(work / f"client-home-{n}"),
                 "PREFECT_ODM_HOME": str(work / f"odm-home-{n}"),
+                # the client logs its retried 503/429 answers only at DEBUG (issue 33)
+                "PREFECT_LOGGING_LOGGERS_PREFECT_CLIENT_LEVEL": "DEBUG",
             }
         )
         cmd = [sys.executable, "-m", "prefect_odm.cli", "reconstruct", str(images)]
@@ -209,11 +212,12 @@ def run_once(n: int, k: int, split: int, sqlite: bool, work: Path) -> dict[str, 
         with open(log, "wb") as out:
             proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
             watched = psutil.Process(proc.pid)
-            peak_rss = 0
+            peak_rss = peak_threads = 0
             cpu_seconds = 0.0
             while proc.poll() is None:
                 try:
                     peak_rss = max(peak_rss, watched.memory_info().rss)
+                    peak_threads = max(peak_threads, watched.num_threads())
                     times = watched.cpu_times()
                     cpu_seconds = times.user + times.system
                 except psutil.Error:
@@ -226,7 +230,8 @@ def run_once(n: int, k: int, split: int, sqlite: bool, work: Path) -> dict[str, 
             raise SystemExit(f"reconstruct failed with exit code {proc.returncode}")
     print_figures(work, n, k, wall)
     print(
-        f"  flow process: peak RSS {peak_rss / 2**20:.0f} MiB, CPU {cpu_seconds:.1f} s "
+        f"  flow process: peak RSS {peak_rss / 2**20:.0f} MiB, peak threads {peak_threads}, "
+        f"CPU {cpu_seconds:.1f} s "
         f"({1000 * cpu_seconds / n:.1f} ms per image)"
     )
     return {"cpu_per_image": cpu_seconds / n, "wall": wall}
@@ -240,19 +245,17 @@ def print_figures(work: Path, n: int, k: int, wall: float) -> None:
     records = [node_tasks(work / f"node-{n}-{i}") for i in range(k)]
     on_node = {u: p for r in records for u, p in r.processing_seconds.items()}
     submodels = manifest["submodels"]
-    # outside the node: not processing there, and not waiting for a free node either
-    overhead = [
-        s["duration_seconds"]
-        - on_node.get(s["task_uuid"], 0.0)
-        - s.get("phase_seconds", {}).get("waiting_for_node", 0.0)
-        for s in submodels
-        if s["status"] == "completed"
-    ]
+    # outside the node, from the submodel's task run: its waits for memory slots and a node
+    # included (subtracting ``waiting_for_node``, which holds the slot acquisition, hid them)
+    done = [s for s in submodels if s["status"] == "completed"]
+    overhead = [s["duration_seconds"] - on_node.get(s["task_uuid"], 0.0) for s in done]
+    slot_wait = [s.get("phase_seconds", {}).get("waiting_for_node", 0.0) for s in done]
     spans = [span for r in records for span in r.spans]
     first, last = min(a for a, _ in spans), max(b for _, b in spans)
     busy = [busy_share(r.spans, first, last) for r in records]
     gaps = [g for r in records for g in idle_gaps(r.spans)]
     api_errors = text.count("retryable status code") + text.count("retryable exception")
+    api_503 = text.count("retryable status code 503")
     merge_seconds = float(manifest.get("timings_seconds", {}).get("merge", float("nan")))
     print(f"  {len(submodels)} submodels on {k} nodes, wall {wall:.0f} s")
     print(
@@ -266,8 +269,10 @@ def print_figures(work: Path, n: int, k: int, wall: float) -> None:
             f"max {max(gaps):.1f} s"
         )
     print(
-        f"  overhead per submodel outside the node: median {statistics.median(overhead):.1f} s, "
-        f"p90 {float(np.percentile(overhead, 90)):.1f} s"
+        f"  time per submodel outside the node (task run minus processing on the node): median "
+        f"{statistics.median(overhead):.1f} s, p90 {float(np.percentile(overhead, 90)):.1f} s; of"
+        f" it the wait for slots and a node: median {statistics.median(slot_wait):.1f} s, p90 "
+        f"{float(np.percentile(slot_wait, 90)):.1f} s"
     )
     phases = sorted({k for s in submodels for k in s.get("phase_seconds", {})})
     if phases:
@@ -292,7 +297,10 @@ def print_figures(work: Path, n: int, k: int, wall: float) -> None:
             f"completion to noticed): median {statistics.median(noticed):.2f} s, "
             f"p90 {float(np.percentile(noticed, 90)):.2f} s"
         )
-    print(f"  Prefect API errors retried: {api_errors}; merge {merge_seconds:.1f} s")
+    print(
+        f"  Prefect API answers retried by the client (DEBUG log): {api_errors}, of them 503: "
+        f"{api_503}; merge {merge_seconds:.1f} s"
+    )
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ pairwise slopes) on the same flight's altitudes at ``--baseline-images`` (it can
 1.25e9 slopes, about 10 GiB per array), against our ``theil_sen_slope`` at that size.
 
 Usage: python benchmarks/bench_plan_gps.py [--images 20000 50000] [--split 100]
-       [--baseline-images 8000]
+       [--baseline-images 8000] [--overlap-m M]
 """
 
 from __future__ import annotations
@@ -41,13 +41,20 @@ def main() -> None:
     parser.add_argument("--images", type=int, nargs="+", default=[20000, 50000])
     parser.add_argument("--split", type=int, default=100)
     parser.add_argument("--baseline-images", type=int, default=8000)
+    parser.add_argument(
+        "--overlap-m",
+        type=float,
+        default=None,
+        help="--split-overlap-m (default: unset, the planner widens it until every seam ties,"
+        " as `prefect-odm plan` does; 20 m is refused at 20,000 images)",
+    )
     args = parser.parse_args()
     base = scan_images(str(DATA / "brighton_beach_1600" / "images"))
     print(f"after scanning brighton: peak RSS {rss_mib():.0f} MiB")
     for n in args.images:
         survey = synthetic_survey(base, n)
         t0, c0 = time.perf_counter(), time.process_time()
-        plan = plan_split(survey, split=args.split, split_overlap_m=20)
+        plan = plan_split(survey, split=args.split, split_overlap_m=args.overlap_m)
         t_plan, c_plan = time.perf_counter() - t0, time.process_time() - c0
         x = np.arange(n, dtype=float)
         t0 = time.perf_counter()
