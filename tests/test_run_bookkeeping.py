@@ -3,6 +3,7 @@ process, the live submodel table sent at a bounded rate."""
 
 from __future__ import annotations
 
+import contextvars
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -27,8 +28,9 @@ def test_concurrent_flows_create_the_memory_limit_once(
 
     monkeypatch.setattr(admission, "_ensure_limit", counted)
     name = "prefect-odm-test-created-once"
+    contexts = [contextvars.copy_context() for _ in range(8)]  # the session's API, as subflows
     with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda _: admission.ensure_memory_limit(name, 12), range(8)))
+        list(pool.map(lambda c: c.run(admission.ensure_memory_limit, name, 12), contexts))
     assert asked == [12]
     admission.ensure_memory_limit(name, 20)
     assert asked == [12, 20]

@@ -10,6 +10,7 @@ overlap adds every camera within ``split_overlap_m`` of a core area.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -101,6 +102,24 @@ def voronoi_frame(xy: NDArray[np.float64], clip: BaseGeometry) -> VoronoiFrame:
     neighbors = tri.neighbors.astype(np.int64)
     cameras = np.asarray(shapely.points(xy), dtype=object)
     return VoronoiFrame(points, simplices, neighbors, cc, cKDTree(xy), cameras)
+
+
+class FrameCache:
+    """The last :class:`VoronoiFrame` built, for plans of the same positions and clip (the
+    overlap widening of :mod:`prefect_odm.plan.planning` plans up to 4 widths); keyed by a
+    digest of both, so other positions build their own."""
+
+    def __init__(self) -> None:
+        """An empty cache."""
+        self._key = b""
+        self._frame: VoronoiFrame | None = None
+
+    def get(self, xy: NDArray[np.float64], clip: BaseGeometry) -> VoronoiFrame:
+        """The frame of ``xy`` and ``clip`` (:func:`voronoi_frame`), built when not held."""
+        key = hashlib.blake2b(xy.tobytes() + shapely.to_wkb(clip)).digest()
+        if self._frame is None or key != self._key:
+            self._key, self._frame = key, voronoi_frame(xy, clip)
+        return self._frame
 
 
 def _voronoi_boundaries(
