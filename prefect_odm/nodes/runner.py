@@ -214,9 +214,7 @@ class SubmodelRunner:
         if not attempt_of:
             return 0, None
         found = backend.find_tasks(self._answering(), sorted(attempt_of))
-        holders: dict[str, list[str]] = {uuid: [] for uuid in attempt_of}
-        for key, uuid in sorted(found):
-            holders[uuid].append(key)
+        holders = {u: [key for key, held in sorted(found) if held == u] for u in attempt_of}
         return backend.preferred_attempt(found, attempt_of), holders
 
     def _usable_task_uuid(
