@@ -24,6 +24,7 @@ does, samples the nodes every half second, and prints:
 ``--from-work DIR`` prints the figures of a run kept with ``--work`` again, without running.
 
     python benchmarks/bench_city.py --images 600 1800 --nodes 4 [--split 100] [--sqlite]
+        [--nodeodm-test-seconds 20 --slots 2]
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -133,7 +135,11 @@ class NodeTasks:
 
 
 def node_tasks(data_dir: Path) -> NodeTasks:
-    """A node's task spans and per-task processing time, from its engine's ``tasks.json``."""
+    """A node's task spans and per-task processing time, from its engine's ``tasks.json`` or,
+    for an external node, what :class:`NodeWatcher` saw of it (``watched.json``)."""
+    watched = data_dir / "watched.json"
+    if watched.is_file():
+        return NodeTasks(str(data_dir), **json.loads(watched.read_text()))
     records = json.loads((data_dir / "tasks.json").read_text())["tasks"]
     out = NodeTasks(str(data_dir))
     for t in records:
@@ -142,6 +148,73 @@ def node_tasks(data_dir: Path) -> NodeTasks:
         out.processing_seconds[t["uuid"]] = float(t.get("processing_time_ms") or 0) / 1000.0
     out.spans.sort()
     return out
+
+
+class NodeWatcher:
+    """Polls external nodes (``/task/list``, ``/task/{uuid}/info``) every half second: a task's
+    span runs from the first poll that sees it running to the first that sees it end (within
+    half a second of the node's own times), its processing time is the node's ``processingTime``.
+    """
+
+    def __init__(self, urls: list[str], folders: list[Path]) -> None:
+        import threading
+
+        self.urls, self.folders = urls, folders
+        self.seen: list[dict[str, list[float]]] = [{} for _ in urls]
+        self.processing: list[dict[str, float]] = [{} for _ in urls]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> NodeWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        for i, folder in enumerate(self.folders):
+            folder.mkdir(parents=True, exist_ok=True)
+            spans = sorted((v[0], v[1]) for v in self.seen[i].values() if len(v) == 2)
+            data = {"spans": spans, "processing_seconds": self.processing[i]}
+            (folder / "watched.json").write_text(json.dumps(data))
+
+    def _run(self) -> None:
+        import httpx
+
+        with httpx.Client(timeout=10.0) as http:
+            while not self._stop.wait(0.5):
+                for i, url in enumerate(self.urls):
+                    try:
+                        self._poll(http, i, url)
+                    except (httpx.HTTPError, ValueError, KeyError):
+                        continue
+
+    def _poll(self, http: Any, i: int, url: str) -> None:
+        now = time.time()
+        for item in http.get(f"{url}/task/list").json():
+            uuid = item["uuid"]
+            span = self.seen[i].setdefault(uuid, [])
+            if len(span) == 2:
+                continue
+            info = http.get(f"{url}/task/{uuid}/info").json()
+            code = int(info["status"]["code"])
+            if code == 20 and not span:  # RUNNING
+                span.append(now)
+            elif code in (30, 40, 50):  # FAILED, COMPLETED, CANCELED
+                span.extend([now] * (2 - len(span)))
+                self.processing[i][uuid] = float(info.get("processingTime") or 0) / 1000.0
+
+
+@contextmanager
+def nodeodm_test_node(work: Path, test_seconds: int, slots: int) -> Iterator[str]:
+    """A real NodeODM 2.2.4 in test mode (``../shared/peers/start_nodeodm.sh``); its URL."""
+    script = REPO.parent / "shared" / "peers" / "start_nodeodm.sh"
+    args = [str(script), str(work), "--test_seconds", str(test_seconds), "-q", str(slots)]
+    url, pid = subprocess.run(args, check=True, capture_output=True, text=True).stdout.split()
+    try:
+        yield url
+    finally:
+        os.kill(int(pid), 15)
 
 
 def busy_share(spans: list[tuple[float, float]], start: float, end: float) -> float:
@@ -180,17 +253,26 @@ def prefect_api(work: Path, sqlite: bool) -> Iterator[str]:
         yield api_url
 
 
-def run_once(n: int, k: int, split: int, sqlite: bool, work: Path) -> dict[str, float]:
+def run_once(
+    n: int, k: int, split: int, sqlite: bool, work: Path, nodeodm: tuple[int, int] | None = None
+) -> dict[str, float]:
+    """One run on ``k`` built-in engines, or (``nodeodm``: test seconds, slots) on ``k``
+    NodeODM test-mode nodes watched by :class:`NodeWatcher`."""
     images = work / f"images-{n}"
     t0 = time.perf_counter()
     build_survey(n, images)
     print(f"\n{n} images at freetown-1 positions written in {time.perf_counter() - t0:.1f} s")
     with ExitStack() as stack:
         api_url = stack.enter_context(prefect_api(work / f"api-{n}", sqlite))
-        nodes = [
-            stack.enter_context(start_engine(work / f"node-{n}-{i}", method="direct"))
-            for i in range(k)
-        ]
+        folders = [work / f"node-{n}-{i}" for i in range(k)]
+        if nodeodm is None:
+            urls = [stack.enter_context(start_engine(f, method="direct")).url for f in folders]
+        else:
+            urls = [
+                stack.enter_context(nodeodm_test_node(work / f"nodeodm-{n}-{i}", *nodeodm))
+                for i in range(k)
+            ]
+            stack.enter_context(NodeWatcher(urls, folders))
         env = {k_: v for k_, v in os.environ.items() if not k_.startswith("PREFECT_")}
         env.update(
             {
@@ -202,8 +284,9 @@ def run_once(n: int, k: int, split: int, sqlite: bool, work: Path) -> dict[str, 
             }
         )
         cmd = [sys.executable, "-m", "prefect_odm.cli", "reconstruct", str(images)]
-        cmd += ["--output", str(work / f"out-{n}"), "--split", str(split), "--pipeline", "direct"]
-        cmd += ["--nodes", *[node.url for node in nodes]]
+        cmd += ["--output", str(work / f"out-{n}"), "--split", str(split)]
+        cmd += ["--pipeline", "direct"] if nodeodm is None else []
+        cmd += ["--nodes", *urls]
         # every image is one photo at another position: the products cannot be aligned, and
         # orchestration is what this measures
         cmd += ["--accept-alignment"]
@@ -309,6 +392,14 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--split", type=int, default=100)
     parser.add_argument("--sqlite", action="store_true", help="SQLite behind the Prefect server")
+    parser.add_argument(
+        "--nodeodm-test-seconds",
+        type=int,
+        default=None,
+        help="NodeODM 2.2.4 test-mode nodes (../shared/peers) whose tasks run this long, "
+        "instead of built-in engines",
+    )
+    parser.add_argument("--slots", type=int, default=2, help="task slots per NodeODM node")
     parser.add_argument("--work", type=Path, default=None, help="keep everything in this folder")
     parser.add_argument("--from-work", type=Path, default=None, help="print a kept run's figures")
     args = parser.parse_args()
@@ -321,7 +412,10 @@ def main() -> None:
         return
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-city-"))
     print(f"work folder: {work}")
-    results = {n: run_once(n, args.nodes, args.split, args.sqlite, work) for n in args.images}
+    nodeodm = None if args.nodeodm_test_seconds is None else (args.nodeodm_test_seconds, args.slots)
+    results = {
+        n: run_once(n, args.nodes, args.split, args.sqlite, work, nodeodm) for n in args.images
+    }
     base_n = min(results)
     for n, r in sorted(results.items()):
         ratio = r["cpu_per_image"] / results[base_n]["cpu_per_image"]
