@@ -104,13 +104,13 @@ def _with_gps(template: bytes, lat: float, lon: float, alt_m: float, taken: date
 
 
 def build_survey(n: int, folder: Path) -> None:
-    """``n`` images at freetown-1's positions and capture times, tiled eastwards (each copy of
-    the flight a day later)."""
+    """``n`` images at freetown-1's positions and capture times (at its median altitude), tiled
+    eastwards (each copy of the flight a day later)."""
     layout = read_layout(DATA / "layouts" / "freetown-1")
     lat, lon = layout.latitude, layout.longitude
-    alt = np.where(
-        np.isfinite(layout.altitude_m), layout.altitude_m, np.nanmedian(layout.altitude_m)
-    )
+    # one altitude for all: freetown-1's terrain-following GPS altitudes tilt the altitude
+    # priors past the plan's 2-degree gate (issue 31), and orchestration is what is measured
+    alt = np.full(len(lat), float(np.nanmedian(layout.altitude_m)))
     start = datetime(2026, 1, 1, 9, 0, 0)
     times = [t or start + timedelta(seconds=2 * i) for i, t in enumerate(layout.capture_time)]
     width_deg = float(lon.max() - lon.min()) + 50.0 / (111_320.0 * np.cos(np.radians(lat.mean())))
