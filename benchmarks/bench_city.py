@@ -10,7 +10,7 @@ does, samples the nodes every half second, and prints:
 * node utilisation while work remained: the share of the time from the first task's start to
   the last task's end in which each node ran a task (from the tasks each engine records in its
   ``tasks.json``), and how long a node idled between two of its tasks;
-* time per submodel outside the node: the submodel's duration minus its task's processing
+* time per submodel outside the node: the submodel's run (the runner's duration) minus its task's processing
   time on the node (median, p90), its wait for memory slots and a node apart, and the median of each
   phase the run records per submodel (``phase_seconds`` in the manifest: waiting for a node,
   upload, processing, download, store); and how much longer the runner's processing phase is
@@ -372,7 +372,7 @@ def print_figures(work: Path, n: int, k: int, wall: float) -> None:
             f"max {max(gaps):.1f} s"
         )
     print(
-        f"  time per submodel outside the node (task run minus processing on the node): median "
+        f"  time per submodel outside the node (its run minus processing on the node): median "
         f"{statistics.median(overhead):.1f} s, p90 {float(np.percentile(overhead, 90)):.1f} s; of"
         f" it the wait for slots and a node: median {statistics.median(slot_wait):.1f} s, p90 "
         f"{float(np.percentile(slot_wait, 90)):.1f} s"
