@@ -216,7 +216,7 @@ def _finish(
         node_health=node_health,
         routing=routing,
     )
-    table.publish()
+    table.publish(now=True)
     publish_report(manifest, plan, survey, layout, reports, table.board.table())
     write_stac(layout.survey_dir, manifest)  # stac/collection.json, for a STAC portal
     storage.write_json_atomic(layout.manifest, manifest.model_dump(mode="json"))

@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import os
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,6 +36,7 @@ from prefect.client.schemas.actions import (
 from prefect.concurrency.sync import concurrency
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.settings import get_current_settings
+from pydantic import SecretStr
 
 from prefect_odm.settings import prefect_odm_home
 
@@ -49,8 +51,30 @@ def slots_for(memory_gib: float) -> int:
     return max(1, math.ceil(memory_gib - 1e-9))
 
 
+_ensured: set[tuple[str, str, int]] = set()  # (API or database, name, GiB) done here
+_ensure_lock = threading.Lock()
+
+
 def ensure_memory_limit(name: str, limit_gib: int) -> None:
-    """Create the global concurrency limit ``name`` with ``limit_gib`` slots, or resize it."""
+    """Create the global concurrency limit ``name`` with ``limit_gib`` slots, or resize it.
+
+    Once per process, API and size: every submodel flow of a run calls it, and concurrent
+    subflows each read "not found" and created it, the server logging a duplicate-key error
+    for all but one (33 at 100 submodels, issue 33); they now wait on one lock and the first
+    one's answer. Another process (or a later size) asks the API again.
+    """
+    settings = get_current_settings()
+    url = settings.api.url or settings.server.database.connection_url  # embedded: its database
+    where = url.get_secret_value() if isinstance(url, SecretStr) else str(url)
+    key = (where, name, limit_gib)
+    with _ensure_lock:
+        if key in _ensured:
+            return
+        _ensure_limit(name, limit_gib)
+        _ensured.add(key)
+
+
+def _ensure_limit(name: str, limit_gib: int) -> None:
     with get_client(sync_client=True) as client:
         try:
             current = client.read_global_concurrency_limit_by_name(name)

@@ -408,7 +408,7 @@ def show_child_history(table: LiveSubmodelTable) -> None:
     ChildRunFeed(table.board, lambda: None)(children)
     for sid in cached & set(children):
         table.board.update(sid, state="cached")
-    table.publish()
+    table.publish(now=True)
 
 
 @dataclass(frozen=True)
@@ -468,5 +468,5 @@ class SubmodelChildren:
             if result.node_url:
                 node = "built-in engine" if builtin else result.node_url
                 table.board.update(sid, node=node, attempts=result.attempts)
-        table.publish()
+        table.publish(now=True)
         return results

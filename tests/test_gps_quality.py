@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 from pyproj import Transformer
 
-from prefect_odm.survey.gps_quality import GpsFix, GpsQualityOptions, check_gps, jump_distances
+from prefect_odm.survey.gps_quality import (
+    GpsFix,
+    GpsQualityOptions,
+    check_gps,
+    flights,
+    jump_distances,
+)
 
 
 @pytest.fixture(scope="module")
@@ -206,3 +212,58 @@ def test_a_long_drifting_flight_is_warned_and_a_level_one_is_not() -> None:
     drifting = with_drift(level, 0.001)
     (w,) = check_gps(drifting)
     assert w.kind == "altitude_trend" and w.value == pytest.approx(20.0, rel=0.1)
+
+
+def _trend_warned(fit: tuple[float, float, float], n: int) -> bool:
+    """The altitude-trend rule of ``altitude_trend`` on a (slope, low, high) fit of n heights."""
+    slope, low, high = fit
+    return abs(slope * (n - 1)) > GpsQualityOptions().max_altitude_drift_m and not (
+        low <= 0.0 <= high
+    )
+
+
+@pytest.mark.parametrize("name", ["agung-2", "freetown-1"])
+def test_sampled_theil_sen_agrees_with_scipy_on_the_real_flights(
+    data_dir: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On every flight of the real layouts (1,817 and 1,452 positions) the pair-sampled estimator
+    gives scipy's exact slope and interval to within a tenth of the interval's width and the same
+    altitude-trend verdict; forced on every flight, the survey's warnings are the same (a jump
+    list within 1 % of its images)."""
+    from scipy.stats import theilslopes
+
+    from prefect_odm.plan.checks import gps_warnings
+    from prefect_odm.survey import gps_quality
+    from prefect_odm.survey.layouts import layout_survey, read_layout
+
+    survey = layout_survey(read_layout(data_dir / "layouts" / name))
+    pairs = [(im.name, im) for im in survey.images]
+    x = np.arange(len(pairs), dtype=np.float64)
+    fixes = [
+        GpsFix(n, im.capture_time.timestamp(), 0.0, 0.0, im.altitude_m)
+        for n, im in pairs
+        if im.capture_time is not None and im.altitude_m is not None
+    ]
+    checked = 0
+    for flight in flights(fixes, GpsQualityOptions().flight_gap_s):
+        if len(flight) < GpsQualityOptions().min_images:
+            continue
+        h = np.array([f.alt_m for f in flight])
+        exact = theilslopes(h, np.arange(len(h)), alpha=0.95)
+        got = gps_quality.sampled_theil_sen_slope(h)
+        width = max(exact.high_slope - exact.low_slope, 1e-12)
+        assert abs(got[0] - exact.slope) <= 0.1 * width
+        assert abs(got[1] - exact.low_slope) <= 0.1 * width
+        assert abs(got[2] - exact.high_slope) <= 0.1 * width
+        assert _trend_warned(got, len(h)) == _trend_warned(
+            (exact.slope, exact.low_slope, exact.high_slope), len(h)
+        )
+        checked += 1
+    assert checked >= 1
+    exact_found, _ = gps_warnings(pairs, x, x)
+    monkeypatch.setattr(gps_quality, "EXACT_MAX_IMAGES", 0)
+    sampled_found, _ = gps_warnings(pairs, x, x)
+    # The same warnings; a jump list may differ by a shot on the 10 m line (the slope moves a hair).
+    assert [w.kind for w in sampled_found] == [w.kind for w in exact_found]
+    for s, e in zip(sampled_found, exact_found, strict=True):
+        assert len(set(s.images) ^ set(e.images)) <= max(1, len(e.images) // 100)

@@ -285,3 +285,32 @@ def test_cancel_while_processing_cancels_the_remote_task(survey_plan, tmp_path, 
         run.runner.run(run.submodel.id)
     assert node.cancelled == [run.uuid(0)]
     assert run.pool.nodes[0].running == 0 and run.pool.nodes[0].used_memory_gib == 0.0
+
+
+class CountingNode(ScriptedNode):
+    """A :class:`ScriptedNode` counting its ``/task/list`` calls."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.listed = 0
+
+    def task_list(self) -> list[str]:
+        self.listed += 1
+        return super().task_list()
+
+
+def test_a_first_run_lists_no_node_and_a_rerun_each_node_once(survey_plan, tmp_path, sleeps):
+    """No node can hold a task under a UUID no run began an upload under: a first run asks no
+    node for its task; a rerun after a kill asks each node once (not twice) and re-attaches."""
+    nodes = [CountingNode(f"http://{c}") for c in "abcd"]
+    run = Run(survey_plan, tmp_path, *nodes)
+    first = run.runner.run(run.submodel.id)
+    assert first.status == "completed", first.error
+    assert [n.listed for n in nodes] == [0, 0, 0, 0]
+    # killed before its result was stored: the task stays on its node, the upload mark too
+    Path(run.runner.layout.submodel_result(run.submodel.id, run.submodel.fingerprint)).unlink()
+    again = run.runner.run(run.submodel.id)
+    assert again.status == "completed", again.error
+    assert [n.listed for n in nodes] == [1, 1, 1, 1]
+    assert again.task_uuid == first.task_uuid and again.node_url == first.node_url
+    assert sum(len(n.created) for n in nodes) == 1

@@ -455,11 +455,20 @@ def live_attempt(
     Returns:
         The attempt number to start from (0 when no node has any of them).
     """
-    rank = {COMPLETED: 0, RUNNING: 1, QUEUED: 1, FAILED: 2, CANCELED: 2}
     attempt_of = {task_uuid(submodel_fingerprint, a): a for a in range(attempts)}
-    found = [
+    return preferred_attempt(find_tasks(clients, list(attempt_of)), attempt_of)
+
+
+def preferred_attempt(
+    found: Mapping[tuple[str, str], TaskState], attempt_of: Mapping[str, int]
+) -> int:
+    """The attempt :func:`live_attempt` continues, from what :func:`find_tasks` ``found`` of the
+    UUIDs ``attempt_of`` (UUID -> attempt number): completed first, then queued or running,
+    then failed or cancelled; 0 when none was found."""
+    rank = {COMPLETED: 0, RUNNING: 1, QUEUED: 1, FAILED: 2, CANCELED: 2}
+    ranked = [
         (rank[state.status], attempt_of[uuid])
-        for (_key, uuid), state in find_tasks(clients, list(attempt_of)).items()
-        if state.status in rank
+        for (_key, uuid), state in found.items()
+        if state.status in rank and uuid in attempt_of
     ]
-    return min(found)[1] if found else 0
+    return min(ranked)[1] if ranked else 0

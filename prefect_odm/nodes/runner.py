@@ -53,6 +53,9 @@ from prefect_odm.run_policy import load_stored_result
 logger = logging.getLogger(__name__)
 
 
+_Holders = Mapping[str, Sequence[str]] | None  # task UUID -> node keys holding it, just asked
+
+
 def _no_admission(submodel_id: str, memory_gib: float) -> AbstractContextManager[object]:
     return nullcontext()
 
@@ -141,12 +144,13 @@ class SubmodelRunner:
         uuid: str | None = None
         attempt = retries_elsewhere = 0
         # continue the attempt a killed run left; a failed download retries the same task
-        uuid_attempt = (
-            backend.live_attempt(self._answering(), submodel.fingerprint, 2 * self.max_attempts) - 1
-        )
+        uuid_attempt, holders = self._left_attempt(submodel)
+        uuid_attempt -= 1
         for attempt in range(self.max_attempts):
             uuid_attempt += 0 if isinstance(last, DownloadError) else 1
-            uuid_attempt, uuid, holder = self._usable_task_uuid(submodel, uuid_attempt, excluded)
+            uuid_attempt, uuid, holder = self._usable_task_uuid(
+                submodel, uuid_attempt, excluded, holders if attempt == 0 else None
+            )
             pinned = [k for k in self.clients if k != holder] if holder else []
             leased_at, on_node = time.monotonic(), None  # the node of this attempt
             asked_at = leased_at
@@ -196,14 +200,31 @@ class SubmodelRunner:
         progress.emit(progress.SubmodelEvent(submodel_id=submodel.id, state="failed", fraction=1.0))
         return record.failed(last, node_key, uuid, attempt + 1)
 
+    def _left_attempt(self, submodel: Submodel) -> tuple[int, _Holders]:
+        """The attempt a killed run left (:func:`~prefect_odm.nodes.backend.live_attempt`) and
+        the node keys holding each of its UUIDs. Only UUIDs with an upload mark (written before
+        every task is created) can be tasks: a first run asks no node, a rerun each node once
+        (it listed every node twice per submodel, 4,000 ``/task/list`` at 100 x 20, issue 33)."""
+        fp = submodel.fingerprint
+        attempt_of = {
+            uuid: a
+            for a in range(2 * self.max_attempts)
+            if upload_marked(self.layout, submodel, uuid := task_uuid(fp, a))
+        }
+        if not attempt_of:
+            return 0, None
+        found = backend.find_tasks(self._answering(), sorted(attempt_of))
+        holders = {u: [key for key, held in sorted(found) if held == u] for u in attempt_of}
+        return backend.preferred_attempt(found, attempt_of), holders
+
     def _usable_task_uuid(
-        self, submodel: Submodel, uuid_attempt: int, excluded: Sequence[str]
+        self, submodel: Submodel, uuid_attempt: int, excluded: Sequence[str], holders: _Holders
     ) -> tuple[int, str, str | None]:
         """``(uuid_attempt, task UUID, node key holding it or None)`` for this attempt: a task
         a killed run left on some node is re-attached there, never duplicated; a UUID a run
-        began uploading that no node has is passed over."""
+        began uploading that no node has is passed over. ``holders``: :meth:`_left_attempt`'s."""
         uuid = task_uuid(submodel.fingerprint, uuid_attempt)
-        holder = self._locate(uuid, excluded)
+        holder = self._holder(submodel, uuid, excluded, holders)
         while holder is None and upload_marked(self.layout, submodel, uuid):
             # An earlier run began an upload under this UUID and no node has the task (cut
             # by a kill, or removed by the node since): its files may wait on the node, so
@@ -214,8 +235,17 @@ class SubmodelRunner:
             )
             uuid_attempt += 1
             uuid = task_uuid(submodel.fingerprint, uuid_attempt)
-            holder = self._locate(uuid, excluded)
+            holder = self._holder(submodel, uuid, excluded, holders)
         return uuid_attempt, uuid, holder
+
+    def _holder(
+        self, sm: Submodel, uuid: str, excluded: Sequence[str], holders: _Holders
+    ) -> str | None:
+        """The node holding task ``uuid``: from ``holders`` when it has the UUID, none without
+        an upload mark, else asked (:meth:`_locate`)."""
+        if holders is not None and uuid in holders:
+            return next((k for k in holders[uuid] if k not in excluded), None)
+        return self._locate(uuid, excluded) if upload_marked(self.layout, sm, uuid) else None
 
     def _run_on(
         self, client: NodeBackend, submodel: Submodel, uuid: str, clock: PhaseClock

@@ -10,8 +10,10 @@ overlap adds every camera within ``split_overlap_m`` of a core area.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
@@ -23,6 +25,9 @@ from shapely.geometry.base import BaseGeometry
 
 VERTEX_SNAP_DECIMALS = 6
 """Voronoi vertices are snapped to 10**-6 m (1 micrometre) before the cells are polygonized."""
+
+RING_COUNT = 64
+"""Far points around the survey that close the outer cameras' cells."""
 
 
 def multipoint(xy: NDArray[np.float64]) -> MultiPoint:
@@ -51,34 +56,86 @@ def circumcentres(
     return centres
 
 
+@dataclass(frozen=True)
+class VoronoiFrame:
+    """What the core areas of every labelling of the same positions share: built once per plan.
+
+    The Delaunay triangulation (scipy/Qhull, 1.5 s at 100,000 positions) depends on the
+    positions and the clip only, not on the parts; the load balancing of
+    :mod:`prefect_odm.plan.planning` labels the same positions up to 9 times.
+
+    Attributes:
+        points: ``(n + 64, 2)`` the positions and a ring of far points closing the outer cells.
+        simplices: ``(m, 3)`` triangles, indices into ``points``.
+        neighbors: ``(m, 3)`` the triangle across each triangle's edge ``i`` (-1 on the hull).
+        centres: ``(m, 2)`` circumcentres, snapped to :data:`VERTEX_SNAP_DECIMALS`.
+        tree: KD-tree of the ``n`` positions (nearest camera, cameras within a reach).
+        cameras: ``(n,)`` the positions as shapely Points (the overlap's distance tests).
+    """
+
+    points: NDArray[np.float64]
+    simplices: NDArray[np.int64]
+    neighbors: NDArray[np.int64]
+    centres: NDArray[np.float64]
+    tree: cKDTree
+    cameras: NDArray[np.object_]
+
+
+def voronoi_frame(xy: NDArray[np.float64], clip: BaseGeometry) -> VoronoiFrame:
+    """The :class:`VoronoiFrame` of positions ``xy`` ``(n, 2)`` (metres) for cells clipped to ``clip``.
+
+    A ring of far points closes the cells of the outer cameras: far enough that no bisector with
+    a real camera enters ``clip``.
+    """
+    minx, miny, maxx, maxy = clip.bounds
+    centre = np.array([(minx + maxx) / 2, (miny + maxy) / 2])
+    radius = max(maxx - minx, maxy - miny, 1.0)
+    angles = np.arange(RING_COUNT) * (2 * np.pi / RING_COUNT)
+    ring = centre + 4.0 * radius * np.column_stack([np.cos(angles), np.sin(angles)])
+    points = np.vstack([xy, ring])
+    tri = Delaunay(points)
+    simplices = tri.simplices.astype(np.int64)
+    # Snapped: positions regular up to round-off (a lon/lat <-> UTM round trip leaves ~1e-10 m)
+    # give pairs of circumcentres a hair apart, whose tiny edges polygonize cannot close into
+    # cells; snapped, they are one Voronoi vertex and the zero-length edge is dropped below.
+    cc = np.round(circumcentres(points, simplices), VERTEX_SNAP_DECIMALS)
+    neighbors = tri.neighbors.astype(np.int64)
+    cameras = np.asarray(shapely.points(xy), dtype=object)
+    return VoronoiFrame(points, simplices, neighbors, cc, cKDTree(xy), cameras)
+
+
+class FrameCache:
+    """The last :class:`VoronoiFrame` built, for plans of the same positions and clip (the
+    overlap widening of :mod:`prefect_odm.plan.planning` plans up to 4 widths); keyed by a
+    digest of both, so other positions build their own."""
+
+    def __init__(self) -> None:
+        """An empty cache."""
+        self._key = b""
+        self._frame: VoronoiFrame | None = None
+
+    def get(self, xy: NDArray[np.float64], clip: BaseGeometry) -> VoronoiFrame:
+        """The frame of ``xy`` and ``clip`` (:func:`voronoi_frame`), built when not held."""
+        key = hashlib.blake2b(xy.tobytes() + shapely.to_wkb(clip)).digest()
+        if self._frame is None or key != self._key:
+            self._key, self._frame = key, voronoi_frame(xy, clip)
+        return self._frame
+
+
 def _voronoi_boundaries(
-    xy: NDArray[np.float64], labels: NDArray[np.int32], k: int, clip: BaseGeometry
+    frame: VoronoiFrame, labels: NDArray[np.int32], k: int
 ) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
     """The Voronoi edges between cameras of different parts, each listed once per side.
 
-    A ring of far points (label -1) closes the cells of the outer cameras: far enough that no
-    bisector with a real camera enters ``clip``.
+    The frame's far ring has label -1.
 
     Returns:
         ``(segments, bounds)``: the segments ``(s, 2, 2)`` sorted by the part of their side, and
         ``bounds`` ``(k + 2,)`` such that the segments of part ``p`` are
         ``segments[bounds[p + 1]:bounds[p + 2]]``.
     """
-    minx, miny, maxx, maxy = clip.bounds
-    centre = np.array([(minx + maxx) / 2, (miny + maxy) / 2])
-    radius = max(maxx - minx, maxy - miny, 1.0)
-    ring_count = 64
-    angles = np.arange(ring_count) * (2 * np.pi / ring_count)
-    ring = centre + 4.0 * radius * np.column_stack([np.cos(angles), np.sin(angles)])
-    points = np.vstack([xy, ring])
-    all_labels = np.concatenate([labels, np.full(ring_count, -1, dtype=np.int32)])
-    tri = Delaunay(points)
-    simplices = tri.simplices.astype(np.int64)
-    neighbors = tri.neighbors.astype(np.int64)
-    # Snapped: positions regular up to round-off (a lon/lat <-> UTM round trip leaves ~1e-10 m)
-    # give pairs of circumcentres a hair apart, whose tiny edges polygonize cannot close into
-    # cells; snapped, they are one Voronoi vertex and the zero-length edge is dropped below.
-    cc = np.round(circumcentres(points, simplices), VERTEX_SNAP_DECIMALS)
+    simplices, neighbors, cc = frame.simplices, frame.neighbors, frame.centres
+    all_labels = np.concatenate([labels, np.full(RING_COUNT, -1, dtype=np.int32)])
     seg_t: list[NDArray[np.int64]] = []
     seg_t2: list[NDArray[np.int64]] = []
     seg_lab_a: list[NDArray[np.int32]] = []
@@ -109,7 +166,11 @@ def _voronoi_boundaries(
 
 
 def core_areas(
-    xy: NDArray[np.float64], labels: NDArray[np.int32], k: int, clip: BaseGeometry
+    xy: NDArray[np.float64],
+    labels: NDArray[np.int32],
+    k: int,
+    clip: BaseGeometry,
+    frame: VoronoiFrame | None = None,
 ) -> list[BaseGeometry]:
     """Per part, the union of its cameras' Voronoi cells, clipped to ``clip``.
 
@@ -121,13 +182,15 @@ def core_areas(
         labels: ``(n,)`` part of each camera, ``0..k-1``.
         k: number of parts.
         clip: the polygon to clip the cells to (must contain every camera).
+        frame: :func:`voronoi_frame` of ``xy`` and ``clip``, when it was built already.
 
     Returns:
         ``k`` Polygon/MultiPolygon geometries (empty when a part owns no area inside ``clip``).
     """
     if k == 1:
         return [clip]
-    seg_all, bounds = _voronoi_boundaries(xy, labels, k, clip)
+    frame = frame if frame is not None else voronoi_frame(xy, clip)
+    seg_all, bounds = _voronoi_boundaries(frame, labels, k)
     # The faces polygonized from a part's boundary segments, kept when that part owns them.
     faces: list[BaseGeometry] = []
     face_part: list[int] = []
@@ -143,7 +206,7 @@ def core_areas(
     if not faces:
         return out
     reps = shapely.get_coordinates(shapely.point_on_surface(np.array(faces, dtype=object)))
-    _, nearest = cKDTree(xy).query(reps, k=1)
+    _, nearest = frame.tree.query(reps, k=1)
     owner = labels[nearest]
     kept: list[list[BaseGeometry]] = [[] for _ in range(k)]
     for face, part, own in zip(faces, face_part, owner, strict=True):
@@ -162,6 +225,7 @@ def overlap_members(
     labels: NDArray[np.int32],
     areas: Sequence[BaseGeometry],
     split_overlap_m: float,
+    frame: VoronoiFrame | None = None,
 ) -> list[NDArray[np.intp]]:
     """Per part, the sorted indices of every camera it processes: its own plus those within
     ``split_overlap_m`` metres of its core area.
@@ -171,12 +235,14 @@ def overlap_members(
         labels: ``(n,)`` core part of each camera.
         areas: core area of each part.
         split_overlap_m: overlap width in metres (>= 0).
+        frame: :func:`voronoi_frame` of ``xy``, when it was built already (its KD-tree and
+            points are used).
     """
     k = len(areas)
     own = [np.flatnonzero(labels == part) for part in range(k)]
     if split_overlap_m <= 0 or k == 1:
         return own
-    tree = cKDTree(xy)
+    tree = frame.tree if frame is not None else cKDTree(xy)
     out: list[NDArray[np.intp]] = []
     for part, area in enumerate(areas):
         if area.is_empty:
@@ -189,7 +255,8 @@ def overlap_members(
         cand = cand[labels[cand] != part]
         if len(cand):
             shapely.prepare(area)
-            near = shapely.dwithin(area, shapely.points(xy[cand]), split_overlap_m)
+            cams = frame.cameras[cand] if frame is not None else shapely.points(xy[cand])
+            near = shapely.dwithin(area, cams, split_overlap_m)
             extra = cand[near]
         else:
             extra = cand

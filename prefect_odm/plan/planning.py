@@ -62,7 +62,7 @@ from prefect_odm.models import (
 )
 from prefect_odm.plan.altitudes import altitude_correction
 from prefect_odm.plan.checks import gps_warnings
-from prefect_odm.plan.core_areas import core_areas, multipoint, overlap_members
+from prefect_odm.plan.core_areas import FrameCache, core_areas, multipoint, overlap_members
 from prefect_odm.plan.memory import MemoryModel, max_images_within
 from prefect_odm.plan.neighbours import (
     AlignmentNeeds,
@@ -120,6 +120,7 @@ def plan_from_positions(
     clip_buffer_m: float = 100.0,
     geometry: bool = True,
     balance_load: bool = True,
+    frames: FrameCache | None = None,
 ) -> PositionPlan:
     """Plan submodels on raw projected positions (the engine of :func:`plan_split`).
 
@@ -136,6 +137,8 @@ def plan_from_positions(
             number of images, core plus overlap (:func:`_balanced_split`); without it (or
             without ``geometry``) the cores have the sizes of
             :func:`~prefect_odm.plan.partition.target_sizes`.
+        frames: the triangulation of earlier plans of the same positions, reused when the
+            clip is the same too.
 
     Returns:
         The :class:`PositionPlan`; identical for any permutation of the input (given tie ranks).
@@ -167,7 +170,7 @@ def plan_from_positions(
             else min_submodel_images
         )
         labels_sorted, local_areas, members_sorted = _balanced_split(
-            xy, sizes, clip, split_overlap_m, min(min_size, min(sizes)), balance_load
+            xy, sizes, clip, split_overlap_m, min(min_size, min(sizes)), balance_load, frames
         )
         areas = [shapely.transform(a, lambda c: c + origin) for a in local_areas]
         clip = shapely.transform(clip, lambda c: c + origin)
@@ -269,6 +272,7 @@ def _balanced_split(
     split_overlap_m: float,
     min_size: int,
     balance_load: bool = True,
+    frames: FrameCache | None = None,
 ) -> _Split:
     """Labels, core areas and members (core + overlap) of the split, its load balanced.
 
@@ -283,12 +287,13 @@ def _balanced_split(
     image within 4 % (``python benchmarks/bench_plan_balance.py``).
     """
     n = len(xy)
+    frame = (frames or FrameCache()).get(xy, clip) if len(sizes) > 1 else None  # every round
 
     def split_with(part_sizes: Sequence[int]) -> tuple[_Split, NDArray[np.int64]]:
         labels = _part_labels(xy, part_sizes)
         k = int(labels.max()) + 1
-        areas = core_areas(xy, labels, k, clip)
-        members = overlap_members(xy, labels, areas, split_overlap_m)
+        areas = core_areas(xy, labels, k, clip, frame)
+        members = overlap_members(xy, labels, areas, split_overlap_m, frame)
         return (labels, areas, members), np.array([len(m) for m in members], dtype=np.int64)
 
     best, loads = split_with(sizes)
@@ -333,13 +338,14 @@ def _settled_plan(
         PlanningError: the decision refuses the overlap (one line starting with ``source``).
     """
     plans: dict[float, tuple[PositionPlan, list[str]]] = {}
+    frames = FrameCache()  # one triangulation for the widths whose clip is the same
 
     def plan_at(width_m: float) -> tuple[PositionPlan, list[str]]:
         if width_m not in plans:
             pplan = plan_from_positions(
                 x, y, split=split_n, split_overlap_m=width_m, min_submodel_images=min_size,
                 tie_rank=np.arange(len(x)),
-                clip_buffer_m=max(3.0 * half_fp, 2.0 * width_m, 50.0),
+                clip_buffer_m=max(3.0 * half_fp, 2.0 * width_m, 50.0), frames=frames,
             )  # fmt: skip
             plans[width_m] = merge_duplicate_parts(pplan, width_m)
         return plans[width_m]

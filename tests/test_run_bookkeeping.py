@@ -1,0 +1,67 @@
+"""Bookkeeping that does not grow with the city (issue 33): the memory limit created once per
+process, the live submodel table sent at a bounded rate."""
+
+from __future__ import annotations
+
+import contextvars
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect_odm.tasks import admission, artifacts
+
+from prefect_odm.progress import SubmodelBoard
+
+
+def test_concurrent_flows_create_the_memory_limit_once(
+    prefect_api: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight submodel flows of one process starting together ask the API once (they each read
+    "not found" and created it: a duplicate-key error in the server's log for all but one);
+    another size asks again and resizes the limit."""
+    asked: list[int] = []
+    real = admission._ensure_limit
+
+    def counted(name: str, limit_gib: int) -> None:
+        asked.append(limit_gib)
+        real(name, limit_gib)
+
+    monkeypatch.setattr(admission, "_ensure_limit", counted)
+    name = "prefect-odm-test-created-once"
+    contexts = [contextvars.copy_context() for _ in range(8)]  # the session's API, as subflows
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda c: c.run(admission.ensure_memory_limit, name, 12), contexts))
+    assert asked == [12]
+    admission.ensure_memory_limit(name, 20)
+    assert asked == [12, 20]
+    with get_client(sync_client=True) as client:
+        limit = client.read_global_concurrency_limit_by_name(name)
+    assert limit.limit == 20 and limit.active
+
+
+def test_the_live_table_is_sent_at_a_bounded_rate_and_ends_right(prefect_api: str) -> None:
+    """A burst of 100 changes (20 submodels, 5 states each) is a few updates, not 100; the
+    table the UI reads at the end is the board's last state."""
+    import json
+
+    from prefect import flow
+
+    ids = [f"submodel-{i:03d}" for i in range(20)]
+
+    @flow
+    def burst() -> tuple[int, object]:
+        live = artifacts.LiveSubmodelTable(SubmodelBoard(ids), "submodels-bookkeeping")
+        for state in ("queued", "uploading", "running", "downloading", "completed"):
+            for sid in ids:
+                live.board.update(sid, state=state)
+                live.publish()
+        live.publish(now=True)
+        return live.sent, live.table_id
+
+    sent, table_id = burst()
+    assert 1 <= sent <= 3
+    with get_client(sync_client=True) as client:
+        artifact = client.read_artifacts()
+    (table,) = [a for a in artifact if a.id == table_id]
+    data = table.data if isinstance(table.data, list) else json.loads(str(table.data))
+    assert {row["state"] for row in data} == {"completed"}
