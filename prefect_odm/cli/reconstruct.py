@@ -78,6 +78,8 @@ class RunRequest(TypedDict):
         images, nodes, split, split_overlap_m, allow_partial: the command's arguments.
         listing: SHA-256 of the inputs' listing (names, sizes, times or ETags).
         options: the processing options as JSON data.
+        merge_options: the merge options as JSON data (``--accept-alignment``,
+            ``--point-cloud-format``): another merge is another request.
         version: the prefect-odm version.
     """
 
@@ -88,6 +90,7 @@ class RunRequest(TypedDict):
     split_overlap_m: float
     options: dict[str, JsonValue]
     """The processing options as JSON (``ProcessingOptions.model_dump(mode="json")``)."""
+    merge_options: dict[str, JsonValue]
     allow_partial: bool
     version: str
 
@@ -130,6 +133,7 @@ def _run_request(args: argparse.Namespace, options: ProcessingOptions) -> RunReq
         "split": args.split,
         "split_overlap_m": args.split_overlap_m,
         "options": options.model_dump(mode="json"),
+        "merge_options": merge_options(args).model_dump(mode="json"),
         "allow_partial": args.allow_partial,
         "version": __version__,
     }
