@@ -21,6 +21,7 @@ from shapely.geometry import shape
 from prefect_odm.align.report import AlignmentOptions
 from prefect_odm.errors import PlanningError
 from prefect_odm.models import MergeOptions, NeighbourPair, ProcessingOptions, SplitPlan, Survey
+from prefect_odm.plan.checks import MIN_SFM_SUBMODEL_IMAGES
 from prefect_odm.plan.neighbours import (
     MAX_SPLIT_OVERLAP_M,
     OVERLAP_STEP_M,
@@ -342,3 +343,20 @@ def test_plan_report_lists_the_seams(grid: Survey) -> None:
     sparse = grid_survey(10, 12, line_spacing_m=80.0, shot_spacing_m=60.0)
     widened = plan_split(sparse, split=12, merge_options=CAMERAS_ONLY)
     assert "widened from 50 m to" in plan_markdown(widened, sparse)
+
+
+@pytest.mark.parametrize("pipeline", ["sfm", "direct"])
+def test_submodels_too_small_for_structure_from_motion_are_refused_at_the_plan(
+    data_dir: Path, pipeline: str
+) -> None:
+    """A new user's ``--split 3 --split-overlap-m 0`` on brighton: 3-image submodels, each failed
+    its block check after compute blaming the GPS. Structure from motion is refused at the plan
+    naming the submodel; the direct pipeline places any size by GPS and plans it."""
+    survey = scan_images(str(data_dir / "brighton_beach_1600" / "images"))
+    options = ProcessingOptions(pipeline=pipeline)
+    if pipeline == "direct":
+        plan = plan_split(survey, split=3, split_overlap_m=0, options=options)
+        assert min(len(s.image_names) for s in plan.submodels) < MIN_SFM_SUBMODEL_IMAGES
+        return
+    with pytest.raises(PlanningError, match=r"submodel-\d{3} would reconstruct \d images"):
+        plan_split(survey, split=3, split_overlap_m=0, options=options)

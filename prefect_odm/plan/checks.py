@@ -235,3 +235,32 @@ def plan_gps_refusal(plan: SplitPlan, survey: Survey) -> str | None:
     ]
     tilt = altitude_prior_tilt_deg([c.x_m for c in placed], [c.y_m for c in placed], heights)
     return gps_altitude_refusal(plan.gps_warnings, tilt)
+
+
+MIN_SFM_SUBMODEL_IMAGES = 5
+"""The fewest images a submodel reconstructs by structure from motion: below it the block check
+(its mean camera axis against nadir) fails on geometry, not GPS (a new user's ``--split 3
+--split-overlap-m 0`` on brighton planned 3-image submodels that all failed after compute)."""
+
+
+def small_block_refusal(submodels: Sequence[HasImages], pipeline: str) -> str | None:
+    """The one-line refusal of a plan whose smallest submodel is too small for its pipeline.
+
+    Args:
+        submodels: the plan's submodels (core plus overlap images each).
+        pipeline: ``sfm`` (structure from motion) or ``direct`` (GPS-placed, any size).
+
+    Returns:
+        None when every submodel has at least :data:`MIN_SFM_SUBMODEL_IMAGES` images or the
+        pipeline is ``direct``; else the line naming the smallest submodel and the ways on.
+    """
+    if pipeline == "direct" or not submodels:
+        return None
+    smallest = min(submodels, key=lambda s: (len(s.image_names), s.id))
+    if len(smallest.image_names) >= MIN_SFM_SUBMODEL_IMAGES:
+        return None
+    return (
+        f"{smallest.id} would reconstruct {len(smallest.image_names)} images by structure from "
+        f"motion, fewer than the {MIN_SFM_SUBMODEL_IMAGES} a block needs: use a larger --split, "
+        "a wider --split-overlap-m, or --pipeline direct"
+    )

@@ -61,7 +61,7 @@ from prefect_odm.models import (
     Survey,
 )
 from prefect_odm.plan.altitudes import altitude_correction
-from prefect_odm.plan.checks import gps_warnings
+from prefect_odm.plan.checks import gps_warnings, small_block_refusal
 from prefect_odm.plan.core_areas import FrameCache, core_areas, multipoint, overlap_members
 from prefect_odm.plan.memory import MemoryModel, max_images_within
 from prefect_odm.plan.neighbours import (
@@ -449,7 +449,9 @@ def plan_split(
     Raises:
         PlanningError: no images, a bad ``split``, ``"auto"`` without node memory, a submodel
             larger than any node, or (``split_overlap_m`` set) a submodel the merge's alignment
-            could not tie to any neighbour: one line naming the pair and the overlap needed.
+            could not tie to any neighbour: one line naming the pair and the overlap needed; a
+            structure-from-motion submodel of fewer than 5 images
+            (:func:`~prefect_odm.plan.checks.small_block_refusal`).
     """
     options = options or ProcessingOptions.model_validate({})
     given = split_overlap_m is not None
@@ -475,6 +477,8 @@ def plan_split(
     submodels = submodel_records(
         images, x, y, pplan, ids, half_fp, options, engine_identity, node_memory_gib, memory_model
     )
+    if (refusal := small_block_refusal(submodels, options.pipeline)) is not None:
+        raise PlanningError(f"{survey.source}: {refusal}")
     plan = SplitPlan(
         survey_fingerprint=survey.fingerprint,
         crs_epsg=survey.crs_epsg,
