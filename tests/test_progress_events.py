@@ -105,3 +105,21 @@ def test_a_listener_that_raises_breaks_no_other() -> None:
         stop_seen()
     progress.emit(StageEvent("done"))  # after unsubscribing: not seen
     assert seen == [StageEvent("merge")]
+
+
+def test_piped_lines_flow_once_a_stage_after_the_plan_starts() -> None:
+    """A new user tailing a piped run saw nothing for minutes: the survey's calibration runs
+    before the final plan. Its stage starting means the plan passed its refusals, so the held
+    lines and the calibration's come out then, not after it."""
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=False, width=200)
+    with LiveProgress(console) as view:
+        for event in (StageEvent("scan"), StageEvent("plan"), StageEvent("calibration")):
+            view.listen(event)
+        assert out.getvalue().splitlines() == ["stage: scan", "stage: plan", "stage: calibration"]
+        view.listen(PlanEvent(("submodel-000",)))
+    assert out.getvalue().splitlines()[-1] == "plan: 1 submodels"
+
+
+def test_a_run_refused_at_its_plan_prints_no_progress_line() -> None:
+    assert _piped_lines([StageEvent("scan"), StageEvent("plan")]) == []

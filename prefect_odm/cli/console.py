@@ -46,6 +46,10 @@ def quiet_prefect_console(verbose: bool) -> None:
                 handler.setLevel(logging.CRITICAL + 1)
 
 
+_BEFORE_THE_PLAN = ("starting Prefect", "scan", "plan")
+"""Stages whose lines wait for the plan (a refusal there prints its one line alone)."""
+
+
 class LiveProgress:
     """The command line's view of a run, fed by :mod:`prefect_odm.progress` events.
 
@@ -94,6 +98,9 @@ class LiveProgress:
             match event:
                 case StageEvent(name=name):
                     self.stage = name
+                    # a stage after the plan (the survey's calibration comes before the
+                    # final plan) means the plan passed its refusals: lines flow from here
+                    self._planned = self._planned or name not in _BEFORE_THE_PLAN
                     self._line(f"stage: {self.stage}")
                 case PlanEvent(submodels=submodels):
                     self._planned = True
@@ -127,8 +134,9 @@ class LiveProgress:
 
     def _line(self, text: str) -> None:
         """A plain line, only when the output is not a terminal. Lines before the plan is known
-        are held back until then: a run refused at its edge (bad input, before the plan) prints
-        its one error line and nothing else."""
+        are held back until then, or until a stage after the plan starts (``calibration``): a run
+        refused at its edge (bad input, before the plan) prints its one error line and nothing
+        else."""
         if self.terminal:
             return
         self._held.append(text)
