@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Unpack
@@ -82,6 +84,11 @@ MEASURED_DESCRIPTION = DSM_MEASURED_DESCRIPTION
 """The description of a DSM's second band that says which cells were measured
 (:data:`prefect_odm.registry.DSM_MEASURED_BAND`): 1 measured, 0 gap-filled, nodata outside. The
 merge carries it when every input has it."""
+
+COG_DEFLATE_LEVEL = 1
+"""DEFLATE level of the merged DEM's COG: the engine writes its DSMs at this level too. Heights
+are lossless at any level; level 1 wrote brighton-sized merges about twice as fast as GDAL's
+default 6 for files about 10 % larger (``benchmarks/bench_merge_dem.py``, RESULTS.md issue 35)."""
 
 _DemBlock = tuple[NDArray[np.float32], int, int, NDArray[np.float32] | None]
 """One block's ``(heights, pixels, union_pixels, measured band or None)``."""
@@ -195,14 +202,30 @@ def _worst_median(medians: Mapping[str, float], sid: str) -> float:
     return max(own, key=abs, default=0.0)
 
 
-def edge_distances(plan: GridPlan, max_side_px: int) -> dict[str, EdgeDistance]:
-    """:func:`edge_distance` of every source, by submodel id."""
-    reader = SourceReader(plan, Resampling.nearest)
+def edge_distances(plan: GridPlan, max_side_px: int, workers: int = 1) -> dict[str, EdgeDistance]:
+    """:func:`edge_distance` of every source, by submodel id, on ``workers`` threads (one reader
+    each; GDAL decodes the tiles outside the GIL). Each source's result depends only on that
+    source, so any number of threads gives the same distances."""
+    local = threading.local()
+    readers: list[SourceReader] = []
+    lock = threading.Lock()
+    res = plan.grid.resolution_m
+
+    def one(src: RasterSource) -> EdgeDistance:
+        reader = getattr(local, "reader", None)
+        if reader is None:
+            reader = local.reader = SourceReader(plan, Resampling.nearest)
+            with lock:
+                readers.append(reader)
+        return edge_distance(reader, src, res, max_side_px)
+
     try:
-        res = plan.grid.resolution_m
-        return {s.submodel_id: edge_distance(reader, s, res, max_side_px) for s in plan.sources}
+        with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="dem-edt") as pool:
+            found = list(pool.map(one, plan.sources))
     finally:
-        reader.close()
+        for reader in readers:
+            reader.close()
+    return {s.submodel_id: e for s, e in zip(plan.sources, found, strict=True)}
 
 
 class _DemBlocks:
@@ -329,7 +352,7 @@ def merge_dems(
     owners = resolve_ownership(plan, ownership)
     remove = opts.remove_vertical_offsets and alignment is None
     offsets, medians, seams_of = vertical_offsets(plan, remove, opts.max_dem_offset_m, measured)
-    edges = edge_distances(plan, edt_max_side_px)
+    edges = edge_distances(plan, edt_max_side_px, run.workers)
     seams = seams_for(opts.seam_method, owners, plan, run.lattice_step_px, seamlines=seamlines,
                       dsms={k: Path(v) for k, v in inputs.items()}, alignment=fixes)  # fmt: skip
     readers = ThreadReaders(plan)
@@ -340,7 +363,7 @@ def merge_dems(
         _DemBlocks(plan, readers, seams, offsets, edges, opts.dem_feather_m, measured),
         readers,
         run,
-        cog_options={"compress": "DEFLATE", "predictor": True},
+        cog_options={"compress": "DEFLATE", "predictor": True, "compress_level": COG_DEFLATE_LEVEL},
     )
     grid = raster_report(out, plan, pixels, union_pixels, ownership_from_footprints=ownership is None,
                          elapsed_seconds=time.perf_counter() - started)  # fmt: skip
