@@ -6,7 +6,7 @@ predictor 3, :func:`prefect_odm.engine.writers.write_geotiff`): band 1 heights (
 textured surface with "buildings", nodata -9999 outside a footprint with ragged corners), band 2
 the measured flag (:data:`prefect_odm.merge.dem.MEASURED_DESCRIPTION`; 0 in gap-filled patches).
 One input sits 0.3 m higher, so the vertical-offset solve has work to do.
-Then, in child processes of this same run (so each peak memory is measured alone):
+Then, alternately ``--repeat`` times, in child processes of this same run (so each peak memory is measured alone):
 
 - baseline: ``rasterio.merge.merge(paths, dst_path=...)`` (first input wins, no blending, no
   offsets, the whole mosaic in memory), writing a tiled DEFLATE GeoTIFF (predictor 3) of both
@@ -20,14 +20,16 @@ compare outputs of two versions byte for byte).
 
 Usage::
 
-    python benchmarks/bench_merge_dem.py --size 4000 --workers 2 [--growth] [--keep DIR]
+    python benchmarks/bench_merge_dem.py --size 4000 --workers 2 --repeat 3 [--growth] [--keep DIR]
 
-Peak memory is the child's peak resident set (``VmHWM``; includes Python and libraries).
+CPU is the child's user + system time (all threads): on a shared machine it says how much work
+each merge does when the wall times say mostly how busy the machine was. Peak memory is the child's peak resident set (``VmHWM``; includes Python and libraries).
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import shutil
 import time
 from pathlib import Path
@@ -103,6 +105,12 @@ def cameras(size: int, overlap: float) -> list[tuple[float, float, str]]:
     return cams
 
 
+def _cpu_seconds() -> float:
+    """CPU time of this process so far (user + system, all threads), seconds."""
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return use.ru_utime + use.ru_stime
+
+
 def _run_baseline(inputs: dict[str, Path], out: Path, queue: Any) -> None:
     from rasterio.merge import merge
 
@@ -115,7 +123,7 @@ def _run_baseline(inputs: dict[str, Path], out: Path, queue: Any) -> None:
             "predictor": 3, "BIGTIFF": "IF_SAFER",
         },
     )  # fmt: skip
-    queue.put((time.perf_counter() - t, peak_mib()))
+    queue.put((time.perf_counter() - t, peak_mib(), _cpu_seconds()))
 
 
 def _run_ours(inputs: dict[str, Path], out: Path, workers: int, cams: list, queue: Any) -> None:
@@ -125,25 +133,45 @@ def _run_ours(inputs: dict[str, Path], out: Path, workers: int, cams: list, queu
     t = time.perf_counter()
     report = merge_dems(inputs, out, ownership=Ownership.from_cameras(cams), workers=workers)
     offsets = ", ".join(f"{v:+.2f}" for _, v in sorted(report.vertical_offsets_m.items()))
-    queue.put((time.perf_counter() - t, peak_mib(), report.width, report.height, offsets))
+    queue.put(
+        (time.perf_counter() - t, peak_mib(), _cpu_seconds(), report.width, report.height, offsets)
+    )
 
 
-def run(size: int, overlap: float, workers: int, folder: Path) -> dict[str, float]:
-    """Write the inputs, run both merges, print and return the figures."""
+def run(size: int, overlap: float, workers: int, folder: Path, repeat: int) -> dict[str, float]:
+    """Write the inputs, run both merges ``repeat`` times alternately, print and return the
+    medians (and the median of the per-pair speed ratios, which a shared machine's changing load
+    disturbs least)."""
     folder.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
     inputs = make_inputs(folder, size, overlap)
     print(f"[{size}] wrote 4 two-band DSMs of {size}x{size} in {time.perf_counter() - t:.1f} s")
-    base_s, base_mib = run_in_child(_run_baseline, inputs, folder / "baseline.tif")
-    ours = run_in_child(_run_ours, inputs, folder / "ours.tif", workers, cameras(size, overlap))
-    ours_s, ours_mib, width, height, offsets = ours
+    base: list[tuple[float, float, float]] = []
+    ours: list[tuple[float, float, float]] = []
+    for n in range(repeat):
+        base.append(run_in_child(_run_baseline, inputs, folder / "baseline.tif"))
+        *got, width, height, offsets = run_in_child(
+            _run_ours, inputs, folder / "ours.tif", workers, cameras(size, overlap)
+        )
+        ours.append((got[0], got[1], got[2]))
+        print(
+            f"  pair {n + 1}: rasterio.merge {base[-1][0]:.1f} s ({base[-1][2]:.1f} s CPU), "
+            f"merge_dems {got[0]:.1f} s ({got[2]:.1f} s CPU)"
+        )
+    base_s, base_mib, base_cpu = (float(np.median(v)) for v in zip(*base, strict=True))
+    ours_s, ours_mib, ours_cpu = (float(np.median(v)) for v in zip(*ours, strict=True))
+    speed = float(np.median([b[0] / o[0] for b, o in zip(base, ours, strict=True)]))
     print(
-        f"[{size}] mosaic {width}x{height} ({width * height / 1e6:.0f} Mpx, 2 bands)\n"
-        f"  rasterio.merge.merge : {base_s:7.1f} s  peak {base_mib:7.0f} MiB\n"
-        f"  merge_dems           : {ours_s:7.1f} s  peak {ours_mib:7.0f} MiB  "
+        f"[{size}] mosaic {width}x{height} ({width * height / 1e6:.0f} Mpx, 2 bands), "
+        f"medians of {repeat} alternated runs\n"
+        f"  rasterio.merge.merge : {base_s:7.1f} s  CPU {base_cpu:6.1f} s  "
+        f"peak {base_mib:7.0f} MiB\n"
+        f"  merge_dems           : {ours_s:7.1f} s  CPU {ours_cpu:6.1f} s  "
+        f"peak {ours_mib:7.0f} MiB  "
         f"(workers={workers}; offsets {offsets} m)\n"
-        f"  speed ours vs baseline = {base_s / ours_s:.2f}x (time ratio ours/baseline "
-        f"{ours_s / base_s:.2f})   memory ratio = {ours_mib / base_mib:.2f}"
+        f"  speed ours vs baseline = {speed:.2f}x (median of the pairs' ratios)   "
+        f"memory ratio = {ours_mib / base_mib:.2f}   CPU ratio ours/baseline = "
+        f"{ours_cpu / base_cpu:.2f}"
     )
     return {"ours_s": ours_s, "ours_mib": ours_mib, "base_s": base_s, "base_mib": base_mib}
 
@@ -155,14 +183,17 @@ def main() -> None:
     parser.add_argument("--overlap", type=float, default=0.2, help="overlap fraction")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--growth", action="store_true", help="also run inputs twice as large")
+    parser.add_argument("--repeat", type=int, default=3, help="alternated runs of each merge")
     parser.add_argument("--keep", type=Path, default=None, help="keep the files in this folder")
     args = parser.parse_args()
     with bench_folder(args.keep, "bench_merge_dem_") as root:
-        first = run(args.size, args.overlap, args.workers, root / f"s{args.size}")
+        first = run(args.size, args.overlap, args.workers, root / f"s{args.size}", args.repeat)
         if args.growth:
             if not args.keep:
                 shutil.rmtree(root / f"s{args.size}", ignore_errors=True)
-            second = run(2 * args.size, args.overlap, args.workers, root / f"s{2 * args.size}")
+            second = run(
+                2 * args.size, args.overlap, args.workers, root / f"s{2 * args.size}", args.repeat
+            )
             growth = second["ours_mib"] / first["ours_mib"] - 1
             print(
                 f"mosaic 4x larger: our peak memory {first['ours_mib']:.0f} -> "
