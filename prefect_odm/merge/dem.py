@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Unpack
+from typing import Any, TypeVar, Unpack
 
 import numpy as np
 from numpy.typing import NDArray
@@ -41,6 +43,7 @@ from rasterio.windows import Window
 from scipy.ndimage import distance_transform_edt, map_coordinates
 
 from prefect_odm.align.report import AlignmentReport
+from prefect_odm.align.similarity import RasterCorrection
 from prefect_odm.align.stage_records import DsmSeam
 from prefect_odm.errors import MergeError
 from prefect_odm.grid import Block
@@ -54,7 +57,8 @@ from prefect_odm.merge.blocks import (
 )
 from prefect_odm.merge.cog import with_gdal_cache
 from prefect_odm.merge.footprints import resolve_ownership
-from prefect_odm.merge.overlap_sampling import dsm_seam, overlap_samples
+from prefect_odm.merge.overlap_sampling import dsm_seam, overlap_pairs, sample_overlap
+from prefect_odm.merge.rasterio_options import CogOptions
 from prefect_odm.merge.reports import DemMergeReport
 from prefect_odm.merge.seamline_rasters import seams_for
 from prefect_odm.merge.seamlines import OwnerLabels
@@ -74,6 +78,8 @@ from prefect_odm.ownership import Ownership
 from prefect_odm.registry import DSM_MEASURED_DESCRIPTION
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+_U = TypeVar("_U")
 
 DEM_NODATA = -9999.0
 """Nodata value of merged DEMs (OpenDroneMap's)."""
@@ -82,6 +88,12 @@ MEASURED_DESCRIPTION = DSM_MEASURED_DESCRIPTION
 """The description of a DSM's second band that says which cells were measured
 (:data:`prefect_odm.registry.DSM_MEASURED_BAND`): 1 measured, 0 gap-filled, nodata outside. The
 merge carries it when every input has it."""
+
+_COG_OPTIONS: CogOptions = {"compress": "DEFLATE", "predictor": True, "compress_level": 1}
+"""How the merged DEM's COG is compressed: DEFLATE level 1 with the floating-point predictor, as
+the engine writes its DSMs. Heights are lossless at any level; level 1 wrote the benchmark's
+52 Mpx merge's COG about twice as fast as GDAL's default 6 for a file 10 % larger
+(``benchmarks/bench_merge_dem.py``, RESULTS.md issue 35)."""
 
 _DemBlock = tuple[NDArray[np.float32], int, int, NDArray[np.float32] | None]
 """One block's ``(heights, pixels, union_pixels, measured band or None)``."""
@@ -148,7 +160,11 @@ def edge_distance(
 
 
 def vertical_offsets(
-    plan: GridPlan, remove: bool, max_offset_m: float = math.inf, measured: bool = False
+    plan: GridPlan,
+    remove: bool,
+    max_offset_m: float = math.inf,
+    measured: bool = False,
+    workers: int = 1,
 ) -> tuple[dict[str, float], dict[str, float], dict[str, DsmSeam]]:
     """Each submodel's vertical offset, the overlaps' median height differences and their seams.
 
@@ -158,6 +174,7 @@ def vertical_offsets(
         max_offset_m: the largest plausible offset, metres.
         measured: band 2 of the plan's sources is the measured flag (the seams count only
             cells both measured).
+        workers: threads sampling the overlaps.
 
     Returns:
         ``(offsets, medians, seams)``: submodel id -> offset to subtract, metres; ``"a|b"`` ->
@@ -170,7 +187,7 @@ def vertical_offsets(
     medians: dict[str, float] = {}
     seams: dict[str, DsmSeam] = {}
     diffs: list[tuple[str, str, float, int]] = []
-    for a, b, va, vb in overlap_samples(plan):
+    for a, b, va, vb in _overlap_samples(plan, workers):
         med = float(np.median(va[0] - vb[0]))
         diffs.append((a.submodel_id, b.submodel_id, med, int(va.shape[1])))
         medians[f"{a.submodel_id}|{b.submodel_id}"] = med
@@ -195,14 +212,49 @@ def _worst_median(medians: Mapping[str, float], sid: str) -> float:
     return max(own, key=abs, default=0.0)
 
 
-def edge_distances(plan: GridPlan, max_side_px: int) -> dict[str, EdgeDistance]:
-    """:func:`edge_distance` of every source, by submodel id."""
-    reader = SourceReader(plan, Resampling.nearest)
+def _on_threads(
+    plan: GridPlan, workers: int, items: Sequence[_T], fn: Callable[[SourceReader, _T], _U]
+) -> list[_U]:
+    """``fn(reader, item)`` for each item on ``workers`` threads, one nearest-resampling reader
+    per thread (GDAL decodes tiles outside the GIL), results in the order of ``items``."""
+    local = threading.local()
+    readers: list[SourceReader] = []
+    lock = threading.Lock()
+
+    def one(item: _T) -> _U:
+        reader = getattr(local, "reader", None)
+        if reader is None:
+            reader = local.reader = SourceReader(plan, Resampling.nearest)
+            with lock:
+                readers.append(reader)
+        return fn(reader, item)
+
     try:
-        res = plan.grid.resolution_m
-        return {s.submodel_id: edge_distance(reader, s, res, max_side_px) for s in plan.sources}
+        with ThreadPoolExecutor(max(1, workers), thread_name_prefix="dem-read") as pool:
+            return list(pool.map(one, items))
     finally:
-        reader.close()
+        for reader in readers:
+            reader.close()
+
+
+def edge_distances(plan: GridPlan, max_side_px: int, workers: int = 1) -> dict[str, EdgeDistance]:
+    """:func:`edge_distance` of every source, by submodel id, on ``workers`` threads. Each
+    source's distances depend only on that source, so any number of threads gives the same."""
+    res = plan.grid.resolution_m
+    found = _on_threads(
+        plan, workers, plan.sources, lambda r, s: edge_distance(r, s, res, max_side_px)
+    )
+    return {s.submodel_id: e for s, e in zip(plan.sources, found, strict=True)}
+
+
+def _overlap_samples(
+    plan: GridPlan, workers: int
+) -> list[tuple[RasterSource, RasterSource, NDArray[np.float32], NDArray[np.float32]]]:
+    """:func:`.overlap_sampling.overlap_samples` with the pairs sampled on ``workers`` threads
+    (the same samples, in the same order)."""
+    pairs = list(overlap_pairs(plan))
+    found = _on_threads(plan, workers, pairs, lambda r, p: sample_overlap(r, *p))
+    return [(a, b, va, vb) for (a, b, _), (va, vb) in zip(pairs, found, strict=True) if va.shape[1]]
 
 
 class _DemBlocks:
@@ -275,6 +327,19 @@ class _DemBlocks:
         return pixels, union
 
 
+def _dem_plan(
+    inputs: Mapping[str, Path], run: RasterRun, fixes: Mapping[str, RasterCorrection] | None
+) -> tuple[GridPlan, bool]:
+    """The merge's grid plan and whether every input has the measured band, which then rides
+    along as a second value band (the height correction is band 1's)."""
+    measured = all(has_measured_band(Path(p)) for p in inputs.values())
+    plan = plan_grid(
+        inputs, resolution_m=run.resolution_m, crs_epsg=run.crs_epsg,
+        value_bands=2 if measured else 1, corrections=fixes, correct_heights=True,
+    )  # fmt: skip
+    return plan, measured
+
+
 @with_gdal_cache
 def merge_dems(
     inputs: Mapping[str, Path],
@@ -320,16 +385,12 @@ def merge_dems(
     opts, run, out = options or MergeOptions(), RasterRun(**raster), Path(out)
     started = time.perf_counter()
     fixes = alignment.raster_corrections() if alignment is not None else None
-    # the measured band rides along as a second value band (the height correction is band 1's)
-    measured = all(has_measured_band(Path(p)) for p in inputs.values())
-    plan = plan_grid(
-        inputs, resolution_m=run.resolution_m, crs_epsg=run.crs_epsg,
-        value_bands=2 if measured else 1, corrections=fixes, correct_heights=True,
-    )  # fmt: skip
+    plan, measured = _dem_plan(inputs, run, fixes)
     owners = resolve_ownership(plan, ownership)
     remove = opts.remove_vertical_offsets and alignment is None
-    offsets, medians, seams_of = vertical_offsets(plan, remove, opts.max_dem_offset_m, measured)
-    edges = edge_distances(plan, edt_max_side_px)
+    offsets, medians, seams_of = vertical_offsets(plan, remove, opts.max_dem_offset_m,
+                                                  measured, run.workers)  # fmt: skip
+    edges = edge_distances(plan, edt_max_side_px, run.workers)
     seams = seams_for(opts.seam_method, owners, plan, run.lattice_step_px, seamlines=seamlines,
                       dsms={k: Path(v) for k, v in inputs.items()}, alignment=fixes)  # fmt: skip
     readers = ThreadReaders(plan)
@@ -340,7 +401,7 @@ def merge_dems(
         _DemBlocks(plan, readers, seams, offsets, edges, opts.dem_feather_m, measured),
         readers,
         run,
-        cog_options={"compress": "DEFLATE", "predictor": True},
+        cog_options=_COG_OPTIONS,
     )
     grid = raster_report(out, plan, pixels, union_pixels, ownership_from_footprints=ownership is None,
                          elapsed_seconds=time.perf_counter() - started)  # fmt: skip

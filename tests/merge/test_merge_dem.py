@@ -183,3 +183,31 @@ def test_the_measured_band_is_carried_through_the_merge(two_dems, tmp_path: Path
     merge_dems(tiles, tmp_path / "plain.tif", ownership=own, block_size=64)
     with rasterio.open(tmp_path / "plain.tif") as ds:
         assert ds.count == 1
+
+
+def test_threads_leave_heights_and_figures_unchanged(tmp_path: Path) -> None:
+    """Edge distances and overlap samples are read on the merge's threads: one thread or three
+    give the same DSM (both bands, every overview) and the same offsets, medians and seams."""
+    surf = _surface()
+    cols = {"a": (0, 110), "b": (80, 190), "c": (160, 240)}
+    inputs = {}
+    for n, (sid, (c0, c1)) in enumerate(cols.items()):
+        z = surf[:, c0:c1] + np.float32(0.3 * n)
+        z[n * 20 : n * 20 + 15, 5:25] = DEM_NODATA  # a hole in each
+        flags = np.ones(z.shape, dtype=bool)
+        flags[100:120, 10:30] = False
+        inputs[sid] = _write_measured(tmp_path / f"{sid}.tif", z, flags, c0)
+    own = Ownership.from_cameras(
+        [(LEFT + RES * (c0 + c1) / 2, TOP - 40, s) for s, (c0, c1) in cols.items()]
+    )
+    one = merge_dems(inputs, tmp_path / "one.tif", ownership=own, block_size=64, workers=1)
+    three = merge_dems(inputs, tmp_path / "three.tif", ownership=own, block_size=64, workers=3)
+    assert one.vertical_offsets_m == three.vertical_offsets_m
+    assert one.overlap_median_diff_m == three.overlap_median_diff_m
+    assert one.overlap_seams == three.overlap_seams and len(one.overlap_seams) == 2
+    with rasterio.open(tmp_path / "one.tif") as d1, rasterio.open(tmp_path / "three.tif") as d3:
+        assert d1.count == 2 and d1.overviews(1) == d3.overviews(1)
+        assert np.array_equal(d1.read(), d3.read())
+        for f in d1.overviews(1):
+            shape = (2, -(-H // f), -(-W // f))
+            assert np.array_equal(d1.read(out_shape=shape), d3.read(out_shape=shape))

@@ -1,0 +1,213 @@
+"""Benchmark: DEM merge of 4 synthetic two-band DSMs vs ``rasterio.merge.merge`` of the same files.
+
+Four ``SIZE x SIZE`` float32 DSMs in a 2 x 2 layout overlapping by ``--overlap`` (20 %) of their
+side are written to a temporary folder as the engine writes them (256-pixel tiles, DEFLATE level 1,
+predictor 3, :func:`prefect_odm.engine.writers.write_geotiff`): band 1 heights (a sloping,
+textured surface with "buildings", nodata -9999 outside a footprint with ragged corners), band 2
+the measured flag (:data:`prefect_odm.merge.dem.MEASURED_DESCRIPTION`; 0 in gap-filled patches).
+One input sits 0.3 m higher, so the vertical-offset solve has work to do.
+Then, alternately ``--repeat`` times, in child processes of this same run (so each peak memory is measured alone):
+
+- baseline: ``rasterio.merge.merge(paths, dst_path=...)`` (first input wins, no blending, no
+  offsets, the whole mosaic in memory), writing a tiled DEFLATE GeoTIFF (predictor 3) of both
+  bands, without overviews;
+- ours: :func:`prefect_odm.merge.merge_dems` with ``--workers`` threads (vertical offsets, seams,
+  edge-distance blending of heights and of the measured band, DEFLATE COG with overviews).
+
+With ``--growth`` the same is repeated with inputs twice as large (a mosaic four times larger)
+and the growth of our peak memory is printed. ``--keep DIR`` keeps the inputs and outputs (to
+compare outputs of two versions byte for byte).
+
+Usage::
+
+    python benchmarks/bench_merge_dem.py --size 4000 --workers 2 --repeat 3 [--growth] [--keep DIR]
+
+CPU is the child's user + system time (all threads) during the merge, imports left out: on a shared machine it says how much work
+each merge does when the wall times say mostly how busy the machine was. Peak memory is the child's peak resident set (``VmHWM``; includes Python and libraries).
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from _measure import peak_mib
+from _merge_common import bench_folder, run_in_child
+
+EPSG = 32615
+LEFT, TOP, RES = 500_000.0, 5_000_000.0, 0.05
+STRIP = 1024
+
+
+def _surface(rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    yy, xx = np.meshgrid(rows.astype(np.float32), cols.astype(np.float32), indexing="ij")
+    ground = 30.0 + 0.002 * xx - 0.001 * yy + 0.4 * np.sin(xx / 97.0) * np.cos(yy / 131.0)
+    roofs = np.where(((xx // 300) + (yy // 220)) % 4 == 0, 6.0, 0.0)
+    return (ground + roofs).astype(np.float32)
+
+
+def _footprint(r0: int, h: int, size: int) -> np.ndarray:
+    """Valid cells of one strip: the square less ragged corners (a drone block's footprint)."""
+    yy, xx = np.meshgrid(np.arange(r0, r0 + h), np.arange(size), indexing="ij")
+    c = size / 2
+    ragged = 0.08 * size * np.sin(xx / 53.0) * np.cos(yy / 71.0)
+    return (np.abs(xx - c) + np.abs(yy - c)) < 0.85 * size + ragged  # type: ignore[no-any-return]
+
+
+def make_inputs(folder: Path, size: int, overlap: float) -> dict[str, Path]:
+    """Write four overlapping two-band DSMs; returns id -> path."""
+    import rasterio
+    from rasterio.transform import from_origin
+
+    from prefect_odm.merge.dem import DEM_NODATA, MEASURED_DESCRIPTION
+
+    step = int(round(size * (1 - overlap)))
+    out = {}
+    for n, (r, c) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
+        sid = f"submodel_{n:04d}"
+        row0, col0 = r * step, c * step
+        path = folder / f"{sid}.tif"
+        profile = {
+            "driver": "GTiff", "width": size, "height": size, "count": 2, "dtype": "float32",
+            "crs": f"EPSG:{EPSG}", "nodata": DEM_NODATA, "tiled": True, "blockxsize": 256,
+            "blockysize": 256, "compress": "DEFLATE", "zlevel": 1, "predictor": 3,
+            "BIGTIFF": "IF_SAFER",
+            "transform": from_origin(LEFT + col0 * RES, TOP - row0 * RES, RES, RES),
+        }  # fmt: skip
+        with rasterio.open(path, "w", **profile) as dst:
+            dst.set_band_description(2, MEASURED_DESCRIPTION)
+            for r0 in range(0, size, STRIP):
+                h = min(STRIP, size - r0)
+                rows = np.arange(row0 + r0, row0 + r0 + h)
+                z = _surface(rows, np.arange(col0, col0 + size)) + (0.3 if n == 1 else 0.0)
+                ok = _footprint(r0, h, size)
+                yy, xx = np.meshgrid(rows, np.arange(col0, col0 + size), indexing="ij")
+                flag = np.where(((xx // 180) * 7 + (yy // 140) * 3) % 11 == 0, 0.0, 1.0)
+                data = np.stack([np.where(ok, z, DEM_NODATA), np.where(ok, flag, DEM_NODATA)])
+                dst.write(data.astype(np.float32), window=rasterio.windows.Window(0, r0, size, h))
+        out[sid] = path
+    return out
+
+
+def cameras(size: int, overlap: float) -> list[tuple[float, float, str]]:
+    """One core camera at the centre of each input ``(x_m, y_m, submodel_id)``."""
+    step = size * (1 - overlap)
+    cams = []
+    for n, (r, c) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
+        x = LEFT + (c * step + size / 2) * RES
+        y = TOP - (r * step + size / 2) * RES
+        cams.append((x, y, f"submodel_{n:04d}"))
+    return cams
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process so far (user + system, all threads), seconds."""
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return use.ru_utime + use.ru_stime
+
+
+def _run_baseline(inputs: dict[str, Path], out: Path, queue: Any) -> None:
+    from rasterio.merge import merge
+
+    t, cpu = time.perf_counter(), _cpu_seconds()
+    merge(
+        [str(inputs[k]) for k in sorted(inputs)],
+        dst_path=str(out),
+        dst_kwds={
+            "tiled": True, "blockxsize": 512, "blockysize": 512, "compress": "DEFLATE",
+            "predictor": 3, "BIGTIFF": "IF_SAFER",
+        },
+    )  # fmt: skip
+    queue.put((time.perf_counter() - t, peak_mib(), _cpu_seconds() - cpu))
+
+
+def _run_ours(inputs: dict[str, Path], out: Path, workers: int, cams: list, queue: Any) -> None:
+    from prefect_odm.merge import merge_dems
+    from prefect_odm.ownership import Ownership
+
+    t, cpu = time.perf_counter(), _cpu_seconds()
+    report = merge_dems(inputs, out, ownership=Ownership.from_cameras(cams), workers=workers)
+    offsets = ", ".join(f"{v:+.2f}" for _, v in sorted(report.vertical_offsets_m.items()))
+    queue.put(
+        (
+            time.perf_counter() - t,
+            peak_mib(),
+            _cpu_seconds() - cpu,
+            report.width,
+            report.height,
+            offsets,
+        )
+    )
+
+
+def run(size: int, overlap: float, workers: int, folder: Path, repeat: int) -> dict[str, float]:
+    """Write the inputs, run both merges ``repeat`` times alternately, print and return the
+    medians (and the median of the per-pair speed ratios, which a shared machine's changing load
+    disturbs least)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    t = time.perf_counter()
+    inputs = make_inputs(folder, size, overlap)
+    print(f"[{size}] wrote 4 two-band DSMs of {size}x{size} in {time.perf_counter() - t:.1f} s")
+    base: list[tuple[float, float, float]] = []
+    ours: list[tuple[float, float, float]] = []
+    for n in range(repeat):
+        base.append(run_in_child(_run_baseline, inputs, folder / "baseline.tif"))
+        *got, width, height, offsets = run_in_child(
+            _run_ours, inputs, folder / "ours.tif", workers, cameras(size, overlap)
+        )
+        ours.append((got[0], got[1], got[2]))
+        print(
+            f"  pair {n + 1}: rasterio.merge {base[-1][0]:.1f} s ({base[-1][2]:.1f} s CPU), "
+            f"merge_dems {got[0]:.1f} s ({got[2]:.1f} s CPU)"
+        )
+    base_s, base_mib, base_cpu = (float(np.median(v)) for v in zip(*base, strict=True))
+    ours_s, ours_mib, ours_cpu = (float(np.median(v)) for v in zip(*ours, strict=True))
+    speed = float(np.median([b[0] / o[0] for b, o in zip(base, ours, strict=True)]))
+    print(
+        f"[{size}] mosaic {width}x{height} ({width * height / 1e6:.0f} Mpx, 2 bands), "
+        f"medians of {repeat} alternated runs\n"
+        f"  rasterio.merge.merge : {base_s:7.1f} s  CPU {base_cpu:6.1f} s  "
+        f"peak {base_mib:7.0f} MiB\n"
+        f"  merge_dems           : {ours_s:7.1f} s  CPU {ours_cpu:6.1f} s  "
+        f"peak {ours_mib:7.0f} MiB  "
+        f"(workers={workers}; offsets {offsets} m)\n"
+        f"  speed ours vs baseline = {speed:.2f}x (median of the pairs' ratios)   "
+        f"memory ratio = {ours_mib / base_mib:.2f}   CPU ratio ours/baseline = "
+        f"{ours_cpu / base_cpu:.2f}"
+    )
+    return {"ours_s": ours_s, "ours_mib": ours_mib, "base_s": base_s, "base_mib": base_mib}
+
+
+def main() -> None:
+    """Parse the arguments and run the benchmark (twice with ``--growth``)."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--size", type=int, default=4000, help="side of each input, pixels")
+    parser.add_argument("--overlap", type=float, default=0.2, help="overlap fraction")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--growth", action="store_true", help="also run inputs twice as large")
+    parser.add_argument("--repeat", type=int, default=3, help="alternated runs of each merge")
+    parser.add_argument("--keep", type=Path, default=None, help="keep the files in this folder")
+    args = parser.parse_args()
+    with bench_folder(args.keep, "bench_merge_dem_") as root:
+        first = run(args.size, args.overlap, args.workers, root / f"s{args.size}", args.repeat)
+        if args.growth:
+            if not args.keep:
+                shutil.rmtree(root / f"s{args.size}", ignore_errors=True)
+            second = run(
+                2 * args.size, args.overlap, args.workers, root / f"s{2 * args.size}", args.repeat
+            )
+            growth = second["ours_mib"] / first["ours_mib"] - 1
+            print(
+                f"mosaic 4x larger: our peak memory {first['ours_mib']:.0f} -> "
+                f"{second['ours_mib']:.0f} MiB (growth {growth:+.1%}); baseline "
+                f"{first['base_mib']:.0f} -> {second['base_mib']:.0f} MiB"
+            )
+
+
+if __name__ == "__main__":
+    main()
