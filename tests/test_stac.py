@@ -120,6 +120,16 @@ def test_each_run_writes_a_self_contained_catalogue_equal_to_its_products(direct
     lats = [i.latitude for i in survey.images if i.latitude is not None]
     assert west < min(lons) <= max(lons) < east and south < min(lats) <= max(lats) < north
     assert (east - west) < 0.01 and (north - south) < 0.01  # ~100 m, not a wrong CRS's degrees
+    # the catalogue's time is when the photos were taken (EXIF), not when they were processed
+    taken = sorted(i.capture_time for i in survey.images if i.capture_time is not None)
+    assert taken and taken[0].year == 2016  # brighton was flown in June 2016
+    merged = collection.get_item("merged", recursive=True)
+    assert merged is not None and merged.datetime is None
+    start, end = merged.common_metadata.start_datetime, merged.common_metadata.end_datetime
+    assert start is not None and end is not None
+    assert (start.replace(tzinfo=None), end.replace(tzinfo=None)) == (taken[0], taken[-1])
+    (interval,) = collection.extent.temporal.intervals
+    assert interval[0] is not None and interval[0].replace(tzinfo=None) == taken[0]
 
 
 def test_stac_command_writes_the_catalogue_of_a_run_copied_to_s3(direct_run, s3_endpoint):
@@ -148,6 +158,11 @@ def test_stac_command_refuses_a_folder_without_a_manifest(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(tmp_path) in err[0] and "manifest.json" in err[0]
     assert not (tmp_path / "stac").exists()
+    missing = tmp_path / "nowhere"
+    assert main(["stac", str(missing)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"prefect-odm: error: {missing}: does not exist"
+    ]
 
 
 def test_report_opens_with_a_product_summary_read_from_the_products(direct_run):

@@ -68,9 +68,9 @@ def _seam_row(label: str, seam: OverlapSeam, solver_m: float | None) -> str:
     ortho = (
         f"{o.shift_m[0]:+.3f}, {o.shift_m[1]:+.3f} | {o.median_m:.3f} | {o.matches}"
         if o is not None
-        else "- | - | 0"
+        else "- | - | -"
     )
-    dsm = f"{d.median_m:+.3f} | {d.p90_m:.3f} | {d.samples}" if d is not None else "- | - | 0"
+    dsm = f"{d.median_m:+.3f} | {d.p90_m:.3f} | {d.samples}" if d is not None else "- | - | -"
     solver = f"{solver_m:.3f}" if solver_m is not None else "-"
     return f"| {label} | {seam.first} / {seam.second} | {solver} | {ortho} | {dsm} |"
 

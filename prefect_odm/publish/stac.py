@@ -28,6 +28,7 @@ import math
 import posixpath
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import IO, Any
 
 import laspy
@@ -49,7 +50,7 @@ from rasterio.warp import transform_bounds
 from prefect_odm import storage
 from prefect_odm.errors import InputError
 from prefect_odm.layout import OutputLayout, join
-from prefect_odm.models import Manifest
+from prefect_odm.models import Manifest, SplitPlan, Survey
 from prefect_odm.registry import PRODUCTS, point_cloud_format_of
 
 STAC_FOLDER = "stac"
@@ -97,7 +98,8 @@ def find_run_folder(folder: str) -> str:
             exactly one run.
 
     Raises:
-        InputError: no ``manifest.json`` there (the run did not finish), or several runs.
+        InputError: ``folder`` does not exist, no ``manifest.json`` there (the run did not
+            finish), or several runs.
     """
     folder = folder.rstrip("/")
     if storage.exists(join(folder, "manifest.json")):
@@ -106,6 +108,8 @@ def find_run_folder(folder: str) -> str:
     found = sorted(p for p in fs.glob(f"{path}/*/manifest.json"))
     if len(found) == 1:
         return posixpath.dirname(join(folder, posixpath.relpath(found[0], path)))
+    if not found and not storage.exists(folder):
+        raise InputError(f"{folder}: does not exist")
     if not found:
         raise InputError(f"{folder}: no manifest.json here (a finished run's folder has one)")
     raise InputError(f"{folder}: {len(found)} runs here; name one of their folders")
@@ -156,7 +160,8 @@ def write_stac(run_folder: str, manifest: Manifest | None = None) -> str:
         license="other",
     )
     merged = _merged_products(layout, manifest)
-    items = [_item(MERGED_ITEM_ID, merged, manifest, _common_options(manifest), None)]
+    times = acquisition_times(layout)
+    items = [_item(MERGED_ITEM_ID, merged, manifest, _common_options(manifest), None, times)]
     for result in manifest.submodels:
         if result.status == "failed":
             continue
@@ -169,7 +174,7 @@ def write_stac(run_folder: str, manifest: Manifest | None = None) -> str:
             if p in result.products
         }
         items.append(
-            _item(result.submodel_id, products, manifest, result.options, result.fingerprint)
+            _item(result.submodel_id, products, manifest, result.options, result.fingerprint, times)
         )
     for item in items:
         collection.add_item(item)
@@ -189,6 +194,47 @@ def write_stac(run_folder: str, manifest: Manifest | None = None) -> str:
     collection.make_asset_hrefs_relative()  # the Collection's own (manifest, report)
     collection.save(pystac.CatalogType.SELF_CONTAINED, stac_io=FsspecStacIO())
     return join(stac_root, "collection.json")
+
+
+AcquisitionTimes = dict[str, tuple[datetime, datetime]]
+"""Item id -> the first and last capture time of the images its products are made from."""
+
+
+def acquisition_times(layout: OutputLayout) -> AcquisitionTimes:
+    """When each Item's images were taken: the merged Item's from every image of
+    ``plan/survey.json``, a submodel's from its images in ``plan/plan.json``.
+
+    EXIF ``DateTimeOriginal`` is the camera's clock without a zone; it is taken as UTC (a few
+    hours off at most, where the processing date would be years off). Items whose images have
+    no capture time are left out (the caller falls back to the run's time).
+
+    Raises:
+        InputError: ``survey.json`` or ``plan.json`` exists but cannot be read as one.
+    """
+    if not storage.exists(layout.survey_json):
+        return {}
+    try:
+        survey = Survey.model_validate(storage.read_json(layout.survey_json))
+        plan = (
+            SplitPlan.model_validate(storage.read_json(layout.plan_json))
+            if storage.exists(layout.plan_json)
+            else None
+        )
+    except ValueError as exc:
+        raise InputError(f"{layout.plan_dir}: not a prefect-odm plan ({exc})") from exc
+    taken = {
+        im.name: im.capture_time.replace(tzinfo=im.capture_time.tzinfo or UTC)
+        for im in survey.images
+        if im.capture_time is not None
+    }
+    groups = {MERGED_ITEM_ID: list(taken)}
+    for submodel in plan.submodels if plan is not None else []:
+        groups[submodel.id] = [n for n in submodel.image_names if n in taken]
+    return {
+        item_id: (min(taken[n] for n in names), max(taken[n] for n in names))
+        for item_id, names in groups.items()
+        if names
+    }
 
 
 def _merged_products(layout: OutputLayout, manifest: Manifest) -> dict[str, str]:
@@ -221,8 +267,10 @@ def _item(
     manifest: Manifest,
     options: dict[str, Any],
     fingerprint: str | None,
+    times: AcquisitionTimes,
 ) -> pystac.Item:
-    """One Item: the assets of ``products`` (name -> URL) with their extensions."""
+    """One Item: the assets of ``products`` (name -> URL) with their extensions; its time is
+    when its images were taken (``start_datetime``/``end_datetime``), else the run's."""
     props: dict[str, Any] = {
         "prefect_odm:survey_fingerprint": manifest.survey_fingerprint,
         "prefect_odm:plan_fingerprint": manifest.plan_fingerprint,
@@ -232,11 +280,14 @@ def _item(
     }
     if fingerprint is not None:
         props["prefect_odm:submodel_fingerprint"] = fingerprint
+    start_end = times.get(item_id)
     item = pystac.Item(
         id=item_id,
         geometry=None,
         bbox=None,
-        datetime=manifest.created,
+        datetime=manifest.created if start_end is None else None,
+        start_datetime=None if start_end is None else start_end[0],
+        end_datetime=None if start_end is None else start_end[1],
         properties=props,
     )
     item.common_metadata.created = manifest.created
