@@ -178,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
         InputError: no such directory block, or a pool block it names is missing.
     """
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("DO_NOT_TRACK", "1")  # the SDK's own telemetry and its notice
     from prefect_odm.blocks.clusters import load_cluster_directory
     from prefect_odm.cli.console import quiet_prefect_console
     from prefect_odm.cli.process import start_embedded_api

@@ -80,6 +80,7 @@ def prefect_environment() -> bool:
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(STARTUP_TIMEOUT_SECONDS)
     )
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("DO_NOT_TRACK", "1")  # the SDK's own telemetry and its notice
     return not os.environ.get("PREFECT_API_URL")
 
 
