@@ -112,6 +112,7 @@ class LedgerEntry:
 
     @property
     def alive(self) -> bool:
+        """Whether the holder's process still runs (same pid and start time: a reused pid is not it)."""
         try:
             return abs(psutil.Process(self.pid).create_time() - self.pid_started) < 1.0
         except psutil.Error:
