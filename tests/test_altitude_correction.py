@@ -10,7 +10,7 @@ import pytest
 from exif_gps_edit import drifted_copy, in_capture_order, lagged_copy
 
 from prefect_odm.plan.altitudes import geo_txt
-from prefect_odm.plan.calibration import calibration_images, needs_calibration
+from prefect_odm.plan.calibration import CALIBRATION_IMAGES, calibration_images, needs_calibration
 from prefect_odm.plan.checks import plan_gps_refusal
 from prefect_odm.plan.planning import plan_split
 from prefect_odm.survey.scan import scan_images
@@ -110,3 +110,15 @@ def test_calibration_is_shared_between_two_submodels_only(brighton: Path) -> Non
     assert not needs_calibration(plan_split(survey, split=10, split_overlap_m=20, options=given))
     direct = split.options.model_copy(update={"pipeline": "direct"})
     assert not needs_calibration(plan_split(survey, split=10, split_overlap_m=20, options=direct))
+
+
+def test_submodels_as_large_as_the_calibration_block_calibrate_themselves(
+    seneca_images: Path,
+) -> None:
+    """seneca ``--split 50``: three submodels of 86-91 images, each larger than the 30-image
+    calibration block, so none is held at a shared calibration (held at one, a submodel came out
+    3.3 deg off nadir where calibrating itself gave 2.3 deg)."""
+    plan = plan_split(scan_images(str(seneca_images)), split=50)
+    assert len(plan.submodels) >= 2
+    assert min(len(s.image_names) for s in plan.submodels) >= CALIBRATION_IMAGES
+    assert not needs_calibration(plan)

@@ -76,3 +76,18 @@ def test_camera_without_metadata_is_named(images: list[ImageMeta]) -> None:
     cameras = _cameras(images, 0.0, 0.0)
     with pytest.raises(ProcessingFailedError, match=cameras[0].name):
         block_figures(cameras, images[1:])
+
+
+def test_an_assumed_nadir_gets_the_wider_gate(images: list[ImageMeta]) -> None:
+    """Without a recorded gimbal pitch nadir is only assumed: seneca's real blocks lie 1.4-3.3 deg
+    off it (a camera hanging with the airframe), so the gate is 5 deg there and 2 deg where the
+    gimbal records the attitude; a drifting-altitude block (21.6 deg) fails either."""
+    unrecorded = [m.model_copy(update={"gimbal_pitch_deg": None}) for m in images]
+    tilted = block_figures(_cameras(unrecorded, 3.3, 0.5), unrecorded)
+    assert tilted.attitude_source == "nadir"
+    assert tilted.level_deg == pytest.approx(3.3, abs=0.5)
+    check_block(tilted)  # within MAX_ASSUMED_NADIR_LEVEL_DEG
+    with pytest.raises(ProcessingFailedError, match=r"\(gimbal pitch; gate 2 deg\)"):
+        check_block(block_figures(_cameras(images, 3.3, 0.5), images))
+    with pytest.raises(ProcessingFailedError, match=r"\(nadir; gate 5 deg\)"):
+        check_block(block_figures(_cameras(unrecorded, 21.6, 0.5), unrecorded))
