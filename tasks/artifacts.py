@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import contextvars
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -160,6 +161,7 @@ class LiveSubmodelTable:
                 if self._timer is None:
                     run = contextvars.copy_context().run  # the flow's Prefect settings
                     self._timer = threading.Timer(wait, run, (self._send_pending,))
+                    self._timer.daemon = True  # a pending refresh never holds the process
                     self._timer.start()
                 return
             if self._timer is not None:
@@ -168,9 +170,14 @@ class LiveSubmodelTable:
             self._send()
 
     def _send_pending(self) -> None:
+        """The timer's send. A run that ended meanwhile (interrupted: its Prefect client closed)
+        has no table left to refresh: that one update is dropped, with a debug line."""
         with self._lock:
             self._timer = None
-            self._send()
+            try:
+                self._send()
+            except RuntimeError as exc:  # "The client cannot be started again after closing"
+                logging.getLogger(__name__).debug("live table update dropped: %s", exc)
 
     def _send(self) -> None:
         from prefect.client.orchestration import get_client

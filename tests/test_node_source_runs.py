@@ -4,6 +4,7 @@ submodels are processed (the direct pipeline on brighton)."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -31,7 +32,14 @@ pytestmark = pytest.mark.integration
 def two_engines(tmp_path: Path) -> Iterator[list[EngineProcess]]:
     with (
         start_engine(tmp_path / "a", method="direct", max_parallel_tasks=1) as a,
-        start_engine(tmp_path / "b", method="direct", max_parallel_tasks=1) as b,
+        # B's tasks are held 8 s on the node, so the one it runs is still running when B leaves
+        # (a 20 cm direct task can end between the two checks on a busy machine)
+        start_engine(
+            tmp_path / "b",
+            method="direct",
+            max_parallel_tasks=1,
+            extra_env={"PREFECT_ODM_ENGINE_FAULTS": json.dumps({"slow_seconds": 8})},
+        ) as b,
     ):
         yield [a, b]
 

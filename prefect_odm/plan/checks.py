@@ -251,10 +251,11 @@ def small_block_refusal(submodels: Sequence[HasImages], pipeline: str) -> str | 
         pipeline: ``sfm`` (structure from motion) or ``direct`` (GPS-placed, any size).
 
     Returns:
-        None when every submodel has at least :data:`MIN_SFM_SUBMODEL_IMAGES` images or the
-        pipeline is ``direct``; else the line naming the smallest submodel and the ways on.
+        None for a single submodel (the survey as the user gave it), the ``direct`` pipeline, or
+        every submodel at least :data:`MIN_SFM_SUBMODEL_IMAGES` images; else the line naming
+        the smallest submodel and the ways on.
     """
-    if pipeline == "direct" or not submodels:
+    if pipeline == "direct" or len(submodels) < 2:
         return None
     smallest = min(submodels, key=lambda s: (len(s.image_names), s.id))
     if len(smallest.image_names) >= MIN_SFM_SUBMODEL_IMAGES:

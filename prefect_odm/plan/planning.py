@@ -388,10 +388,17 @@ def _with_checks(
     warnings: list[str],
     pairs: list[NeighbourPair],
     widened_from_m: float | None,
+    survey_source: str,
 ) -> SplitPlan:
     """``plan`` with its GPS checks, warnings, neighbour pairs and fingerprint filled in; its
     camera altitudes corrected where the GPS altitude is unreliable
-    (:func:`~prefect_odm.plan.altitudes.altitude_correction`)."""
+    (:func:`~prefect_odm.plan.altitudes.altitude_correction`).
+
+    Raises:
+        PlanningError: a split into submodels too small for structure from motion.
+    """
+    if refusal := small_block_refusal(plan.submodels, plan.options.pipeline):
+        raise PlanningError(f"{survey_source}: {refusal}")
     gps, lines = gps_warnings([(im.name, im) for im in images], x, y)
     correction = altitude_correction(images, gps)
     if correction is not None:
@@ -438,8 +445,7 @@ def plan_split(
             estimated peak exceeds every node is an error.
         memory_model: memory anchor table (default ``"builtin"`` when ``engine_identity`` starts
             with one of :data:`BUILTIN_ENGINE_PREFIXES`, else ``"odm"``).
-        merge_options: the merge the run will make (its alignment's thresholds; defaults when
-            None): what ties a pair of neighbours (:class:`~prefect_odm.plan.neighbours.AlignmentNeeds`).
+        merge_options: the merge the run will make: what ties a pair of neighbours (defaults).
 
     Returns:
         The :class:`~prefect_odm.models.SplitPlan` in ``survey.crs_epsg``; identical (byte for
@@ -449,9 +455,8 @@ def plan_split(
     Raises:
         PlanningError: no images, a bad ``split``, ``"auto"`` without node memory, a submodel
             larger than any node, or (``split_overlap_m`` set) a submodel the merge's alignment
-            could not tie to any neighbour: one line naming the pair and the overlap needed; a
-            structure-from-motion submodel of fewer than 5 images
-            (:func:`~prefect_odm.plan.checks.small_block_refusal`).
+            could not tie to any neighbour: one line naming the pair and the overlap needed; an
+            sfm submodel under 5 images (:func:`~prefect_odm.plan.checks.small_block_refusal`).
     """
     options = options or ProcessingOptions.model_validate({})
     given = split_overlap_m is not None
@@ -477,8 +482,6 @@ def plan_split(
     submodels = submodel_records(
         images, x, y, pplan, ids, half_fp, options, engine_identity, node_memory_gib, memory_model
     )
-    if (refusal := small_block_refusal(submodels, options.pipeline)) is not None:
-        raise PlanningError(f"{survey.source}: {refusal}")
     plan = SplitPlan(
         survey_fingerprint=survey.fingerprint,
         crs_epsg=survey.crs_epsg,
@@ -491,4 +494,4 @@ def plan_split(
         cameras=camera_positions(images, x, y, pplan.labels, ids),
         fingerprint="",
     )
-    return _with_checks(plan, images, x, y, warnings, pairs, decision.widened_from_m)
+    return _with_checks(plan, images, x, y, warnings, pairs, decision.widened_from_m, survey.source)
