@@ -196,7 +196,7 @@ def test_brighton_untouched_stays_near_identity(brighton) -> None:
         result = align_submodels(tables, gps=g)
         assert max(t.max_correction_m for t in result.transforms) < 0.5
         # near identity: held at the survey's shared calibration the two 12-image blocks turn
-        # 0.54-0.55 deg about each other on their 4 shared cameras (0.24 m of correction), well
+        # 0.54-0.55 deg about each other on their shared cameras (0.24 m of correction), well
         # inside the 2 deg gate; the refinement then takes the tilt out of the products
         assert max(t.rotation_deg for t in result.transforms) < 1.0
         assert check_alignment(result, AlignmentOptions()) == []
