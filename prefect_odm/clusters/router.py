@@ -26,7 +26,7 @@ cluster was left out.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from prefect_odm.errors import RoutingError
@@ -140,6 +140,29 @@ def _tier(cluster: ClusterState, demand: SubmodelDemand) -> int:
 _TIER_WORDS = ("next to its data", "local", "cheapest with room")
 
 
+def eligible_clusters(
+    clusters: Sequence[ClusterState],
+    why_not: Callable[[ClusterState], str | None],
+    what: str,
+) -> list[ClusterState]:
+    """The clusters ``why_not`` finds no reason against, in their order.
+
+    Raises:
+        RoutingError: none: ``what``, then each cluster with its reason, in one line.
+    """
+    eligible: list[ClusterState] = []
+    refused: list[str] = []
+    for cluster in clusters:
+        why = why_not(cluster)
+        if why is None:
+            eligible.append(cluster)
+        else:
+            refused.append(f"{cluster.name} ({why})")
+    if not eligible:
+        raise RoutingError(f"{what}: " + ("; ".join(refused) or "no clusters"))
+    return eligible
+
+
 def route(
     demand: SubmodelDemand,
     clusters: Sequence[ClusterState],
@@ -163,19 +186,11 @@ def route(
     Raises:
         RoutingError: no cluster is eligible (the message names why for each).
     """
-    eligible: list[ClusterState] = []
-    refused: list[str] = []
-    for cluster in clusters:
-        why = "failed over" if cluster.name in exclude else why_not_eligible(cluster, demand)
-        if why is None:
-            eligible.append(cluster)
-        else:
-            refused.append(f"{cluster.name} ({why})")
-    if not eligible:
-        raise RoutingError(
-            f"{demand.submodel_id}: no cluster can take {demand.memory_gib:.1f} GiB: "
-            + ("; ".join(refused) or "no clusters")
-        )
+    eligible = eligible_clusters(
+        clusters,
+        lambda c: "failed over" if c.name in exclude else why_not_eligible(c, demand),
+        f"{demand.submodel_id}: no cluster can take {demand.memory_gib:.1f} GiB",
+    )
     names = tuple(sorted(c.name for c in eligible))
     roomy = [c for c in eligible if has_room(c, demand.memory_gib, overflow_fraction)]
     if roomy:

@@ -22,9 +22,9 @@ from prefect_odm.clusters.router import (
     ClusterState,
     RouteDecision,
     SubmodelDemand,
+    eligible_clusters,
     why_not_eligible,
 )
-from prefect_odm.errors import RoutingError
 from prefect_odm.models import Submodel
 
 
@@ -76,21 +76,13 @@ def survey_states(states: Sequence[ClusterState], options: RoutingOptions) -> li
         RoutingError: none (one line naming why each was left out).
     """
     anyone = SubmodelDemand(submodel_id="survey", memory_gib=0.0, groups=tuple(options.groups))
-    usable: list[ClusterState] = []
-    refused: list[str] = []
-    for state in states:
-        why = why_not_eligible(state, anyone)
-        if why is None and state.engine_identity is None:
-            why = "engine unknown"
-        if why is None:
-            usable.append(state)
-        else:
-            refused.append(f"{state.name} ({why})")
-    if not usable:
-        raise RoutingError(
-            f"cluster directory {options.directory}: no cluster can take this survey: "
-            + ("; ".join(refused) or "no clusters")
-        )
+    usable = eligible_clusters(
+        states,
+        lambda s: (
+            why_not_eligible(s, anyone) or ("engine unknown" if s.engine_identity is None else None)
+        ),
+        f"cluster directory {options.directory}: no cluster can take this survey",
+    )
     return sorted(usable, key=lambda s: _preference(s, options))
 
 
