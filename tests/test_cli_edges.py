@@ -493,3 +493,38 @@ def test_the_python_api_refuses_an_output_inside_the_images_before_the_scan(tmp_
     check_output_outside_images("s3://bucket/survey", "s3://bucket/survey-out")
     check_output_outside_images("s3://bucket/survey", str(images / "out"))
     check_output_outside_images(str(images), str(tmp_path))
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_dead_node_url_is_refused_before_prefect_starts(brighton_images, tmp_path):
+    """A dead ``--nodes`` URL: one line saying what the connection came to (not urllib3's nested
+    reprs), exit 2, no output folder and no Prefect database (refused before Prefect starts)."""
+    out = tmp_path / "out"
+    url = f"http://127.0.0.1:{_closed_port()}"
+    proc = _run(
+        ["reconstruct", str(brighton_images), "--output", str(out), "--nodes", url], tmp_path
+    )
+    line = _one_error_line(proc)
+    assert (
+        line == f"prefect-odm: error: no node answers: {url} (GET /info failed: connection refused)"
+    )
+    assert not out.exists()
+    assert not (tmp_path / "ph" / "prefect.db").exists()
+
+
+def test_prefect_home_in_a_missing_folder_is_created(tmp_path):
+    """``PREFECT_HOME`` naming a folder whose parent does not exist: the temporary server used to
+    die on "unable to open database file" and the command waited out its 120 s start-up."""
+    home = tmp_path / "not" / "yet" / "prefect"
+    proc = _run(["slots"], tmp_path, PREFECT_HOME=str(home))
+    assert proc.returncode == 0, proc.stderr
+    assert "no such concurrency limit" in proc.stdout
+    assert "Failed to create the Prefect home" not in proc.stderr
+    assert (home / "prefect.db").exists()

@@ -105,3 +105,34 @@ def test_piped_output_is_plain_lines(brighton_images, tmp_path, prefect_home):
     ):
         assert any(re.match(expected, line) for line in lines), (expected, proc.stderr)
     assert "submodel-000: " in proc.stdout and "orthophoto: " in proc.stdout
+
+
+def test_a_table_printed_into_a_pipe_keeps_each_row_on_one_line(monkeypatch):
+    """Piped, rich folds to 80 columns; the ``clusters`` table (9 columns) broke every row over
+    several lines, so a script could not read it."""
+    import io
+
+    from rich.table import Table
+
+    from prefect_odm.cli.console import table_console
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    table = Table(title="clusters")
+    names = ("cluster", "nodes up", "memory GiB", "wanted GiB", "running GiB", "free GiB")
+    for name in (*names, "queue depth", "oldest waiting", "state"):
+        table.add_column(name)
+    table.add_row(
+        "cluster-with-a-long-name",
+        "3/4",
+        "112.5",
+        "64.0",
+        "32.0",
+        "48.5",
+        "12",
+        "4 min",
+        "NOT READY",
+    )
+    buf = io.StringIO()
+    table_console(file=buf).print(table)
+    rows = [line for line in buf.getvalue().splitlines() if "cluster-with-a-long-name" in line]
+    assert len(rows) == 1 and "NOT READY" in rows[0] and "oldest waiting" in buf.getvalue()

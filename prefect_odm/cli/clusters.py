@@ -197,9 +197,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"capacity of {len(directory.clusters)} clusters on http://{args.host}:{args.port}")
         serve(directory, host=args.host, port=args.port, refresh_seconds=args.refresh_seconds)
         return 0
-    from rich.console import Console
-
+    from prefect_odm.cli.console import table_console
     from prefect_odm.clusters.capacity import directory_figures
 
-    Console(soft_wrap=True).print(figures_table(directory_figures(directory)))
+    table_console().print(figures_table(directory_figures(directory)))
     return 0

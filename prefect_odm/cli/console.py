@@ -4,7 +4,10 @@ live progress of a run (rich on a terminal, plain lines otherwise)."""
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
+from typing import TextIO
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -32,6 +35,19 @@ QUIETED_LOGGERS = (
 """Loggers whose console handlers are silenced. Handlers that send to the Prefect API are kept
 (the run's logs still reach the API and UI), and so are the ``prefect_odm`` loggers' handlers
 (their run-log handler, and the one passing WARNING lines to the console as before)."""
+
+
+PIPED_WIDTH = 200
+"""Columns of a table printed into a pipe or a file (rich's default there is 80, which broke the
+``clusters`` and ``plan`` tables' rows over several lines)."""
+
+
+def table_console(file: TextIO | None = None) -> Console:
+    """A console for a command's tables and paths: the terminal's width on a terminal, else
+    :data:`PIPED_WIDTH` columns (``COLUMNS`` overrides both); long lines are never folded."""
+    stream = file or sys.stdout
+    piped = not stream.isatty() and "COLUMNS" not in os.environ
+    return Console(file=file, soft_wrap=True, width=PIPED_WIDTH if piped else None)
 
 
 def quiet_prefect_console(verbose: bool) -> None:

@@ -118,9 +118,9 @@ def _plan(args: argparse.Namespace) -> int:
     from prefect_odm.cli.reconstruct import check_output_writable
 
     check_output_writable(args.output)  # a file in the way, or a place no folder can be made
-    from rich.console import Console
     from rich.table import Table
 
+    from prefect_odm.cli.console import table_console
     from prefect_odm.nodes.cluster import (
         EMBEDDED_ENGINE_IDENTITY,
         check_embedded_options,
@@ -151,7 +151,7 @@ def _plan(args: argparse.Namespace) -> int:
     if not os.access(out, os.W_OK | os.X_OK):
         raise InputError(f"{out}: cannot write the plan here (not writable)")
     write_plan_files(str(out), plan, survey)
-    console = Console(soft_wrap=True)
+    console = table_console()
     rows = plan_rows(plan)
     count = len(plan.submodels)
     table = Table(title=f"{count} submodel{'s' if count != 1 else ''}, EPSG:{plan.crs_epsg}")

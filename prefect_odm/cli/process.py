@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -81,6 +82,9 @@ def prefect_environment() -> bool:
     )
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("DO_NOT_TRACK", "1")  # the SDK's own telemetry and its notice
+    home = os.environ.get("PREFECT_HOME")
+    if home:  # Prefect makes only the last folder of it, with a warning when its parent is missing
+        Path(home).expanduser().mkdir(parents=True, exist_ok=True)
     return not os.environ.get("PREFECT_API_URL")
 
 
@@ -120,6 +124,7 @@ def start_embedded_api() -> None:
 
     from prefect_odm.engine.launch import guard_process
 
+    _make_database_folder()
     server = server_module.SubprocessASGIServer()
     # Prefect starts the server in our process group, so a Ctrl-C in the terminal stopped it at
     # once and the graceful stop could neither record the runs' states nor give the memory
@@ -138,6 +143,25 @@ def start_embedded_api() -> None:
         process = server.server_process
         if process is not None and process.poll() is None:
             guard_process(process.pid)
+
+
+def _make_database_folder() -> None:
+    """Create the folder of the temporary server's SQLite database (``$PREFECT_HOME`` by default).
+
+    Prefect does not: with ``PREFECT_HOME`` naming a folder that does not exist yet, its server
+    died at start-up on "unable to open database file" and the command waited out the whole
+    start-up time-out (120 s) before saying the server did not answer.
+    """
+    from prefect.settings import get_current_settings
+
+    settings = get_current_settings()
+    url = settings.server.database.connection_url
+    text = url.get_secret_value() if url is not None else ""
+    if text.startswith("sqlite") and ":///" in text:
+        database = text.split(":///", 1)[1].split("?", 1)[0]
+        if database and database != ":memory:":
+            Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    Path(settings.home).expanduser().mkdir(parents=True, exist_ok=True)
 
 
 class _OwnSessionSubprocess:

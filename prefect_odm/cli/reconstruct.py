@@ -184,9 +184,9 @@ def accepted_alignment_lines(manifest: Manifest) -> list[str]:
 
 def _print_summary(output: str, manifest: Manifest, note: str = "") -> None:
     """Each submodel's status, the products, gaps, rejected images, report and manifest."""
-    from rich.console import Console
+    from prefect_odm.cli.console import table_console
 
-    out = Console(soft_wrap=True)  # paths stay on one line for scripts reading them
+    out = table_console()  # paths stay on one line for scripts reading them
     for r in manifest.submodels:
         detail = f" ({r.error})" if r.error else ""
         out.print(f"{r.submodel_id}: {r.status}{detail}")
@@ -273,6 +273,10 @@ def reconstruct_command(args: argparse.Namespace) -> int:
 
         # the flow checks again; here a bad option costs no Prefect start-up
         check_embedded_options(options.to_nodeodm())
+    elif args.nodes and not routed:
+        from prefect_odm.nodes.cluster import check_nodes_answer
+
+        check_nodes_answer(args.nodes)  # a dead URL refused before Prefect starts
     check_output_writable(args.output)
     embedded_api = prefect_environment()
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
@@ -85,6 +86,27 @@ logger = logging.getLogger(__name__)
 OOM_MARKERS = ("not enough memory", "out of memory", "exit code 137", "returned 137", "killed")
 
 
+_ERRNO_TEXT = re.compile(r"\[Errno -?\d+\] ([^'\")\]]+)")
+
+
+def connection_reason(exc: BaseException) -> str | None:
+    """What a failed connection came to, in a few words, or None when ``exc`` is not one.
+
+    urllib3 nests the socket error three levels deep ("HTTPConnectionPool(host=...): Max
+    retries exceeded ... NewConnectionError(...: [Errno 111] Connection refused)"); a user
+    needs the last part.
+    """
+    text = str(exc)
+    if isinstance(exc, requests.Timeout) or "timed out" in text.lower():
+        return "timed out"
+    found = _ERRNO_TEXT.search(text)
+    if found and isinstance(exc, requests.ConnectionError | NodeConnectionError):
+        return found.group(1).strip().rstrip(".").lower()
+    if "Name or service not known" in text or "NameResolutionError" in text:
+        return "host name not found"
+    return None
+
+
 class _SafeNode(Node):  # type: ignore[misc]
     """pyodm ``Node`` whose query dictionaries are never shared between calls."""
 
@@ -138,11 +160,16 @@ class NodeClient(PolledBackend):
     def _scrub(self, text: str) -> str:
         return text.replace(self._token, "***") if self._token else text
 
+    def _reason(self, exc: BaseException) -> str:
+        """A connection failure in a few words ("connection refused", "timed out"), not
+        urllib3's three nested reprs; any other error's own text (token scrubbed)."""
+        return connection_reason(exc) or self._scrub(str(exc))
+
     def _call(self, what: str, fn: Callable[[], Any], task_uuid: str | None = None) -> Any:
         try:
             return fn()
         except (NodeConnectionError, NodeServerError, requests.RequestException) as exc:
-            said = self._scrub(str(exc))
+            said = self._reason(exc)
             raise self.error(TransientNodeError, f"{what} failed: {said}", task_uuid) from None
         except NodeResponseError as exc:
             said = self._scrub(str(exc))
@@ -181,7 +208,7 @@ class NodeClient(PolledBackend):
                 return None
             raise self.error(NodeError, f"task info: {self._scrub(str(exc))}", uuid) from None
         except (NodeConnectionError, NodeServerError, requests.RequestException) as exc:
-            said = self._scrub(str(exc))
+            said = self._reason(exc)
             raise self.error(TransientNodeError, f"task info failed: {said}", uuid) from None
         status = raw.get("status") or {}
         return TaskState(

@@ -194,6 +194,25 @@ def connect_nodes(
     return cluster
 
 
+def check_nodes_answer(urls: Sequence[str], timeout_seconds: float = PROBE_TIMEOUT_SECONDS) -> None:
+    """Refuse, before anything starts, a list of node URLs of which none answers ``/info``.
+
+    The command line calls it before Prefect starts, so a mistyped or dead ``--nodes`` URL costs
+    a second instead of the temporary server's start-up; :func:`connect_nodes` asks again in the
+    flow. Node sources (``dns+``, ``file://``) are left to the flow (their nodes may join).
+
+    Raises:
+        InputError: no URL answers (one line naming each node and its problem).
+    """
+    plain = [u for u in urls if not is_source(u)]
+    if not plain or len(plain) < len(urls):
+        return
+    probes = probe_nodes(_wanted(plain, None, None), node_backend, timeout_seconds)
+    if all(p.info is None for p in probes):
+        said = "; ".join(f"{p.url} ({p.problem})" for p in probes)
+        raise InputError(f"no node answers: {said}")
+
+
 def _listed_now(sources: Sequence[NodeSource]) -> dict[str, list[str]]:
     """Each source's node URLs now (source spec -> URLs).
 
