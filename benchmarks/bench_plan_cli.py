@@ -132,7 +132,13 @@ def main() -> None:
             split=args.split,
             split_overlap_m=width,
         )
-        timed("write_plan_files (json, geojson, png)", write_plan_files, str(work / "p2"), plan, survey)
+        timed(
+            "write_plan_files (json, geojson, png)",
+            write_plan_files,
+            str(work / "p2"),
+            plan,
+            survey,
+        )
         print(
             f"{len(survey.images)} images, {len(plan.submodels)} submodels, overlap {width:g} m "
             f"(asked {plan.split_overlap_asked_m}); plan_split unset / given: "

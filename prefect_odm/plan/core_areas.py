@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -100,6 +100,12 @@ class VoronoiFrame:
     ring_centre: NDArray[np.float64]
     ring_radius_m: float
     memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def remember(self, key: Any, make: Callable[[], Any]) -> Any:
+        """``memo[key]``, made by ``make()`` when not held."""
+        if key not in self.memo:
+            self.memo[key] = make()
+        return self.memo[key]
 
     def closes(self, clip: BaseGeometry) -> bool:
         """Whether the far ring leaves the cameras' Voronoi cells inside ``clip`` exact: every
@@ -239,11 +245,10 @@ def core_areas(
         return [clip]
     frame = frame if frame is not None else voronoi_frame(xy, clip)
     key = ("owned", hashlib.blake2b(labels.tobytes()).digest(), k)
-    if key not in frame.memo:
-        frame.memo[key] = _owned_areas(frame, labels, k)
+    owned: list[BaseGeometry | None] = frame.remember(key, lambda: _owned_areas(frame, labels, k))
     out: list[BaseGeometry] = [shapely.Polygon() for _ in range(k)]
     shapely.prepare(clip)
-    for part, merged in enumerate(frame.memo[key]):
+    for part, merged in enumerate(owned):
         if merged is not None:
             out[part] = shapely.intersection(merged, clip)
     return out

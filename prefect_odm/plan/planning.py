@@ -101,11 +101,9 @@ __all__ = [
 BUILTIN_ENGINE_PREFIXES = ("builtin", "prefect-odm-engine", "prefect-odm ")
 #: Core sizes are rebalanced when the largest submodel processes more than this times the mean.
 REBALANCE_TRIGGER = 1.1
-#: Most rebalancing rounds (each a bisection, core areas and overlap: 0.03-0.06 s at 1,800
-#: images, about 4 s at 100,000).
+#: Most rebalancing rounds (each a bisection, core areas and overlap).
 REBALANCE_ROUNDS = 8
-#: Rebalancing stops once the largest submodel processes at most this times the mean (or after
-#: two rounds without a smaller largest submodel).
+#: Rebalancing stops at a largest submodel of this times the mean (or 2 rounds without progress).
 REBALANCE_GOOD = 1.05
 
 
@@ -290,13 +288,8 @@ def _balanced_split(
     frame = (frames or FrameCache()).get(xy, clip) if len(sizes) > 1 else None  # every round
 
     def split_with(part_sizes: Sequence[int]) -> tuple[_Split, NDArray[np.int64]]:
-        if frame is None:
-            labels = _part_labels(xy, part_sizes)
-        else:  # the first round's sizes are every width's
-            key = ("labels", tuple(part_sizes))
-            if key not in frame.memo:
-                frame.memo[key] = _part_labels(xy, part_sizes)
-            labels = frame.memo[key]
+        key, memo = ("labels", tuple(part_sizes)), {} if frame is None else frame.memo  # round 1
+        labels = memo[key] = memo[key] if key in memo else _part_labels(xy, part_sizes)
         k = int(labels.max()) + 1
         areas = core_areas(xy, labels, k, clip, frame)
         members = overlap_members(xy, labels, areas, split_overlap_m, frame)
@@ -343,8 +336,7 @@ def _settled_plan(
     Raises:
         PlanningError: the decision refuses the overlap (one line starting with ``source``).
     """
-    # width -> (plan, warnings, made with its own frame); one triangulation for every width
-    # the search tries (their clips differ by the buffer only), the kept plan with its own.
+    # width -> (plan, warnings, made with its own frame): the search shares one triangulation
     plans: dict[float, tuple[PositionPlan, list[str], bool]] = {}
     search_frames, own_frames = FrameCache(share_ring=True), FrameCache()
 
