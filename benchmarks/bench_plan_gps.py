@@ -3,11 +3,12 @@
 Builds the synthetic survey of ``bench_plan_read.py`` (brighton_beach_1600's 18 scanned records
 copied onto tiles 300 m apart; every tile shares the 18 capture times, so the whole survey is
 one flight for the GPS checks) and prints, per size, the wall and CPU time of ``plan_split``
-(CPU time: what a loaded shared machine does not inflate), of its
-GPS checks alone (``plan.checks.gps_warnings``) and the process's peak RSS so far. The named
-baseline, run in the same process: scipy's exact ``theilslopes`` (the 0.x altitude trend, O(n^2)
-pairwise slopes) on the same flight's altitudes at ``--baseline-images`` (it cannot run at 50,000:
-1.25e9 slopes, about 10 GiB per array), against our ``theil_sen_slope`` at that size.
+(CPU time: what a loaded shared machine does not inflate), of its GPS checks alone
+(``plan.checks.gps_warnings``) and the process's peak RSS so far. The named baselines, run in
+the same process: with the overlap unset, ``plan_split`` given the width it chose (one width
+planned, no widening search); and scipy's exact ``theilslopes`` (the 0.x altitude trend,
+O(n^2) pairwise slopes) on the same flight's altitudes at ``--baseline-images`` (it cannot run
+at 50,000: 1.25e9 slopes, about 10 GiB per array), against our ``theil_sen_slope`` there.
 
 Usage: python benchmarks/bench_plan_gps.py [--images 20000 50000] [--split 100]
        [--baseline-images 8000] [--overlap-m M]
@@ -56,12 +57,23 @@ def main() -> None:
         t0, c0 = time.perf_counter(), time.process_time()
         plan = plan_split(survey, split=args.split, split_overlap_m=args.overlap_m)
         t_plan, c_plan = time.perf_counter() - t0, time.process_time() - c0
+        width = plan.split_overlap_m
+        if args.overlap_m is None:  # the named baseline: one width planned, no widening search
+            t0, c0 = time.perf_counter(), time.process_time()
+            plan_split(survey, split=args.split, split_overlap_m=width)
+            t_one, c_one = time.perf_counter() - t0, time.process_time() - c0
+            print(
+                f"n={n:>6} baseline plan_split given {width:g} m: {t_one:6.2f} s wall, "
+                f"{c_one:6.2f} CPU-s; unset / given {c_plan / c_one:.2f}x CPU",
+                flush=True,
+            )
         x = np.arange(n, dtype=float)
         t0 = time.perf_counter()
         found, _ = gps_warnings([(im.name, im) for im in survey.images], x, x)
         t_gps = time.perf_counter() - t0
         print(
             f"n={n:>6} plan_split {t_plan:6.2f} s wall, {c_plan:6.2f} CPU-s ({len(plan.submodels)} submodels, "
+            f"overlap {plan.split_overlap_m:g} m asked {plan.split_overlap_asked_m}, "
             f"{len(plan.gps_warnings)} GPS warnings); GPS checks alone {t_gps:5.2f} s "
             f"({len(found)} warnings); peak RSS so far {rss_mib():.0f} MiB",
             flush=True,

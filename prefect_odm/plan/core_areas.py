@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
@@ -34,6 +34,20 @@ def multipoint(xy: NDArray[np.float64]) -> MultiPoint:
     """The ``(n, 2)`` positions as one MultiPoint geometry."""
     # shapely's overloads cannot tell that a 2-D array makes one geometry, not an array of them.
     return cast(MultiPoint, shapely.multipoints(xy))
+
+
+def camera_hulls(
+    xy: NDArray[np.float64], members: Sequence[NDArray[np.intp]]
+) -> NDArray[np.object_]:
+    """The convex hull of each group's positions: ``(len(members),)`` geometries for
+    ``xy`` ``(n, 2)`` and index arrays ``members`` (each non-empty); the MultiPoints are made
+    in one call (``shapely.from_ragged_array``), not point by point."""
+    offsets = np.zeros(len(members) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(m) for m in members])
+    coords = xy[np.concatenate(members)] if len(members) else np.empty((0, 2))
+    groups = shapely.from_ragged_array(shapely.GeometryType.MULTIPOINT, coords, (offsets,))
+    hulls: NDArray[np.object_] = shapely.convex_hull(groups)
+    return hulls
 
 
 def circumcentres(
@@ -71,6 +85,10 @@ class VoronoiFrame:
         centres: ``(m, 2)`` circumcentres, snapped to :data:`VERTEX_SNAP_DECIMALS`.
         tree: KD-tree of the ``n`` positions (nearest camera, cameras within a reach).
         cameras: ``(n,)`` the positions as shapely Points (the overlap's distance tests).
+        ring_centre: ``(2,)`` centre of the far ring, metres.
+        ring_radius_m: radius of the far ring, metres.
+        memo: results of earlier plans on this frame (a labelling's owned faces, the labels of
+            a list of core sizes), reused by the widths and rounds that repeat them.
     """
 
     points: NDArray[np.float64]
@@ -79,6 +97,24 @@ class VoronoiFrame:
     centres: NDArray[np.float64]
     tree: cKDTree
     cameras: NDArray[np.object_]
+    ring_centre: NDArray[np.float64]
+    ring_radius_m: float
+    memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def remember(self, key: Any, make: Callable[[], Any]) -> Any:
+        """``memo[key]``, made by ``make()`` when not held."""
+        if key not in self.memo:
+            self.memo[key] = make()
+        return self.memo[key]
+
+    def closes(self, clip: BaseGeometry) -> bool:
+        """Whether the far ring leaves the cameras' Voronoi cells inside ``clip`` exact: every
+        point of ``clip``'s bounds is nearer to a camera (at most their diagonal away, the
+        cameras lying inside ``clip``) than to any ring point."""
+        minx, miny, maxx, maxy = clip.bounds
+        corners = np.array([[minx, miny], [minx, maxy], [maxx, miny], [maxx, maxy]])
+        far = float(np.max(np.hypot(*(corners - self.ring_centre).T)))
+        return self.ring_radius_m - far > math.hypot(maxx - minx, maxy - miny)
 
 
 def voronoi_frame(xy: NDArray[np.float64], clip: BaseGeometry) -> VoronoiFrame:
@@ -101,24 +137,42 @@ def voronoi_frame(xy: NDArray[np.float64], clip: BaseGeometry) -> VoronoiFrame:
     cc = np.round(circumcentres(points, simplices), VERTEX_SNAP_DECIMALS)
     neighbors = tri.neighbors.astype(np.int64)
     cameras = np.asarray(shapely.points(xy), dtype=object)
-    return VoronoiFrame(points, simplices, neighbors, cc, cKDTree(xy), cameras)
+    return VoronoiFrame(
+        points, simplices, neighbors, cc, cKDTree(xy), cameras, centre, 4.0 * radius
+    )
 
 
 class FrameCache:
     """The last :class:`VoronoiFrame` built, for plans of the same positions and clip (the
     overlap widening of :mod:`prefect_odm.plan.planning` plans up to 4 widths); keyed by a
-    digest of both, so other positions build their own."""
+    digest of both, so other positions build their own.
 
-    def __init__(self) -> None:
-        """An empty cache."""
-        self._key = b""
+    With ``share_ring``, a frame also serves another clip of the same positions that its far
+    ring closes (:meth:`VoronoiFrame.closes`): the core areas are the same up to floating point,
+    their vertices' order aside (the widening's search compares shared-image counts only; the
+    plan it keeps is made with its own frame). :attr:`exact` says whether the last frame
+    handed out was built for that clip.
+    """
+
+    def __init__(self, share_ring: bool = False) -> None:
+        """An empty cache; ``share_ring``: see the class."""
+        self.share_ring = share_ring
+        self.exact = True
+        self._key = self._xy_key = b""
         self._frame: VoronoiFrame | None = None
 
     def get(self, xy: NDArray[np.float64], clip: BaseGeometry) -> VoronoiFrame:
         """The frame of ``xy`` and ``clip`` (:func:`voronoi_frame`), built when not held."""
-        key = hashlib.blake2b(xy.tobytes() + shapely.to_wkb(clip)).digest()
-        if self._frame is None or key != self._key:
-            self._key, self._frame = key, voronoi_frame(xy, clip)
+        xy_key = hashlib.blake2b(xy.tobytes()).digest()
+        key = hashlib.blake2b(xy_key + shapely.to_wkb(clip)).digest()
+        self.exact = key == self._key
+        if self._frame is not None and self.exact:
+            return self._frame
+        if self.share_ring and self._frame is not None and xy_key == self._xy_key:
+            if self._frame.closes(clip):
+                return self._frame
+        self._key, self._xy_key, self.exact = key, xy_key, True
+        self._frame = voronoi_frame(xy, clip)
         return self._frame
 
 
@@ -190,6 +244,20 @@ def core_areas(
     if k == 1:
         return [clip]
     frame = frame if frame is not None else voronoi_frame(xy, clip)
+    key = ("owned", hashlib.blake2b(labels.tobytes()).digest(), k)
+    owned: list[BaseGeometry | None] = frame.remember(key, lambda: _owned_areas(frame, labels, k))
+    out: list[BaseGeometry] = [shapely.Polygon() for _ in range(k)]
+    shapely.prepare(clip)
+    for part, merged in enumerate(owned):
+        if merged is not None:
+            out[part] = shapely.intersection(merged, clip)
+    return out
+
+
+def _owned_areas(
+    frame: VoronoiFrame, labels: NDArray[np.int32], k: int
+) -> list[BaseGeometry | None]:
+    """Per part, the union of the faces it owns (unclipped), None for a part with none."""
     seg_all, bounds = _voronoi_boundaries(frame, labels, k)
     # The faces polygonized from a part's boundary segments, kept when that part owns them.
     faces: list[BaseGeometry] = []
@@ -202,7 +270,7 @@ def core_areas(
         polys = shapely.get_parts(shapely.polygonize(lines.tolist()))
         faces.extend(polys.tolist())
         face_part.extend([part] * len(polys))
-    out: list[BaseGeometry] = [shapely.Polygon() for _ in range(k)]
+    out: list[BaseGeometry | None] = [None] * k
     if not faces:
         return out
     reps = shapely.get_coordinates(shapely.point_on_surface(np.array(faces, dtype=object)))
@@ -212,11 +280,9 @@ def core_areas(
     for face, part, own in zip(faces, face_part, owner, strict=True):
         if own == part:
             kept[part].append(face)
-    shapely.prepare(clip)
     for part in range(k):
         if kept[part]:
-            merged = shapely.union_all(kept[part]) if len(kept[part]) > 1 else kept[part][0]
-            out[part] = shapely.intersection(merged, clip)
+            out[part] = shapely.union_all(kept[part]) if len(kept[part]) > 1 else kept[part][0]
     return out
 
 

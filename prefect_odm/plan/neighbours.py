@@ -35,7 +35,7 @@ from shapely.geometry.base import BaseGeometry
 
 from prefect_odm.align.report import AlignmentOptions
 from prefect_odm.models import MergeOptions, NeighbourPair
-from prefect_odm.plan.core_areas import multipoint
+from prefect_odm.plan.core_areas import camera_hulls
 
 #: Coarsest DSM cell either engine writes, metres: a footprint overlap of
 #: ``min_shared_cameras`` such cells gives the refinement that many DSM samples.
@@ -94,10 +94,10 @@ def _footprints(
     xy: NDArray[np.float64], members: Sequence[NDArray[np.intp]], half_footprint_m: float
 ) -> list[BaseGeometry]:
     """Each part's ground footprint: its cameras' hull buffered by ``half_footprint_m``."""
-    return [
-        shapely.buffer(multipoint(xy[m]).convex_hull, half_footprint_m, quad_segs=8)
-        for m in members
-    ]
+    footprints: list[BaseGeometry] = shapely.buffer(
+        camera_hulls(xy, members), half_footprint_m, quad_segs=8
+    ).tolist()
+    return footprints
 
 
 def neighbour_pairs(

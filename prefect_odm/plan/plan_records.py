@@ -19,7 +19,7 @@ from shapely.geometry.base import BaseGeometry
 from prefect_odm.errors import PlanningError
 from prefect_odm.fingerprints import fingerprint, submodel_fingerprint
 from prefect_odm.models import CameraPosition, ImageRecord, ProcessingOptions, SplitPlan, Submodel
-from prefect_odm.plan.core_areas import multipoint
+from prefect_odm.plan.core_areas import camera_hulls, multipoint
 from prefect_odm.plan.memory import MemoryModel, estimate_peak_memory_gib
 from prefect_odm.plan.position_plan import PositionPlan
 
@@ -138,6 +138,9 @@ def submodel_records(
     survey_footprint = shapely.buffer(
         multipoint(np.column_stack([x, y])).convex_hull, half_fp, quad_segs=8
     )
+    footprints = shapely.buffer(
+        camera_hulls(np.column_stack([x, y]), pplan.members), half_fp, quad_segs=8
+    )
     for part, members in enumerate(pplan.members):
         member_images = [images[i] for i in members]
         core_images = [images[i] for i in np.flatnonzero(pplan.labels == part)]
@@ -150,8 +153,7 @@ def submodel_records(
                 f"({overlap} of them overlap), more than the largest node ({largest_node:g} GiB); "
                 "lower the split (--split) or the split overlap (--split-overlap-m)"
             )
-        coords = np.column_stack([x[members], y[members]])
-        footprint = shapely.buffer(multipoint(coords).convex_hull, half_fp, quad_segs=8)
+        footprint = footprints[part]
         area = pplan.core_areas[part]
         submodels.append(
             Submodel(

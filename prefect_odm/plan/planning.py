@@ -101,11 +101,9 @@ __all__ = [
 BUILTIN_ENGINE_PREFIXES = ("builtin", "prefect-odm-engine", "prefect-odm ")
 #: Core sizes are rebalanced when the largest submodel processes more than this times the mean.
 REBALANCE_TRIGGER = 1.1
-#: Most rebalancing rounds (each a bisection, core areas and overlap: 0.03-0.06 s at 1,800
-#: images, about 4 s at 100,000).
+#: Most rebalancing rounds (each a bisection, core areas and overlap).
 REBALANCE_ROUNDS = 8
-#: Rebalancing stops once the largest submodel processes at most this times the mean (or after
-#: two rounds without a smaller largest submodel).
+#: Rebalancing stops at a largest submodel of this times the mean (or 2 rounds without progress).
 REBALANCE_GOOD = 1.05
 
 
@@ -290,7 +288,8 @@ def _balanced_split(
     frame = (frames or FrameCache()).get(xy, clip) if len(sizes) > 1 else None  # every round
 
     def split_with(part_sizes: Sequence[int]) -> tuple[_Split, NDArray[np.int64]]:
-        labels = _part_labels(xy, part_sizes)
+        key, memo = ("labels", tuple(part_sizes)), {} if frame is None else frame.memo  # round 1
+        labels = memo[key] = memo[key] if key in memo else _part_labels(xy, part_sizes)
         k = int(labels.max()) + 1
         areas = core_areas(xy, labels, k, clip, frame)
         members = overlap_members(xy, labels, areas, split_overlap_m, frame)
@@ -337,18 +336,21 @@ def _settled_plan(
     Raises:
         PlanningError: the decision refuses the overlap (one line starting with ``source``).
     """
-    plans: dict[float, tuple[PositionPlan, list[str]]] = {}
-    frames = FrameCache()  # one triangulation for the widths whose clip is the same
+    # width -> (plan, warnings, made with its own frame): the search shares one triangulation
+    plans: dict[float, tuple[PositionPlan, list[str], bool]] = {}
+    search_frames, own_frames = FrameCache(share_ring=True), FrameCache()
 
-    def plan_at(width_m: float) -> tuple[PositionPlan, list[str]]:
-        if width_m not in plans:
+    def plan_at(width_m: float, own_frame: bool = False) -> tuple[PositionPlan, list[str]]:
+        if width_m not in plans or (own_frame and not plans[width_m][2]):
+            frames = own_frames if own_frame else search_frames
+            frames.exact = True  # a single submodel asks for no frame
             pplan = plan_from_positions(
                 x, y, split=split_n, split_overlap_m=width_m, min_submodel_images=min_size,
                 tie_rank=np.arange(len(x)),
                 clip_buffer_m=max(3.0 * half_fp, 2.0 * width_m, 50.0), frames=frames,
             )  # fmt: skip
-            plans[width_m] = merge_duplicate_parts(pplan, width_m)
-        return plans[width_m]
+            plans[width_m] = (*merge_duplicate_parts(pplan, width_m), frames.exact)
+        return plans[width_m][:2]
 
     def pairs_at(width_m: float) -> tuple[list[NeighbourPair], list[str]]:
         pplan = plan_at(width_m)[0]
@@ -361,7 +363,7 @@ def _settled_plan(
     decision, pairs = settle_overlap(pairs_at, asked_m, given=given, needs=needs)
     if decision.refusal is not None:
         raise PlanningError(f"{source}: {decision.refusal}")
-    pplan, warnings = plan_at(decision.split_overlap_m)
+    pplan, warnings = plan_at(decision.split_overlap_m, own_frame=True)
     warnings = ([decision.note] if decision.note else []) + warnings
     for text in warnings:
         logger.warning("%s", text)

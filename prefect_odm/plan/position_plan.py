@@ -77,7 +77,7 @@ def merge_duplicate_parts(
         kept, so it agrees with the plan's table), and how many parts were merged; the planner
         logs those of the plan it keeps.
     """
-    parts = [_Part(str(p), tuple(str(i) for i in m)) for p, m in enumerate(pplan.members)]
+    parts = [_Part(str(p), tuple(map(str, m.tolist()))) for p, m in enumerate(pplan.members)]
     duplication = find_duplicate_submodels(parts)
     kept_of = {int(d): int(k) for d, k in kept_submodel_of(duplication).items()}
     kept = find_duplicate_submodels([part for p, part in enumerate(parts) if p not in kept_of])
