@@ -65,6 +65,7 @@ class Crowns:
     ground: NDArray[np.float64]  # the ground under ODM's crowns, metres
     odm_h: NDArray[np.float64]  # ODM's highest point above it, metres
     cell_m: float
+    footprint: NDArray[np.bool_]  # the DSM's cells with a height (the orthophoto's footprint)
 
 
 def odm_cells(
@@ -108,7 +109,7 @@ def crown_cells(ds: rasterio.DatasetReader, min_height_m: float, min_exg: float)
     crown = has & (odm_h > min_height_m) & (exg > min_exg)
     if not crown.any():
         raise SystemExit(f"{ds.name}: no ODM crown cells on this DSM's grid")
-    return Crowns(crown, has, ground, odm_h, cell_m)
+    return Crowns(crown, has, ground, odm_h, cell_m, ds.read(1) != ds.nodata)
 
 
 def height_line(crowns: Crowns, z: NDArray[Any], sel: NDArray[np.bool_]) -> str:
@@ -125,9 +126,11 @@ def step_line(name: str, crowns: Crowns, heights: NDArray[Any]) -> str:
     ``heights``) and the crown height there."""
     valid = np.isfinite(heights)
     crown = crowns.crown
+    inside = crown & crowns.footprint
     return (
-        f"  {name:<34} crown cells {np.mean(valid[crown]):6.1%}  ODM's cells "
-        f"{np.mean(valid[crowns.has]):6.1%}  crown height {height_line(crowns, heights, crown & valid)}"
+        f"  {name:<34} crown cells {np.mean(valid[crown]):6.1%} ({np.mean(valid[inside]):6.1%} of "
+        f"those in the footprint)  ODM's cells {np.mean(valid[crowns.has]):6.1%}  crown height "
+        f"{height_line(crowns, heights, crown & valid)}"
     )
 
 
