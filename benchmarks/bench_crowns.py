@@ -226,6 +226,21 @@ def report(dsm: Path, crowns: Crowns, z: NDArray[Any], flag: NDArray[Any], nodat
         print(f"  crown height where ours {name}: {height_line(crowns, z, sel)}")
 
 
+def crown_summary(dsm: Path, min_height_m: float = 2.0, min_exg: float = 0.05) -> str:
+    """One line for ``bench_engine.py --quickstart``: ODM's crown cells on ``dsm``'s grid, the
+    share ours measures and the crown heights where it does (ours / ODM)."""
+    with rasterio.open(dsm) as ds:
+        z, flag = ds.read(1), ds.read(2) if ds.count >= 2 else ds.read(1) != ds.nodata
+        crowns = crown_cells(ds, min_height_m, min_exg)
+    crown = crowns.crown
+    measured = crown & (flag == 1)
+    return (
+        f"ODM's crown cells {int(crown.sum())} ({crown.sum() * crowns.cell_m**2:.0f} m2): ours "
+        f"measures {np.mean(measured[crown]):.1%} ({np.mean(measured[crown & crowns.footprint]):.1%}"
+        f" of those in its footprint), crown height {height_line(crowns, z, measured)}"
+    )
+
+
 def render(png: Path, crowns: Crowns, measured: NDArray[np.bool_]) -> None:
     """ODM's heights beside our kept (green) and lost (red) crown cells."""
     import matplotlib
