@@ -8,7 +8,9 @@ taken as the 15 m minimum filter of ODM's cell maxima (smoothed by a 15 m mean) 
 excess green ``(2G - R - B) / (R + G + B)`` of its points is above ``--min-exg`` (0.05). A crude,
 stated definition: it counts only crowns ODM's cloud measures (its own holes count for neither),
 and dark or yellowed crowns are missed. Crown height: our cell height above the same ground
-against ODM's highest point's (the medians over the cells, and their ratio).
+against ODM's highest point's (the medians over the cells, and their ratio), and above the same
+filter of our own measured heights (a DSM lying 1 m low reads its crowns 1 m low against ODM's
+ground, not against its own).
 
 For each DSM it prints ODM's crown area, the share of those cells ours measures (measured band
 1) and has a height for (filled too), and the crown heights where ours measured and where ours
@@ -66,6 +68,7 @@ class Crowns:
     odm_h: NDArray[np.float64]  # ODM's highest point above it, metres
     cell_m: float
     footprint: NDArray[np.bool_]  # the DSM's cells with a height (the orthophoto's footprint)
+    own_ground: NDArray[np.float64]  # the same ground from the DSM's own measured heights
 
 
 def odm_cells(
@@ -100,25 +103,41 @@ def crown_cells(ds: rasterio.DatasetReader, min_height_m: float, min_exg: float)
     """
     has, zmax, exg = odm_cells(ds)
     cell_m = float(ds.res[0])
-    win = max(1, int(round(GROUND_WINDOW_M / cell_m)))
-    ground = ndimage.minimum_filter(np.where(has, zmax, np.inf), size=win)
-    ground = ndimage.uniform_filter(
-        np.where(np.isfinite(ground), ground, np.median(zmax[has])), size=win
-    )
+    ground = local_ground(has, zmax, cell_m)
     odm_h = np.where(has, zmax - ground, 0.0)
     crown = has & (odm_h > min_height_m) & (exg > min_exg)
     if not crown.any():
         raise SystemExit(f"{ds.name}: no ODM crown cells on this DSM's grid")
-    return Crowns(crown, has, ground, odm_h, cell_m, ds.read(1) != ds.nodata)
+    z = ds.read(1).astype(np.float64)
+    measured = (z != ds.nodata) & (ds.read(2) == 1 if ds.count >= 2 else True)
+    own = local_ground(measured, z, cell_m)
+    return Crowns(crown, has, ground, odm_h, cell_m, z != ds.nodata, own)
+
+
+def local_ground(known: NDArray[np.bool_], z: NDArray[Any], cell_m: float) -> NDArray[np.float64]:
+    """The ground under crowns: the :data:`GROUND_WINDOW_M` minimum filter of the ``known``
+    heights, smoothed by a mean of the same window (metres, every cell)."""
+    win = max(1, int(round(GROUND_WINDOW_M / cell_m)))
+    ground = ndimage.minimum_filter(np.where(known, z, np.inf), size=win)
+    fill = np.median(z[known]) if known.any() else 0.0
+    return np.asarray(
+        ndimage.uniform_filter(np.where(np.isfinite(ground), ground, fill), size=win), np.float64
+    )
 
 
 def height_line(crowns: Crowns, z: NDArray[Any], sel: NDArray[np.bool_]) -> str:
-    """``ours X m, ODM Y m, R%``: median crown heights above ODM's ground over ``sel``."""
+    """``ours X m, ODM Y m, R% (above its own ground: ...)``: median crown heights over ``sel``
+    above ODM's ground, and ours above the ground of our own measured heights (which no vertical
+    offset or tilt of the DSM against ODM's cloud changes)."""
     if not sel.any():
         return "no cell"
     ours = float(np.median(z[sel] - crowns.ground[sel]))
+    own = float(np.median(z[sel] - crowns.own_ground[sel]))
     odm = float(np.median(crowns.odm_h[sel]))
-    return f"ours {ours:.2f} m, ODM {odm:.2f} m, {ours / odm:.0%}"
+    return (
+        f"ours {ours:.2f} m, ODM {odm:.2f} m, {ours / odm:.0%} "
+        f"(above its own ground {own:.2f} m, {own / odm:.0%})"
+    )
 
 
 def step_line(name: str, crowns: Crowns, heights: NDArray[Any]) -> str:
