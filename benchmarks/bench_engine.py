@@ -24,7 +24,8 @@ orthophoto's (aligned: every DSM cell edge on an orthophoto cell edge), the shar
 orthophoto footprint (its coloured cells) the DSM covers, measured (its measured band,
 ``registry.DSM_MEASURED_BAND``) and filled, beside the share ODM's own cloud
 (``reference/model.laz``) measures; its measured heights against ODM's cloud and against the
-single block (|dz| median, p90, signed, tilt); and both runs' wall times and their ratio
+single block (|dz| median, p90, signed, tilt); ODM's tree-crown cells, the share ours measures and
+the crown heights (``bench_crowns.crown_summary``); and both runs' wall times and their ratio
 (``benchmarks/_quickstart.py``).
 
 Usage::
@@ -235,6 +236,7 @@ def quickstart(out: Path, threads: int, png: Path | None = None) -> None:
     Quickstart with each submodel calibrating its own camera and with the shared calibration,
     each submodel and merge against ODM's cloud and the single block, and the run times."""
     import _quickstart
+    import bench_crowns
     import laspy
     import numpy as np
 
@@ -258,6 +260,7 @@ def quickstart(out: Path, threads: int, png: Path | None = None) -> None:
     print(f"\n== single block ({single_seconds or 0:.1f} s; 0: not run now) ==")
     for line in _quickstart.dz_lines(single, reference, None):
         print(f"single: {line}")
+    print(f"single: {bench_crowns.crown_summary(single)}")
     for mode in _quickstart.MODES:
         survey = sorted((out / mode).glob("*/merged/dsm.tif"))[-1].parents[1]
         print(f"\n== Quickstart, {mode} camera calibration ==")
@@ -269,6 +272,7 @@ def quickstart(out: Path, threads: int, png: Path | None = None) -> None:
             )
             for line in _quickstart.dz_lines(folder / dsm_name, reference, single):
                 print(f"{name}: {line}")
+            print(f"{name}: {bench_crowns.crown_summary(folder / dsm_name)}")
         if png is not None:
             for path in _quickstart.render(survey, reference, png, mode):
                 print(f"wrote {path}")

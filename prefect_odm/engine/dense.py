@@ -84,6 +84,14 @@ brighton's cars 0.75-0.81 m above the ground where ODM's cloud has 1.14 m, and t
 1 m stood at 57 % of ODM's heights; with one channel's, 86 %, the DSM against ODM's cloud
 unchanged (median |dz| 0.24 m, p90 0.40 m)."""
 
+LR_CHECK_PX = 1
+"""OpenCV's ``disp12MaxDiff``: the left-right check's tolerance, pixels. OpenCV takes any value
+below 1 as 1, so matching without the check (``lr_check_px=None``, what
+``benchmarks/bench_crowns.py --steps`` compares with) passes a tolerance no disparity reaches."""
+
+NO_LR_CHECK_PX = 1 << 20
+"""The ``disp12MaxDiff`` that turns the left-right check off."""
+
 EDGE_DISPARITY_PX = 1.0
 """Disparities within this of either end of the search range are rejected (clamped, not
 matched): on the synthetic 150 m slope 4-16 % of an along-track pair's points sat at the far
@@ -248,7 +256,7 @@ def _sparse_disparities(
 
 
 def _match(
-    rect: _Rectified, low: float, high: float
+    rect: _Rectified, low: float, high: float, lr_check_px: int | None = LR_CHECK_PX
 ) -> tuple[NDArray[np.float32], NDArray[np.bool_]]:
     """SGBM disparity (``coord1 - coord2``, rectified frame of the first image) and validity."""
     import cv2
@@ -265,7 +273,7 @@ def _match(
     block = SGBM_BLOCK_SIZE
     sgbm = cv2.StereoSGBM.create(
         minDisparity=min_disp, numDisparities=count, blockSize=block,
-        P1=8 * block * block, P2=32 * block * block, disp12MaxDiff=1,
+        P1=8 * block * block, P2=32 * block * block, disp12MaxDiff=NO_LR_CHECK_PX if lr_check_px is None else lr_check_px,
         uniquenessRatio=10, speckleWindowSize=100, speckleRange=2,
         mode=cv2.STEREO_SGBM_MODE_SGBM,
     )  # fmt: skip
@@ -324,6 +332,8 @@ def match_pair(
     image_dir: Path,
     points_xyz: NDArray[np.float64],
     scale: float,
+    *,
+    lr_check_px: int | None = LR_CHECK_PX,
 ) -> PairPoints:
     """Dense points of one pair (rectify, SGBM with left-right check, triangulate).
 
@@ -332,6 +342,7 @@ def match_pair(
         image_dir: folder of the image files.
         points_xyz: sparse points (UTM metres, ``(n, 3)``) for the disparity range.
         scale: image scale of the depth map (:func:`~prefect_odm.plan.depthmaps.depthmap_scale`).
+        lr_check_px: the left-right check's tolerance, pixels (:data:`LR_CHECK_PX`; None: none).
 
     Returns:
         The pair's points; empty when the pair shares too few sparse points or its disparity
@@ -349,5 +360,5 @@ def match_pair(
     pad = 0.15 * (high - low) + 4.0
     if (high - low) + 2 * pad > MAX_DISPARITY_SHARE * min(rect.left.shape[:2]):
         return PairPoints(np.zeros((0, 3)), np.zeros((0, 3), dtype=np.uint8))
-    disparity, valid = _match(rect, float(low - pad), float(high + pad))
+    disparity, valid = _match(rect, float(low - pad), float(high + pad), lr_check_px)
     return _triangulate(rect, first, disparity, valid)

@@ -117,16 +117,14 @@ def _per_pair_cells(
     return cells_of_pairs, np.concatenate(rec_cells), np.concatenate(rec_z)
 
 
-def _drop_isolated(heights: NDArray[np.float32]) -> NDArray[np.float32]:
+def _drop_isolated(heights: NDArray[np.float32], min_neighbours: int) -> NDArray[np.float32]:
     from scipy.ndimage import convolve
 
     measured = np.isfinite(heights)
     kernel = np.ones((3, 3), dtype=np.int32)
     kernel[1, 1] = 0
     neighbours = convolve(measured.astype(np.int32), kernel, mode="constant")
-    return np.where(measured & (neighbours >= MIN_MEASURED_NEIGHBOURS), heights, np.nan).astype(
-        np.float32
-    )
+    return np.where(measured & (neighbours >= min_neighbours), heights, np.nan).astype(np.float32)
 
 
 def sample_points(xyz: NDArray[np.float64], sample_m: float) -> NDArray[np.intp]:
@@ -146,6 +144,7 @@ def fuse_pairs(
     tolerance_m: float = FUSION_TOLERANCE_M,
     min_pairs: int = FUSION_MIN_PAIRS,
     min_agreeing_share: float = FUSION_MIN_AGREEING_SHARE,
+    min_measured_neighbours: int = MIN_MEASURED_NEIGHBOURS,
     sample_m: float = 0.0,
 ) -> FusedCloud:
     """Fuse the pairs' points on ``grid`` (algorithm in the module docstring).
@@ -156,6 +155,8 @@ def fuse_pairs(
         tolerance_m: the agreement tolerance, metres.
         min_pairs: agreeing pairs needed for a measured cell.
         min_agreeing_share: least share of the pairs seeing a cell that must agree (0 to 1).
+        min_measured_neighbours: measured cells among the 8 neighbours a measured cell needs
+            (0 keeps every cell the agreement test kept).
         sample_m: ODM's ``pc-sample``, metres (0: keep every consistent point).
 
     Returns:
@@ -176,7 +177,7 @@ def fuse_pairs(
         ok = (counts2 >= min_pairs) & (counts2 >= min_agreeing_share * seeing[ids2])
         heights[ids2[ok]] = median2[ok]
         agreeing[ids2[ok]] = np.minimum(counts2[ok], 255)
-    heights2d = _drop_isolated(heights.reshape(grid.height, grid.width))
+    heights2d = _drop_isolated(heights.reshape(grid.height, grid.width), min_measured_neighbours)
     agreeing2d = np.where(np.isfinite(heights2d), agreeing.reshape(heights2d.shape), 0)
     flat = heights2d.reshape(-1)
     xyz_parts, rgb_parts = [], []

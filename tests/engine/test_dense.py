@@ -324,3 +324,37 @@ def test_matching_keeps_true_disparities_and_rejects_clamped_and_unseen_ones() -
     kept = disparity[valid]
     assert len(kept) and kept.min() > low + dense.EDGE_DISPARITY_PX
     assert kept.max() < high - 1 - dense.EDGE_DISPARITY_PX
+
+
+def _occluding_pair() -> tuple[dense._Rectified, slice]:
+    """A textured plane at 15 px disparity with a textured square in front of it at 30 px;
+    returns the pair and the columns of the plane the square hides from the second image."""
+    from scipy.ndimage import gaussian_filter
+
+    rect = _shifted_pair(15)
+    rng = np.random.default_rng(8)
+    square = gaussian_filter(rng.normal(0, 1, (80, 80)), 1.0)
+    square = np.clip(128 + 60 * square / square.std(), 1, 255).astype(np.uint8)[:, :, None]
+    left, right = rect.left.copy(), rect.right.copy()
+    left[80:160, 150:230] = square  # x_right = x_left - 30 for the square
+    right[80:160, 120:200] = square
+    return dense._Rectified(left, right, rect.rect1, rect.p1, rect.p2, 0), slice(135, 150)
+
+
+def test_left_right_check_drops_matches_the_second_image_cannot_see() -> None:
+    """The plane's strip beside the square is seen by the first image only: the left-right
+    check (``lr_check_px``) rejects what the matcher found there; without it they stay."""
+    rect, hidden = _occluding_pair()
+    _, checked = dense._match(rect, 0.0, 48.0, lr_check_px=dense.LR_CHECK_PX)
+    _, unchecked = dense._match(rect, 0.0, 48.0, lr_check_px=None)
+    strip = (slice(85, 155), hidden)
+    assert unchecked[strip].mean() > checked[strip].mean() + 0.2
+    assert checked[:, 250:340].mean() > 0.8  # the rest of the plane is kept
+
+
+def test_fusion_keeps_isolated_cells_when_no_neighbour_is_asked() -> None:
+    grid = Grid(left=0.0, top=10.0, resolution_m=1.0, width=10, height=10)
+    lone = np.array([[5.5, 4.5]])
+    pairs = [_pair(1.0, lone, 1), _pair(1.0, lone, 2)]
+    fused = fuse_pairs(pairs, grid, min_measured_neighbours=0)
+    assert np.isfinite(fused.heights).sum() == 1 and np.isfinite(fused.heights[5, 5])
