@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar, Unpack
 
@@ -40,7 +40,7 @@ import numpy as np
 from numpy.typing import NDArray
 from rasterio.enums import Resampling
 from rasterio.windows import Window
-from scipy.ndimage import distance_transform_edt, map_coordinates
+from scipy.ndimage import distance_transform_edt
 
 from prefect_odm.align.report import AlignmentReport
 from prefect_odm.align.similarity import RasterCorrection
@@ -48,7 +48,7 @@ from prefect_odm.align.stage_records import DsmSeam
 from prefect_odm.errors import MergeError
 from prefect_odm.grid import Block
 from prefect_odm.merge.balance import solve_vertical_offsets
-from prefect_odm.merge.blend import blend_heights
+from prefect_odm.merge.blend import height_weights, weighted_heights
 from prefect_odm.merge.blocks import (
     RasterMergeKeywords,
     RasterRun,
@@ -125,22 +125,36 @@ class EdgeDistance:
     distance_m: NDArray[np.float32]
 
     def sample(self, src: RasterSource, window: Window4) -> NDArray[np.float32]:
-        """Bilinear distance at the centres of a window of the output grid, ``(rows, cols)``."""
+        """Bilinear distance at the centres of a window of the output grid, ``(rows, cols)``.
+
+        The arithmetic of ``scipy.ndimage.map_coordinates(order=1)`` (the four corners'
+        ``value * w_row * w_col`` summed in float64 in the same order, so the same float32
+        results), on the grid's rows and columns separately: the weights and indexes are
+        per row and per column, and only the decimated cells under the window are read.
+        """
         rows = np.arange(window[0], window[0] + window[2]) - src.row_off + 0.5
         cols = np.arange(window[1], window[1] + window[3]) - src.col_off + 0.5
         rr = rows / self.factor_rows - 0.5 + 1.0
         cc = cols / self.factor_cols - 0.5 + 1.0
-        r2, c2 = np.meshgrid(rr, cc, indexing="ij")
-        out: NDArray[np.float32] = map_coordinates(
-            self.distance_m, [r2, c2], order=1, mode="nearest"
-        ).astype(np.float32)
-        return out
+        r0, c0 = np.floor(rr).astype(np.intp), np.floor(cc).astype(np.intp)
+        wr1, wc1 = (rr - r0)[:, None], (cc - c0)[None, :]
+        wr0, wc0 = 1.0 - wr1, 1.0 - wc1
+        sub = self.distance_m[r0[0] : r0[-1] + 2, c0[0] : c0[-1] + 2].astype(np.float64)
+        top, bottom = sub[r0 - r0[0]], sub[r0 - r0[0] + 1]
+        c0 -= c0[0]
+        out = top[:, c0] * wr0 * wc0
+        out += top[:, c0 + 1] * wr0 * wc1
+        out += bottom[:, c0] * wr1 * wc0
+        out += bottom[:, c0 + 1] * wr1 * wc1
+        return out.astype(np.float32)
 
 
 def edge_distance(
     reader: SourceReader, src: RasterSource, resolution_m: float, max_side_px: int
 ) -> EdgeDistance:
-    """Distance transform of a source's valid mask (padded so the raster edge is a data edge).
+    """Distance transform of a source's valid mask (padded so the raster edge is a data edge),
+    the validity of its first value band (the heights; for a DSM with the measured band the
+    same cells, as the engine writes it).
 
     Args:
         reader: a reader of the grid plan (nearest resampling).
@@ -150,7 +164,10 @@ def edge_distance(
     """
     factor = max(1, -(-max(src.height, src.width) // max_side_px))
     shape = (max(1, src.height // factor), max(1, src.width // factor))
-    _, valid = reader.read(src, src.window, out_shape=shape if factor > 1 else None)
+    # the heights' validity only: a decimated read of both bands of a pixel-interleaved
+    # GeoTIFF decodes every tile twice (0.49 against 0.27 s CPU for a 4000 x 4000 DSM)
+    heights = replace(src, value_bands=src.value_bands[:1])
+    _, valid = reader.read(heights, src.window, out_shape=shape if factor > 1 else None)
     padded = np.zeros((shape[0] + 2, shape[1] + 2), dtype=bool)
     padded[1:-1, 1:-1] = valid
     fr = src.height / shape[0]
@@ -277,6 +294,7 @@ class _DemBlocks:
         self.edges = edges
         self.feather_m = feather_m
         self.measured = measured
+        self._described = False
 
     def work(self, block: Block) -> _DemBlock:
         present = sources_in(self.plan, block)
@@ -308,22 +326,25 @@ class _DemBlocks:
             return dem, union, union, measured
         e = self.seams.seam_distance(block, [s.submodel_id for s, _ in present])
         taper = self.seams.weights(e, valid, self.feather_m)
+        weights = height_weights(valid, edt, taper)
         if measured is not None and flags is not None:
-            # measured where the sources giving the height (same weights) measured it; the
-            # blend reads valid, edt and taper without changing them
-            blended_flags = blend_heights(flags, valid, edt, taper)
+            # measured where the sources giving the height (same weights) measured it
+            blended_flags = weighted_heights(weights, flags, valid)
             measured[any_valid] = blended_flags[any_valid] >= 0.5
-        blended = blend_heights(z, valid, edt, taper)
+        blended = weighted_heights(weights, z, valid)
         dem[any_valid] = blended[any_valid]
         return dem, int(any_valid.sum()), union, measured
 
     def write(self, dst: Any, block: Block, result: _DemBlock) -> tuple[int, int]:
         dem, pixels, union, measured = result
         window = Window(block.col_off, block.row_off, block.width, block.height)
-        dst.write(dem, 1, window=window)
-        if measured is not None:
-            dst.write(measured, 2, window=window)
-            dst.set_band_description(2, MEASURED_DESCRIPTION)
+        if measured is None:
+            dst.write(dem, 1, window=window)
+        else:
+            if not self._described:
+                dst.set_band_description(2, MEASURED_DESCRIPTION)
+                self._described = True
+            dst.write(np.stack([dem, measured]), window=window)
         return pixels, union
 
 
