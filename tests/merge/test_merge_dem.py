@@ -211,3 +211,36 @@ def test_threads_leave_heights_and_figures_unchanged(tmp_path: Path) -> None:
         for f in d1.overviews(1):
             shape = (2, -(-H // f), -(-W // f))
             assert np.array_equal(d1.read(out_shape=shape), d3.read(out_shape=shape))
+
+
+def test_direct_decimated_reads_sample_the_cells_gdals_warper_samples(tmp_path: Path) -> None:
+    """The overlap samples of DSMs on the grid are sliced from full-resolution strips instead of
+    warped: for odd and even factors, windows off the factor's lattice and a source at an odd
+    offset, the same values, validity and window as the warped coarse read."""
+    from rasterio.enums import Resampling
+
+    from prefect_odm.merge.overlap_sampling import _STRIP_ROWS, read_decimated_direct
+    from prefect_odm.merge.sources import SourceReader, plan_grid
+
+    rng = np.random.default_rng(3)
+    rows, cols = _STRIP_ROWS + 77, 301  # more rows than one strip
+    z = rng.normal(150.0, 5.0, (rows, cols)).astype(np.float32)
+    z[rng.random(z.shape) < 0.1] = DEM_NODATA
+    flags = rng.random(z.shape) < 0.7
+    inputs = {
+        "a": _write_measured(tmp_path / "a.tif", z, flags, 0),
+        "b": _write_measured(tmp_path / "b.tif", z[::-1].copy(), flags, 37),
+    }
+    plan = plan_grid(inputs, resolution_m=None, crs_epsg=None, value_bands=2)
+    reader = SourceReader(plan, Resampling.nearest)
+    try:
+        src = plan.sources[1]
+        assert (src.col_off, src.warp) == (37, False)
+        for factor in (2, 3, 4, 5, 8):
+            for window in [src.window, (3, 40, rows - 10, 200), (101, 38, 333, 17)]:
+                got = read_decimated_direct(reader, src, window, factor)
+                want = reader.read_decimated(src, window, factor)
+                assert got[2] == want[2], (factor, window)
+                assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    finally:
+        reader.close()
