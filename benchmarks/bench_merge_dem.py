@@ -143,7 +143,9 @@ def _run_baseline(
         tmp = temporary_sibling(out, "baseline")
         try:
             merge(
-                paths, dst_path=str(tmp), dst_kwds={**tiled, "blockxsize": 256, "blockysize": 256}
+                paths,
+                dst_path=str(tmp),
+                dst_kwds={**tiled, "blockxsize": 256, "blockysize": 256, "compress": "none"},
             )
             with rasterio.open(tmp, "r+") as ds:
                 build_overviews(ds)

@@ -146,7 +146,8 @@ class EdgeDistance:
         out += top[:, c0 + 1] * wr0 * wc1
         out += bottom[:, c0] * wr1 * wc0
         out += bottom[:, c0 + 1] * wr1 * wc1
-        return out.astype(np.float32)
+        result: NDArray[np.float32] = out.astype(np.float32)
+        return result
 
 
 def edge_distance(
@@ -272,6 +273,42 @@ def _overlap_samples(
     pairs = list(overlap_pairs(plan))
     found = _on_threads(plan, workers, pairs, lambda r, p: sample_overlap(r, *p))
     return [(a, b, va, vb) for (a, b, _), (va, vb) in zip(pairs, found, strict=True) if va.shape[1]]
+
+
+class _LockedReader(SourceReader):
+    """One :class:`.sources.SourceReader` for every block thread, each source read under its
+    own lock: GDAL's block cache belongs to a dataset handle, so with one handle per thread a
+    source tile that two neighbouring blocks need (blocks and tiles rarely line up) was decoded
+    once per thread; here it is decoded once. Threads still read different sources at once."""
+
+    def __init__(self, plan: GridPlan) -> None:
+        """Nothing is opened until a source is first read."""
+        super().__init__(plan)
+        self._locks = {s.submodel_id: threading.Lock() for s in plan.sources}
+
+    def read(
+        self, src: RasterSource, window: Window4, out_shape: tuple[int, int] | None = None
+    ) -> tuple[NDArray[np.float32], NDArray[np.bool_]]:
+        """:meth:`.sources.SourceReader.read` under the source's lock."""
+        with self._locks[src.submodel_id]:
+            return super().read(src, window, out_shape)
+
+
+class _SharedReaders(ThreadReaders):
+    """:class:`.sources.ThreadReaders` whose threads share one :class:`_LockedReader`."""
+
+    def __init__(self, plan: GridPlan) -> None:
+        """The shared reader opens nothing until a source is first read."""
+        super().__init__(plan)
+        self._shared = _LockedReader(plan)
+
+    def get(self) -> SourceReader:
+        """The shared reader."""
+        return self._shared
+
+    def close(self) -> None:
+        """Close the shared reader's datasets."""
+        self._shared.close()
 
 
 class _DemBlocks:
@@ -414,7 +451,7 @@ def merge_dems(
     edges = edge_distances(plan, edt_max_side_px, run.workers)
     seams = seams_for(opts.seam_method, owners, plan, run.lattice_step_px, seamlines=seamlines,
                       dsms={k: Path(v) for k, v in inputs.items()}, alignment=fixes)  # fmt: skip
-    readers = ThreadReaders(plan)
+    readers = _SharedReaders(plan)
     pixels, union_pixels = write_merged_raster(
         out,
         plan,
