@@ -212,7 +212,7 @@ def run(size: int, overlap: float, workers: int, folder: Path, repeat: int) -> d
         print(
             f"  round {n + 1}: "
             + ", ".join(f"{k} {v[-1][0]:.1f} s ({v[-1][2]:.1f} s CPU)" for k, v in base.items())
-            + f", merge_dems {got[0]:.1f} s ({got[2]:.1f} s CPU); load {loads[-4]:.1f}-{max(loads[-4:]):.1f}"
+            + f", merge_dems {got[0]:.1f} s ({got[2]:.1f} s CPU); load {min(loads[-4:]):.1f}-{max(loads[-4:]):.1f}"
         )
     print(
         f"[{size}] mosaic {width}x{height} ({width * height / 1e6:.0f} Mpx, 2 bands), medians of "
