@@ -6,13 +6,19 @@ predictor 3, :func:`prefect_odm.engine.writers.write_geotiff`): band 1 heights (
 textured surface with "buildings", nodata -9999 outside a footprint with ragged corners), band 2
 the measured flag (:data:`prefect_odm.merge.dem.MEASURED_DESCRIPTION`; 0 in gap-filled patches).
 One input sits 0.3 m higher, so the vertical-offset solve has work to do.
-Then, alternately ``--repeat`` times, in child processes of this same run (so each peak memory is measured alone):
+Then, alternately ``--repeat`` times, in child processes of this same run (so each peak memory is
+measured alone), three baselines of ``rasterio.merge.merge(paths, ...)`` (first input wins, no
+blending, no offsets, the whole mosaic in memory, one thread) and ours:
 
-- baseline: ``rasterio.merge.merge(paths, dst_path=...)`` (first input wins, no blending, no
-  offsets, the whole mosaic in memory), writing a tiled DEFLATE GeoTIFF (predictor 3) of both
-  bands, without overviews;
+- ``plain``: ``rasterio.merge`` writing a plain tiled (512) DEFLATE GeoTIFF of both bands,
+  predictor 3, GDAL's default level (6), no overviews, not a COG (the issue's baseline);
+- ``level1``: the same at DEFLATE level 1, ours' level (the same compression, no overviews);
+- ``cog``: the same product as ours: ``rasterio.merge`` into an uncompressed tiled GeoTIFF, its
+  average overviews built there and copied into a validated DEFLATE level 1 COG with
+  ``--workers`` compression threads (:mod:`prefect_odm.merge.cog`, ours' own steps);
 - ours: :func:`prefect_odm.merge.merge_dems` with ``--workers`` threads (vertical offsets, seams,
-  edge-distance blending of heights and of the measured band, DEFLATE COG with overviews).
+  edge-distance blending of heights and of the measured band, DEFLATE level 1 COG with
+  overviews).
 
 With ``--growth`` the same is repeated with inputs twice as large (a mosaic four times larger)
 and the growth of our peak memory is printed. ``--keep DIR`` keeps the inputs and outputs (to
@@ -22,13 +28,16 @@ Usage::
 
     python benchmarks/bench_merge_dem.py --size 4000 --workers 2 --repeat 3 [--growth] [--keep DIR]
 
-CPU is the child's user + system time (all threads) during the merge, imports left out: on a shared machine it says how much work
-each merge does when the wall times say mostly how busy the machine was. Peak memory is the child's peak resident set (``VmHWM``; includes Python and libraries).
+CPU is the child's user + system time (all threads) during the merge, imports left out: on a
+shared machine it says how much work each merge does when the wall times say mostly how busy the
+machine was. Peak memory is the child's peak resident set (``VmHWM``; includes Python and
+libraries). The 1-minute load average before each run is printed with it.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import shutil
 import time
@@ -111,18 +120,47 @@ def _cpu_seconds() -> float:
     return use.ru_utime + use.ru_stime
 
 
-def _run_baseline(inputs: dict[str, Path], out: Path, queue: Any) -> None:
+BASELINES = {
+    "plain": "rasterio.merge -> tiled DEFLATE GTiff, level 6 (GDAL's default), no overviews",
+    "level1": "rasterio.merge -> tiled DEFLATE GTiff, level 1 (ours'), no overviews",
+    "cog": "rasterio.merge -> DEFLATE level 1 COG with average overviews (ours' product)",
+}
+"""The baselines by name, with what each writes."""
+
+
+def _run_baseline(
+    inputs: dict[str, Path], out: Path, variant: str, workers: int, queue: Any
+) -> None:
+    import rasterio
     from rasterio.merge import merge
 
+    from prefect_odm.merge.cog import build_overviews, temporary_sibling, write_cog
+
     t, cpu = time.perf_counter(), _cpu_seconds()
-    merge(
-        [str(inputs[k]) for k in sorted(inputs)],
-        dst_path=str(out),
-        dst_kwds={
-            "tiled": True, "blockxsize": 512, "blockysize": 512, "compress": "DEFLATE",
-            "predictor": 3, "BIGTIFF": "IF_SAFER",
-        },
-    )  # fmt: skip
+    paths = [str(inputs[k]) for k in sorted(inputs)]
+    tiled = {"tiled": True, "blockxsize": 512, "blockysize": 512, "BIGTIFF": "IF_SAFER"}
+    if variant == "cog":
+        tmp = temporary_sibling(out, "baseline")
+        try:
+            merge(
+                paths,
+                dst_path=str(tmp),
+                dst_kwds={**tiled, "blockxsize": 256, "blockysize": 256, "compress": "none"},
+            )
+            with rasterio.open(tmp, "r+") as ds:
+                build_overviews(ds)
+            write_cog(
+                tmp, out, workers=workers, compress="DEFLATE", predictor=True, compress_level=1
+            )
+        finally:
+            tmp.unlink(missing_ok=True)
+    else:
+        level = {"zlevel": 1} if variant == "level1" else {}
+        merge(
+            paths,
+            dst_path=str(out),
+            dst_kwds={**tiled, "compress": "DEFLATE", "predictor": 3, **level},
+        )
     queue.put((time.perf_counter() - t, peak_mib(), _cpu_seconds() - cpu))
 
 
@@ -145,42 +183,59 @@ def _run_ours(inputs: dict[str, Path], out: Path, workers: int, cams: list, queu
     )
 
 
+def _line(name: str, runs: list[tuple[float, float, float]]) -> str:
+    wall, mib, cpu = (float(np.median(v)) for v in zip(*runs, strict=True))
+    return f"  {name:22s}: {wall:7.1f} s  CPU {cpu:6.1f} s  peak {mib:7.0f} MiB"
+
+
 def run(size: int, overlap: float, workers: int, folder: Path, repeat: int) -> dict[str, float]:
-    """Write the inputs, run both merges ``repeat`` times alternately, print and return the
-    medians (and the median of the per-pair speed ratios, which a shared machine's changing load
-    disturbs least)."""
+    """Write the inputs, run the baselines and ours ``repeat`` times alternately, print and
+    return the medians (speed: the median of the per-round ratios, which a shared machine's
+    changing load disturbs least)."""
     folder.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
     inputs = make_inputs(folder, size, overlap)
     print(f"[{size}] wrote 4 two-band DSMs of {size}x{size} in {time.perf_counter() - t:.1f} s")
-    base: list[tuple[float, float, float]] = []
+    base: dict[str, list[tuple[float, float, float]]] = {k: [] for k in BASELINES}
     ours: list[tuple[float, float, float]] = []
+    loads: list[float] = []
     for n in range(repeat):
-        base.append(run_in_child(_run_baseline, inputs, folder / "baseline.tif"))
+        for variant in BASELINES:
+            loads.append(os.getloadavg()[0])
+            out = folder / f"baseline_{variant}.tif"
+            base[variant].append(run_in_child(_run_baseline, inputs, out, variant, workers))
+        loads.append(os.getloadavg()[0])
         *got, width, height, offsets = run_in_child(
             _run_ours, inputs, folder / "ours.tif", workers, cameras(size, overlap)
         )
         ours.append((got[0], got[1], got[2]))
         print(
-            f"  pair {n + 1}: rasterio.merge {base[-1][0]:.1f} s ({base[-1][2]:.1f} s CPU), "
-            f"merge_dems {got[0]:.1f} s ({got[2]:.1f} s CPU)"
+            f"  round {n + 1}: "
+            + ", ".join(f"{k} {v[-1][0]:.1f} s ({v[-1][2]:.1f} s CPU)" for k, v in base.items())
+            + f", merge_dems {got[0]:.1f} s ({got[2]:.1f} s CPU); load {min(loads[-4:]):.1f}-{max(loads[-4:]):.1f}"
         )
-    base_s, base_mib, base_cpu = (float(np.median(v)) for v in zip(*base, strict=True))
-    ours_s, ours_mib, ours_cpu = (float(np.median(v)) for v in zip(*ours, strict=True))
-    speed = float(np.median([b[0] / o[0] for b, o in zip(base, ours, strict=True)]))
     print(
-        f"[{size}] mosaic {width}x{height} ({width * height / 1e6:.0f} Mpx, 2 bands), "
-        f"medians of {repeat} alternated runs\n"
-        f"  rasterio.merge.merge : {base_s:7.1f} s  CPU {base_cpu:6.1f} s  "
-        f"peak {base_mib:7.0f} MiB\n"
-        f"  merge_dems           : {ours_s:7.1f} s  CPU {ours_cpu:6.1f} s  "
-        f"peak {ours_mib:7.0f} MiB  "
-        f"(workers={workers}; offsets {offsets} m)\n"
-        f"  speed ours vs baseline = {speed:.2f}x (median of the pairs' ratios)   "
-        f"memory ratio = {ours_mib / base_mib:.2f}   CPU ratio ours/baseline = "
-        f"{ours_cpu / base_cpu:.2f}"
+        f"[{size}] mosaic {width}x{height} ({width * height / 1e6:.0f} Mpx, 2 bands), medians of "
+        f"{repeat} alternated rounds, 1-min load average {min(loads):.1f}-{max(loads):.1f} on "
+        f"{os.cpu_count()} CPUs"
     )
-    return {"ours_s": ours_s, "ours_mib": ours_mib, "base_s": base_s, "base_mib": base_mib}
+    for k, what in BASELINES.items():
+        print(_line(f"rasterio.merge {k}", base[k]) + f"  ({what})")
+    print(
+        _line("merge_dems", ours)
+        + f"  (workers={workers}; offsets {offsets} m; DEFLATE level 1 COG with overviews)"
+    )
+    ours_s, ours_mib, ours_cpu = (float(np.median(v)) for v in zip(*ours, strict=True))
+    for k in BASELINES:
+        speed = float(np.median([b[0] / o[0] for b, o in zip(base[k], ours, strict=True)]))
+        b_cpu = float(np.median([b[2] for b in base[k]]))
+        b_mib = float(np.median([b[1] for b in base[k]]))
+        print(
+            f"  ours vs {k:6s}: speed {speed:.2f}x (wall, median of the rounds' ratios), "
+            f"CPU speed {b_cpu / ours_cpu:.2f}x, memory ratio {ours_mib / b_mib:.2f}"
+        )
+    return {"ours_s": ours_s, "ours_mib": ours_mib, "base_s": float(np.median([b[0] for b in base["plain"]])),
+            "base_mib": float(np.median([b[1] for b in base["plain"]]))}  # fmt: skip
 
 
 def main() -> None:
@@ -204,7 +259,7 @@ def main() -> None:
             growth = second["ours_mib"] / first["ours_mib"] - 1
             print(
                 f"mosaic 4x larger: our peak memory {first['ours_mib']:.0f} -> "
-                f"{second['ours_mib']:.0f} MiB (growth {growth:+.1%}); baseline "
+                f"{second['ours_mib']:.0f} MiB (growth {growth:+.1%}); baseline plain "
                 f"{first['base_mib']:.0f} -> {second['base_mib']:.0f} MiB"
             )
 

@@ -120,6 +120,34 @@ def to_rgba(
     return rgba, int((rgba[3] > 0).sum())
 
 
+def height_weights(
+    valid: NDArray[np.bool_],
+    edge_distance_m: NDArray[np.float32],
+    taper: NDArray[np.float32],
+) -> NDArray[np.float32]:
+    """The normalised weights of :func:`blend_heights`, ``(k, rows, cols)`` float32 (summing to
+    1 where any submodel has data), for blending several bands with the same weights."""
+    any_valid = valid.any(axis=0)
+    weights = taper * np.maximum(edge_distance_m, np.float32(1e-6))
+    total = weights.sum(axis=0)
+    missing = (total <= 0) & any_valid
+    if missing.any():
+        fallback = valid * np.maximum(edge_distance_m, np.float32(1e-6))
+        weights[:, missing] = fallback[:, missing]
+        total = weights.sum(axis=0)
+    np.divide(weights, total, out=weights, where=total > 0)
+    return weights
+
+
+def weighted_heights(
+    weights: NDArray[np.float32], z: NDArray[np.float32], valid: NDArray[np.bool_]
+) -> NDArray[np.float32]:
+    """``sum_k weights[k] * z[k]`` with ``z`` set to 0 where invalid (in place), ``(rows, cols)``."""
+    z[~valid] = 0.0
+    blended: NDArray[np.float32] = (weights * z).sum(axis=0)
+    return blended
+
+
 def blend_heights(
     z: NDArray[np.float32],
     valid: NDArray[np.bool_],
@@ -140,15 +168,4 @@ def blend_heights(
     Returns:
         ``(rows, cols)`` float32 heights (meaningful where any submodel has data).
     """
-    any_valid = valid.any(axis=0)
-    weights = taper * np.maximum(edge_distance_m, np.float32(1e-6))
-    total = weights.sum(axis=0)
-    missing = (total <= 0) & any_valid
-    if missing.any():
-        fallback = valid * np.maximum(edge_distance_m, np.float32(1e-6))
-        weights[:, missing] = fallback[:, missing]
-        total = weights.sum(axis=0)
-    np.divide(weights, total, out=weights, where=total > 0)
-    z[~valid] = 0.0
-    blended: NDArray[np.float32] = (weights * z).sum(axis=0)
-    return blended
+    return weighted_heights(height_weights(valid, edge_distance_m, taper), z, valid)

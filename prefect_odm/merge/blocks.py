@@ -226,7 +226,7 @@ def write_merged_raster(
             if blocks_done is not None:
                 blocks_done()
             check_union_coverage(out, totals[0], totals[1])
-            build_overviews(dst)
+            build_overviews(dst, run.workers)
         write_cog(tmp_blocks, out, workers=run.workers, **cog_options)
     finally:
         if tmp_blocks.exists():

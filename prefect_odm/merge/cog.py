@@ -61,15 +61,17 @@ def overview_factors(width: int, height: int, block: int = COG_BLOCK_SIZE) -> li
     return factors
 
 
-def build_overviews(dataset: Any) -> None:
-    """Build internal overviews (average) on the uncompressed temporary GeoTIFF.
+def build_overviews(dataset: Any, workers: int = 1) -> None:
+    """Build internal overviews (average) on the uncompressed temporary GeoTIFF, on ``workers``
+    threads (GDAL ``GDAL_NUM_THREADS``; the same pixels on any number).
 
     Building them here, on uncompressed data, and letting the COG driver copy them is about
     twice as fast as letting the COG driver compute them into a compressed temporary file.
     """
     factors = overview_factors(dataset.width, dataset.height)
     if factors:
-        dataset.build_overviews(factors, Resampling.average)
+        with rasterio.Env(GDAL_NUM_THREADS=str(max(1, workers))):
+            dataset.build_overviews(factors, Resampling.average)
 
 
 def write_cog(

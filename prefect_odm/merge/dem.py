@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import logging
 import math
+import queue
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar, Unpack
 
@@ -40,7 +41,7 @@ import numpy as np
 from numpy.typing import NDArray
 from rasterio.enums import Resampling
 from rasterio.windows import Window
-from scipy.ndimage import distance_transform_edt, map_coordinates
+from scipy.ndimage import distance_transform_edt
 
 from prefect_odm.align.report import AlignmentReport
 from prefect_odm.align.similarity import RasterCorrection
@@ -48,7 +49,7 @@ from prefect_odm.align.stage_records import DsmSeam
 from prefect_odm.errors import MergeError
 from prefect_odm.grid import Block
 from prefect_odm.merge.balance import solve_vertical_offsets
-from prefect_odm.merge.blend import blend_heights
+from prefect_odm.merge.blend import height_weights, weighted_heights
 from prefect_odm.merge.blocks import (
     RasterMergeKeywords,
     RasterRun,
@@ -125,22 +126,37 @@ class EdgeDistance:
     distance_m: NDArray[np.float32]
 
     def sample(self, src: RasterSource, window: Window4) -> NDArray[np.float32]:
-        """Bilinear distance at the centres of a window of the output grid, ``(rows, cols)``."""
+        """Bilinear distance at the centres of a window of the output grid, ``(rows, cols)``.
+
+        The arithmetic of ``scipy.ndimage.map_coordinates(order=1)`` (the four corners'
+        ``value * w_row * w_col`` summed in float64 in the same order, so the same float32
+        results), on the grid's rows and columns separately: the weights and indexes are
+        per row and per column, and only the decimated cells under the window are read.
+        """
         rows = np.arange(window[0], window[0] + window[2]) - src.row_off + 0.5
         cols = np.arange(window[1], window[1] + window[3]) - src.col_off + 0.5
         rr = rows / self.factor_rows - 0.5 + 1.0
         cc = cols / self.factor_cols - 0.5 + 1.0
-        r2, c2 = np.meshgrid(rr, cc, indexing="ij")
-        out: NDArray[np.float32] = map_coordinates(
-            self.distance_m, [r2, c2], order=1, mode="nearest"
-        ).astype(np.float32)
-        return out
+        r0, c0 = np.floor(rr).astype(np.intp), np.floor(cc).astype(np.intp)
+        wr1, wc1 = (rr - r0)[:, None], (cc - c0)[None, :]
+        wr0, wc0 = 1.0 - wr1, 1.0 - wc1
+        sub = self.distance_m[r0[0] : r0[-1] + 2, c0[0] : c0[-1] + 2].astype(np.float64)
+        top, bottom = sub[r0 - r0[0]], sub[r0 - r0[0] + 1]
+        c0 -= c0[0]
+        out = top[:, c0] * wr0 * wc0
+        out += top[:, c0 + 1] * wr0 * wc1
+        out += bottom[:, c0] * wr1 * wc0
+        out += bottom[:, c0 + 1] * wr1 * wc1
+        result: NDArray[np.float32] = out.astype(np.float32)
+        return result
 
 
 def edge_distance(
     reader: SourceReader, src: RasterSource, resolution_m: float, max_side_px: int
 ) -> EdgeDistance:
-    """Distance transform of a source's valid mask (padded so the raster edge is a data edge).
+    """Distance transform of a source's valid mask (padded so the raster edge is a data edge),
+    the validity of its first value band (the heights; for a DSM with the measured band the
+    same cells, as the engine writes it).
 
     Args:
         reader: a reader of the grid plan (nearest resampling).
@@ -150,7 +166,10 @@ def edge_distance(
     """
     factor = max(1, -(-max(src.height, src.width) // max_side_px))
     shape = (max(1, src.height // factor), max(1, src.width // factor))
-    _, valid = reader.read(src, src.window, out_shape=shape if factor > 1 else None)
+    # the heights' validity only: a decimated read of both bands of a pixel-interleaved
+    # GeoTIFF decodes every tile twice (0.49 against 0.27 s CPU for a 4000 x 4000 DSM)
+    heights = replace(src, value_bands=src.value_bands[:1])
+    _, valid = reader.read(heights, src.window, out_shape=shape if factor > 1 else None)
     padded = np.zeros((shape[0] + 2, shape[1] + 2), dtype=bool)
     padded[1:-1, 1:-1] = valid
     fr = src.height / shape[0]
@@ -257,6 +276,59 @@ def _overlap_samples(
     return [(a, b, va, vb) for (a, b, _), (va, vb) in zip(pairs, found, strict=True) if va.shape[1]]
 
 
+class _PooledReader(SourceReader):
+    """The block threads' reader: ``handles`` :class:`.sources.SourceReader` s, each source read
+    through whichever of them is free for it. GDAL's block cache belongs to a dataset handle,
+    so with one handle per thread a source tile that two neighbouring blocks need (blocks and
+    tiles rarely line up) was decoded once per thread; with fewer handles than threads it is
+    decoded fewer times, and threads still read different sources, or the same one through
+    another handle, at once."""
+
+    def __init__(self, plan: GridPlan, handles: int) -> None:
+        """Nothing is opened until a source is first read."""
+        super().__init__(plan)
+        self._readers = [SourceReader(plan) for _ in range(max(1, handles))]
+        self._free: dict[str, queue.SimpleQueue[int]] = {}
+        for s in plan.sources:
+            self._free[s.submodel_id] = queue.SimpleQueue()
+            for i in range(len(self._readers)):
+                self._free[s.submodel_id].put(i)
+
+    def read(
+        self, src: RasterSource, window: Window4, out_shape: tuple[int, int] | None = None
+    ) -> tuple[NDArray[np.float32], NDArray[np.bool_]]:
+        """:meth:`.sources.SourceReader.read` through a handle free for the source."""
+        free = self._free[src.submodel_id]
+        i = free.get()
+        try:
+            return self._readers[i].read(src, window, out_shape)
+        finally:
+            free.put(i)
+
+    def close(self) -> None:
+        """Close every handle's datasets."""
+        for reader in self._readers:
+            reader.close()
+
+
+class _SharedReaders(ThreadReaders):
+    """:class:`.sources.ThreadReaders` whose threads share one :class:`_PooledReader` of
+    ``max(1, workers // 2)`` handles per source (one for the default two threads)."""
+
+    def __init__(self, plan: GridPlan, workers: int) -> None:
+        """The shared reader opens nothing until a source is first read."""
+        super().__init__(plan)
+        self._shared = _PooledReader(plan, max(1, workers // 2))
+
+    def get(self) -> SourceReader:
+        """The shared reader."""
+        return self._shared
+
+    def close(self) -> None:
+        """Close the shared reader's datasets."""
+        self._shared.close()
+
+
 class _DemBlocks:
     """The DEM's :class:`.blocks.BlockMerge`: read, level and blend one block of heights."""
 
@@ -277,6 +349,7 @@ class _DemBlocks:
         self.edges = edges
         self.feather_m = feather_m
         self.measured = measured
+        self._described = False
 
     def work(self, block: Block) -> _DemBlock:
         present = sources_in(self.plan, block)
@@ -308,22 +381,25 @@ class _DemBlocks:
             return dem, union, union, measured
         e = self.seams.seam_distance(block, [s.submodel_id for s, _ in present])
         taper = self.seams.weights(e, valid, self.feather_m)
+        weights = height_weights(valid, edt, taper)
         if measured is not None and flags is not None:
-            # measured where the sources giving the height (same weights) measured it; the
-            # blend reads valid, edt and taper without changing them
-            blended_flags = blend_heights(flags, valid, edt, taper)
+            # measured where the sources giving the height (same weights) measured it
+            blended_flags = weighted_heights(weights, flags, valid)
             measured[any_valid] = blended_flags[any_valid] >= 0.5
-        blended = blend_heights(z, valid, edt, taper)
+        blended = weighted_heights(weights, z, valid)
         dem[any_valid] = blended[any_valid]
         return dem, int(any_valid.sum()), union, measured
 
     def write(self, dst: Any, block: Block, result: _DemBlock) -> tuple[int, int]:
         dem, pixels, union, measured = result
         window = Window(block.col_off, block.row_off, block.width, block.height)
-        dst.write(dem, 1, window=window)
-        if measured is not None:
-            dst.write(measured, 2, window=window)
-            dst.set_band_description(2, MEASURED_DESCRIPTION)
+        if measured is None:
+            dst.write(dem, 1, window=window)
+        else:
+            if not self._described:
+                dst.set_band_description(2, MEASURED_DESCRIPTION)
+                self._described = True
+            dst.write(np.stack([dem, measured]), window=window)
         return pixels, union
 
 
@@ -393,7 +469,7 @@ def merge_dems(
     edges = edge_distances(plan, edt_max_side_px, run.workers)
     seams = seams_for(opts.seam_method, owners, plan, run.lattice_step_px, seamlines=seamlines,
                       dsms={k: Path(v) for k, v in inputs.items()}, alignment=fixes)  # fmt: skip
-    readers = ThreadReaders(plan)
+    readers = _SharedReaders(plan, run.workers)
     pixels, union_pixels = write_merged_raster(
         out,
         plan,

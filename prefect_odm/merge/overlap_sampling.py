@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 from numpy.typing import NDArray
 from rasterio.enums import Resampling
+from rasterio.windows import Window
 
 from prefect_odm.align.stage_records import DsmSeam
 from prefect_odm.grid import intersect
@@ -15,6 +16,41 @@ from prefect_odm.merge.sources import GridPlan, RasterSource, SourceReader, Wind
 
 _STATS_MAX_PIXELS = 250_000
 """Largest number of pixels sampled from one overlap for colour or height statistics."""
+
+_STRIP_ROWS = 512
+"""Full-resolution rows read at a time by :func:`read_decimated_direct` (memory: this many rows
+of the window's width, every value band)."""
+
+
+def read_decimated_direct(
+    reader: SourceReader, src: RasterSource, window: Window4, factor: int
+) -> tuple[NDArray[np.float32], NDArray[np.bool_], Window4]:
+    """:meth:`SourceReader.read_decimated` of a source on the grid with a nodata value (no
+    warp, no correction, no alpha), by slicing full-resolution strips: the same cells (each
+    coarse pixel's centre falls on full-resolution pixel ``factor // 2`` of it), without
+    GDAL's warper. Other sources are read by :meth:`SourceReader.read_decimated`.
+
+    Returns:
+        ``(values, valid, aligned)`` as :meth:`SourceReader.read_decimated` gives them.
+    """
+    r0, c0 = -(-window[0] // factor), -(-window[1] // factor)
+    rows = max(0, (window[0] + window[2]) // factor - r0)
+    cols = max(0, (window[1] + window[3]) // factor - c0)
+    direct = not src.warp and src.src_transform is None and src.heights is None
+    if not (direct and src.alpha_band is None and src.nodata is not None and rows and cols):
+        return reader.read_decimated(src, window, factor)
+    ds, half, bands = reader.dataset(src), factor // 2, list(src.value_bands)
+    values = np.empty((len(bands), rows, cols), dtype=np.float32)
+    step = max(1, _STRIP_ROWS // factor)
+    left = c0 * factor + half - src.col_off
+    for i in range(0, rows, step):
+        n = min(step, rows - i)
+        top = (r0 + i) * factor + half - src.row_off
+        win = Window(left, top, (cols - 1) * factor + 1, (n - 1) * factor + 1)
+        values[:, i : i + n] = ds.read(bands, window=win)[:, ::factor, ::factor]
+    nd = np.float32(src.nodata)
+    valid = np.any((values != nd) & np.isfinite(values), axis=0)
+    return values, valid, (r0 * factor, c0 * factor, rows * factor, cols * factor)
 
 
 def overlap_pairs(plan: GridPlan) -> Iterator[tuple[RasterSource, RasterSource, Window4]]:
@@ -36,7 +72,7 @@ def sample_overlap(
 ) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
     """Co-located values of two sources where both have data, sampled on the output grid
     coarsened so that the window holds at most about ``max_pixels`` samples
-    (:meth:`SourceReader.read_decimated`; at full resolution when it already does).
+    (:func:`read_decimated_direct`; at full resolution when it already does).
 
     Returns:
         ``(values_a, values_b)``, each ``(bands, n)`` float32.
@@ -46,8 +82,8 @@ def sample_overlap(
         va, ma = reader.read(a, window)
         vb, mb = reader.read(b, window)
     else:
-        va, ma, _ = reader.read_decimated(a, window, factor)
-        vb, mb, _ = reader.read_decimated(b, window, factor)
+        va, ma, _ = read_decimated_direct(reader, a, window, factor)
+        vb, mb, _ = read_decimated_direct(reader, b, window, factor)
     both = ma & mb
     return va[:, both], vb[:, both]
 

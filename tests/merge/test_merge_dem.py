@@ -186,7 +186,8 @@ def test_the_measured_band_is_carried_through_the_merge(two_dems, tmp_path: Path
 
 
 def test_threads_leave_heights_and_figures_unchanged(tmp_path: Path) -> None:
-    """Edge distances and overlap samples are read on the merge's threads: one thread or three
+    """Edge distances and overlap samples are read on the merge's threads, blocks through one
+    or more shared handles per source: one thread, three (one handle) or four (two handles)
     give the same DSM (both bands, every overview) and the same offsets, medians and seams."""
     surf = _surface()
     cols = {"a": (0, 110), "b": (80, 190), "c": (160, 240)}
@@ -201,13 +202,47 @@ def test_threads_leave_heights_and_figures_unchanged(tmp_path: Path) -> None:
         [(LEFT + RES * (c0 + c1) / 2, TOP - 40, s) for s, (c0, c1) in cols.items()]
     )
     one = merge_dems(inputs, tmp_path / "one.tif", ownership=own, block_size=64, workers=1)
-    three = merge_dems(inputs, tmp_path / "three.tif", ownership=own, block_size=64, workers=3)
-    assert one.vertical_offsets_m == three.vertical_offsets_m
-    assert one.overlap_median_diff_m == three.overlap_median_diff_m
-    assert one.overlap_seams == three.overlap_seams and len(one.overlap_seams) == 2
-    with rasterio.open(tmp_path / "one.tif") as d1, rasterio.open(tmp_path / "three.tif") as d3:
-        assert d1.count == 2 and d1.overviews(1) == d3.overviews(1)
-        assert np.array_equal(d1.read(), d3.read())
-        for f in d1.overviews(1):
-            shape = (2, -(-H // f), -(-W // f))
-            assert np.array_equal(d1.read(out_shape=shape), d3.read(out_shape=shape))
+    for n in (3, 4):
+        other = merge_dems(inputs, tmp_path / f"{n}.tif", ownership=own, block_size=64, workers=n)
+        assert one.vertical_offsets_m == other.vertical_offsets_m
+        assert one.overlap_median_diff_m == other.overlap_median_diff_m
+        assert one.overlap_seams == other.overlap_seams and len(one.overlap_seams) == 2
+        with rasterio.open(tmp_path / "one.tif") as d1, rasterio.open(tmp_path / f"{n}.tif") as dn:
+            assert d1.count == 2 and d1.overviews(1) == dn.overviews(1)
+            assert np.array_equal(d1.read(), dn.read())
+            for f in d1.overviews(1):
+                shape = (2, -(-H // f), -(-W // f))
+                assert np.array_equal(d1.read(out_shape=shape), dn.read(out_shape=shape))
+
+
+def test_direct_decimated_reads_sample_the_cells_gdals_warper_samples(tmp_path: Path) -> None:
+    """The overlap samples of DSMs on the grid are sliced from full-resolution strips instead of
+    warped: for odd and even factors, windows off the factor's lattice and a source at an odd
+    offset, the same values, validity and window as the warped coarse read."""
+    from rasterio.enums import Resampling
+
+    from prefect_odm.merge.overlap_sampling import _STRIP_ROWS, read_decimated_direct
+    from prefect_odm.merge.sources import SourceReader, plan_grid
+
+    rng = np.random.default_rng(3)
+    rows, cols = _STRIP_ROWS + 77, 301  # more rows than one strip
+    z = rng.normal(150.0, 5.0, (rows, cols)).astype(np.float32)
+    z[rng.random(z.shape) < 0.1] = DEM_NODATA
+    flags = rng.random(z.shape) < 0.7
+    inputs = {
+        "a": _write_measured(tmp_path / "a.tif", z, flags, 0),
+        "b": _write_measured(tmp_path / "b.tif", z[::-1].copy(), flags, 37),
+    }
+    plan = plan_grid(inputs, resolution_m=None, crs_epsg=None, value_bands=2)
+    reader = SourceReader(plan, Resampling.nearest)
+    try:
+        src = plan.sources[1]
+        assert (src.col_off, src.warp) == (37, False)
+        for factor in (2, 3, 4, 5, 8):
+            for window in [src.window, (3, 40, rows - 10, 200), (101, 38, 333, 17)]:
+                got = read_decimated_direct(reader, src, window, factor)
+                want = reader.read_decimated(src, window, factor)
+                assert got[2] == want[2], (factor, window)
+                assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    finally:
+        reader.close()
