@@ -133,11 +133,22 @@ def _compact1by2(u: NDArray[np.uint64]) -> NDArray[np.int64]:
     return v.astype(np.int64)
 
 
+_SPREAD = _part1by2(np.arange(256, dtype=np.int64))
+"""A byte's bits spread to every third bit (a table, for :func:`morton`)."""
+_SPREAD_XYZ = (_SPREAD << np.uint64(2), _SPREAD << np.uint64(1), _SPREAD)
+
+
 def morton(
     gx: NDArray[np.int64], gy: NDArray[np.int64], gz: NDArray[np.int64]
 ) -> NDArray[np.uint64]:
-    """Morton keys ``(n,)`` of grid coordinates (x in the highest of each three bits)."""
-    return (_part1by2(gx) << np.uint64(2)) | (_part1by2(gy) << np.uint64(1)) | _part1by2(gz)
+    """Morton keys ``(n,)`` of grid coordinates (x in the highest of each three bits), by
+    table, a byte of each axis at a time (``GRID_BITS`` at most 16) (the same keys as :func:`_part1by2` on each axis)."""
+    tx, ty, tz = _SPREAD_XYZ
+    gx, gy, gz = np.asarray(gx), np.asarray(gy), np.asarray(gz)
+    low = tx[gx & 0xFF] | ty[gy & 0xFF] | tz[gz & 0xFF]
+    high = tx[gx >> 8] | ty[gy >> 8] | tz[gz >> 8]  # GRID_BITS <= 16: one byte more
+    keys: NDArray[np.uint64] = low | (high << np.uint64(24))
+    return keys
 
 
 def node_of(key: np.uint64 | int, level: int) -> NodeKey:
