@@ -246,7 +246,9 @@ def build_cell(keys: NDArray[np.uint64], depth: int) -> CellBuild:
     level = assign_levels(sorted_keys, depth)
     by_level = np.argsort(level, kind="stable")
     order = by_key[by_level]
-    levels, keys_out = level[by_level], sorted_keys[by_level]
+    counts = np.bincount(level, minlength=MAX_DEPTH + 1)
+    levels = np.repeat(np.arange(MAX_DEPTH + 1, dtype=np.int8), counts)  # = level[by_level]
+    keys_out = sorted_keys[by_level]
     nodes: list[tuple[NodeKey, int, int]] = []
     ancestors: list[tuple[NodeKey, int, int]] = []
     lv_starts, lv_len = _runs(levels.astype(np.uint64))
