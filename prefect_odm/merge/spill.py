@@ -97,7 +97,7 @@ class SpillStore:
         at = 0
         if path is not None:  # read straight into the result: no second copy
             with path.open("rb") as fh:
-                at = fh.readinto(memoryview(out.view(np.uint8))) // self.dtype.itemsize
+                at = fh.readinto(out.data.cast("B")) // self.dtype.itemsize
             path.unlink()
         for part in buffered:
             out[at : at + part.size] = part
