@@ -216,18 +216,24 @@ class CellBuild:
     ancestors: tuple[tuple[NodeKey, int, int], ...]
 
 
-def _key_order(keys: NDArray[np.uint64], depth: int) -> NDArray[np.int64]:
-    """The stable sort order of ``keys`` (all in one cell of ``depth``): the cell-local key and the
-    point's index packed into one 64-bit word and sorted (numpy's vectorised sort), else a stable
+def _key_order(
+    keys: NDArray[np.uint64], depth: int
+) -> tuple[NDArray[np.int64], NDArray[np.uint64]]:
+    """The stable sort order of ``keys`` (all in one cell of ``depth``) and the sorted keys: the
+    cell-local key and the point's index packed into one 64-bit word and sorted (numpy's
+    vectorised sort; the sorted keys unpacked from it, with the cell's prefix), else a stable
     argsort when they do not fit."""
     local_bits = 3 * (GRID_BITS - depth)
     index_bits = max(1, int(keys.size - 1).bit_length())
-    if local_bits + index_bits > 64:
-        return np.argsort(keys, kind="stable")
+    if local_bits + index_bits > 64 or keys.size == 0:
+        order = np.argsort(keys, kind="stable")
+        return order, keys[order]
     local = keys & np.uint64(2**local_bits - 1)
     packed = (local << np.uint64(index_bits)) | np.arange(keys.size, dtype=np.uint64)
     packed.sort()
-    return (packed & np.uint64(2**index_bits - 1)).astype(np.int64)
+    prefix = (keys[0] >> np.uint64(local_bits)) << np.uint64(local_bits)
+    order = (packed & np.uint64(2**index_bits - 1)).astype(np.int64)
+    return order, (packed >> np.uint64(index_bits)) | prefix
 
 
 def build_cell(keys: NDArray[np.uint64], depth: int) -> CellBuild:
@@ -241,8 +247,7 @@ def build_cell(keys: NDArray[np.uint64], depth: int) -> CellBuild:
     Returns:
         The :class:`CellBuild`; every point is in exactly one node or ancestor run.
     """
-    by_key = _key_order(keys, depth)
-    sorted_keys = keys[by_key]
+    by_key, sorted_keys = _key_order(keys, depth)
     level = assign_levels(sorted_keys, depth)
     by_level = np.argsort(level, kind="stable")
     order = by_key[by_level]
