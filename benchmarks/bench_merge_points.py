@@ -12,7 +12,12 @@ processes of this same run (each peak memory measured alone):
 
 Throughput is input points per second; the ratio ours/baseline is printed for each format, from
 wall time and from CPU time (all threads of the child: the work done, which a busy machine does
-not change as much as the wall time).
+not change as much as the wall time). The LAZ backends are printed: both sides read through
+laspy's default (its first available ``LazBackend``: ``LazrsParallel``, lazrs decoding the LAZ
+chunks on every core); the baseline and the plain-LAZ merge write through the same, the COPC
+merge through ``lazrs.ParLasZipCompressor.compress_chunks`` (the nodes compressed on every core).
+The machine's load average is printed before and after each case. Inputs already in ``--keep``
+(same count) are used again.
 
 Usage::
 
@@ -23,6 +28,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -56,6 +62,11 @@ def make_inputs(folder: Path, points: int, overlap: float, chunk: int) -> dict[s
         header.offsets = np.array([x0, y0, 0.0])
         header.add_crs(pyproj.CRS.from_epsg(EPSG))
         path = folder / f"{sid}.laz"
+        out[sid] = path
+        if path.exists():
+            with laspy.open(path) as old:
+                if int(old.header.point_count) == per:
+                    continue
         with laspy.open(path, mode="w", header=header) as writer:
             done = 0
             while done < per:
@@ -70,8 +81,23 @@ def make_inputs(folder: Path, points: int, overlap: float, chunk: int) -> dict[s
                 rec.blue = rec.red
                 writer.write_points(rec)
                 done += n
-        out[sid] = path
     return out
+
+
+def _load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load {one:.1f} (1 min), {five:.1f} (5 min)"
+
+
+def _backends() -> str:
+    import laspy
+
+    first = laspy.LazBackend.detect_available()[0]
+    return (
+        f"LAZ backends: reading (both sides) laspy {first.name}; writing: baseline and merge laz "
+        f"laspy {first.name}, merge copc lazrs.ParLasZipCompressor.compress_chunks; "
+        f"{os.cpu_count()} CPUs"
+    )
 
 
 def _run_baseline(inputs: dict[str, Path], out: Path, chunk: int, queue: Any) -> None:
@@ -129,12 +155,14 @@ def main() -> None:
         t = time.perf_counter()
         inputs = make_inputs(root, args.points, args.overlap, args.chunk)
         print(f"wrote {args.points:,} points in 4 LAZ inputs in {time.perf_counter() - t:.1f} s")
+        print(_backends())
+        print(f"  before baseline: {_load()}")
         b_s, b_cpu, b_mib, b_in, _ = run_in_child(
             _run_baseline, inputs, root / "baseline.laz", args.chunk
         )
         print(
             f"  laspy read+write       : {b_s:7.1f} s  cpu {b_cpu:7.1f} s  "
-            f"{b_in / b_s / 1e6:6.2f} Mpts/s  peak {b_mib:6.0f} MiB"
+            f"{b_in / b_s / 1e6:6.2f} Mpts/s  peak {b_mib:6.0f} MiB  (after: {_load()})"
         )
         for fmt in args.formats.split(","):
             name = "ours.copc.laz" if fmt == "copc" else "ours.laz"
@@ -146,7 +174,8 @@ def main() -> None:
                 f"  merge_point_clouds {fmt:4s}: {o_s:7.1f} s  cpu {o_cpu:7.1f} s  "
                 f"{o_in / o_s / 1e6:6.2f} Mpts/s  peak {o_mib:6.0f} MiB  {size_mb:7.1f} MB  "
                 f"(kept {o_kept:,} of {o_in:,})  throughput ratio ours/baseline = "
-                f"{(o_in / o_s) / (b_in / b_s):.2f} (wall), {b_cpu / o_cpu:.2f} (cpu)"
+                f"{(o_in / o_s) / (b_in / b_s):.2f} (wall), {b_cpu / o_cpu:.2f} (cpu)  "
+                f"(after: {_load()})"
             )
 
 

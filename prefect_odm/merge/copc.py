@@ -33,9 +33,16 @@ from numpy.typing import NDArray
 from prefect_odm.errors import MergeError
 from prefect_odm.merge import spill
 from prefect_odm.merge.copc_file import CopcFileWriter, CopcHeader
-from prefect_odm.merge.las_points import COPC_FORMAT, convert_points, take_records
+from prefect_odm.merge.las_points import (
+    COPC_FORMAT,
+    convert_points,
+    select_points,
+    take_records,
+    whole_steps,
+)
 from prefect_odm.merge.octree import (
     CELL_POINTS,
+    GRID_BITS,
     MAX_DEPTH,
     OctreeCube,
     build_cell,
@@ -110,36 +117,96 @@ class CopcBuilder:
         self._gps = [np.inf, -np.inf]
         self.points = 0
 
-    def write_points(self, points: laspy.ScaleAwarePointRecord) -> None:
-        """Spill a chunk of points (in the header's point format) to their spill cells.
+    def write_points(
+        self, points: laspy.ScaleAwarePointRecord, keep: NDArray[np.bool_] | None = None
+    ) -> None:
+        """Spill a chunk of points to their spill cells.
+
+        Args:
+            points: in the header's point format, or one it is converted from (formats 0-3 or
+                6-8, :func:`.las_points.convert_points`).
+            keep: ``(n,)`` the points to write (None: all).
+
+        Points whose scales are the header's and offsets whole steps from its are keyed from
+        their integer coordinates, sorted by cell, gathered once and converted after (one pass
+        over the records); others are converted first.
 
         Raises:
             MergeError: a point outside the octree's cube.
         """
-        if len(points) == 0:
+        index = None if keep is None else np.flatnonzero(keep)
+        if len(points) == 0 or (index is not None and index.size == 0):
             return
-        xyz = (np.asarray(points.x), np.asarray(points.y), np.asarray(points.z))
-        try:
-            keys = morton(*self.cube.grid(*xyz))
-        except ValueError:
-            raise MergeError("a point lies outside the bounds of the input headers") from None
-        for axis, values in enumerate(xyz):
-            self._lo[axis] = min(self._lo[axis], float(values.min()))
-            self._hi[axis] = max(self._hi[axis], float(values.max()))
-        gps = np.asarray(points.gps_time)
-        self._gps = [min(self._gps[0], float(gps.min())), max(self._gps[1], float(gps.max()))]
-        returns = np.asarray(points.return_number, dtype=np.int64)
-        self._returns += np.bincount(returns, minlength=16)[:16]
+        steps = whole_steps(points, self.header)
+        if steps is None:  # rescaled: convert (with its rounding) first, key the result
+            points = convert_points(
+                points if index is None else select_points(points, index), self.header
+            )
+            index, steps = None, (0, 0, 0)
+        keys = morton(*self._grid(points.array, index, steps))
         cells = cell_of(keys, self.depth).astype(np.uint16)  # < 2**15: depth <= 5
-        self._spill(self.depth, cells, points.array, keys)
-        self.points += len(points)
+        order = np.argsort(cells, kind="stable")  # radix sort: few distinct cells
+        taken = take_records(points.array, order if index is None else index[order])
+        records = self._in_format(taken, points, steps)
+        gps = records["gps_time"]
+        self._gps = [min(self._gps[0], float(gps.min())), max(self._gps[1], float(gps.max()))]
+        self._returns += np.bincount(records["bit_fields"] & 0x0F, minlength=16)[:16]
+        self._append_sorted(self.depth, cells[order], records, keys[order])
+        self.points += int(records.size)
 
-    def _spill(
+    def _grid(
+        self, records: NDArray[Any], index: NDArray[np.int64] | None, steps: tuple[int, int, int]
+    ) -> list[NDArray[np.int64]]:
+        """The octree grid coordinates ``[gx, gy, gz]`` of the records at ``index``, in the
+        header's offsets (``steps`` away): the same floats as laspy's scaling of the converted
+        records, then :meth:`.OctreeCube.grid`'s, computed in place; the bounds updated.
+
+        Raises:
+            MergeError: a point outside the octree's cube.
+        """
+        per_m = float(2**GRID_BITS) / self.cube.size_m
+        out = []
+        for axis, name in enumerate(("X", "Y", "Z")):
+            ints = records[name] if index is None else records[name][index]
+            ints = ints.astype(np.int64) + steps[axis]
+            scale, offset = self.header.scales[axis], self.header.offsets[axis]
+            low = self.cube.origin[axis]
+            ends = np.array([ints.min(), ints.max()]) * scale + offset  # x is monotonic in X
+            self._lo[axis] = min(self._lo[axis], float(ends[0]))
+            self._hi[axis] = max(self._hi[axis], float(ends[1]))
+            cells = np.floor((ends - low) * per_m)
+            if cells[0] < 0 or cells[1] >= 2**GRID_BITS:
+                raise MergeError("a point lies outside the bounds of the input headers")
+            values = ints * scale
+            values += offset
+            values -= low
+            values *= per_m
+            out.append(np.floor(values, out=values).astype(np.int64))
+        return out
+
+    def _in_format(
+        self,
+        records: NDArray[Any],
+        source: laspy.ScaleAwarePointRecord,
+        steps: tuple[int, int, int],
+    ) -> NDArray[Any]:
+        """``records`` (of ``source``'s format, scales and offsets) in the header's format and
+        offsets (``steps`` whole steps away)."""
+        if source.point_format == self.header.point_format:
+            for name, step in zip(("X", "Y", "Z"), steps, strict=True):
+                if step:
+                    records[name] += np.int32(step)
+            return records
+        chunk = laspy.ScaleAwarePointRecord(
+            records, source.point_format, source.scales, source.offsets
+        )
+        return np.asarray(convert_points(chunk, self.header).array)
+
+    def _append_sorted(
         self, depth: int, cells: NDArray[Any], records: NDArray[Any], keys: NDArray[np.uint64]
     ) -> set[tuple[int, ...]]:
-        """Append points and keys to the spill cells ``(depth, cell)``; returns those cells."""
-        order = np.argsort(cells, kind="stable")
-        records, keys, cells = take_records(records, order), keys[order], cells[order]
+        """Append points and keys, sorted by spill cell, to their cells ``(depth, cell)``;
+        returns those cells."""
         starts = np.flatnonzero(np.r_[True, cells[1:] != cells[:-1]])
         touched: set[tuple[int, ...]] = set()
         for start, stop in zip(starts, np.r_[starts[1:], cells.size], strict=True):
@@ -148,6 +215,13 @@ class CopcBuilder:
             self._keys.append(key, keys[start:stop])
             touched.add(key)
         return touched
+
+    def _spill(
+        self, depth: int, cells: NDArray[Any], records: NDArray[Any], keys: NDArray[np.uint64]
+    ) -> set[tuple[int, ...]]:
+        """Append points and keys to the spill cells ``(depth, cell)``; returns those cells."""
+        order = np.argsort(cells, kind="stable")
+        return self._append_sorted(depth, cells[order], take_records(records, order), keys[order])
 
     def discard(self) -> None:
         """Remove the spilled points without writing a file (after a failure upstream)."""
@@ -258,7 +332,7 @@ def write_copc(
     builder = CopcBuilder(header, cube, int(in_header.point_count), work)
     try:
         for chunk in _chunks(source, chunk_points):
-            builder.write_points(convert_points(chunk, header))
+            builder.write_points(chunk)
     except MergeError as exc:
         builder.discard()
         raise MergeError(f"{source}: {exc}") from None

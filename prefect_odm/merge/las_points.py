@@ -210,25 +210,71 @@ def shifted(
     return laspy.ScaleAwarePointRecord(array, header.point_format, header.scales, header.offsets)
 
 
+def _byte_runs(src: np.dtype, dst: np.dtype, names: list[str]) -> list[tuple[int, int, int]]:
+    """``(source offset, destination offset, bytes)`` of the fields ``names``, neighbours in both
+    records merged into one run (so each run is copied as one block of bytes)."""
+    runs: list[tuple[int, int, int]] = []
+    for name in sorted(names, key=lambda n: src.fields[n][1]):  # type: ignore[index]
+        s_off, d_off = src.fields[name][1], dst.fields[name][1]  # type: ignore[index]
+        size = src.fields[name][0].itemsize  # type: ignore[index]
+        if runs and runs[-1][0] + runs[-1][2] == s_off and runs[-1][1] + runs[-1][2] == d_off:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + size)
+        else:
+            runs.append((s_off, d_off, size))
+    return runs
+
+
+_RETURNS_TO_EXTENDED = np.array(
+    [(b & 0x07) | (((b >> 3) & 0x07) << 4) for b in range(256)], dtype=np.uint8
+)
+"""Format 0-3 ``bit_fields`` byte -> format 6-10 return number and count byte."""
+_SCAN_RANK_TO_ANGLE = np.rint(
+    np.arange(256, dtype=np.uint8).view(np.int8).astype(np.float64) / _SCAN_ANGLE_DEGREES
+).astype(np.int16)
+"""Format 0-5 ``scan_angle_rank`` (whole degrees, its byte as unsigned) -> 0.006 degree units."""
+
+
 def _legacy_to_extended(src: NDArray[Any], out: NDArray[Any]) -> None:
-    """Fill ``out`` (point format 6-8 records) from ``src`` (formats 0-3) field by field in
-    numpy, with the bit fields repacked: return number and count (3 bits each in 0-3, 4 in
-    6-10), the classification (5 bits and three flags in 0-3, a byte and a flags byte in 6-10)
-    and the scan direction and edge flags (LAS 1.4 R15, tables 7, 8, 15 and 16). Same values as
-    copying each dimension by name through laspy, about seven times faster."""
+    """Fill ``out`` (point format 6-8 records) from ``src`` (formats 0-3): the fields both have
+    copied as blocks of bytes, the bit fields repacked: return number and count (3 bits each in
+    0-3, 4 in 6-10), the classification (5 bits and three flags in 0-3, a byte and a flags byte
+    in 6-10), the scan direction and edge flags and the scan angle (LAS 1.4 R15, tables 7, 8,
+    15 and 16). Same values as copying each dimension by name through laspy, about fifteen
+    times faster."""
     names = set(src.dtype.names or ())
-    for name in ("X", "Y", "Z", "intensity", "user_data", "point_source_id", "gps_time"):
-        if name in names:
-            out[name] = src[name]
-    for name in ("red", "green", "blue"):
-        if name in names and name in (out.dtype.names or ()):
-            out[name] = src[name]
+    wanted = ["X", "Y", "Z", "intensity", "user_data", "point_source_id", "gps_time"]
+    wanted += ["red", "green", "blue"] if "red" in (out.dtype.names or ()) else []
+    common = [n for n in wanted if n in names]
+    runs = _byte_runs(src.dtype, out.dtype, common)
+    names_ = [f"run{i}" for i in range(len(runs))]
+    formats = [f"V{size}" for _, _, size in runs]
+    src_view = src.view(
+        np.dtype(
+            {
+                "names": names_,
+                "formats": formats,
+                "offsets": [r[0] for r in runs],
+                "itemsize": src.dtype.itemsize,
+            }
+        )
+    )
+    out_view = out.view(
+        np.dtype(
+            {
+                "names": names_,
+                "formats": formats,
+                "offsets": [r[1] for r in runs],
+                "itemsize": out.dtype.itemsize,
+            }
+        )
+    )
+    for name in names_:  # each run one block of bytes per record
+        out_view[name] = src_view[name]
     bits, raw = src["bit_fields"], src["raw_classification"]
-    out["bit_fields"] = (bits & 0x07) | (((bits >> 3) & 0x07) << 4)
-    out["classification_flags"] = ((raw >> 5) & 0x07) | (bits & 0xC0)
+    out["bit_fields"] = _RETURNS_TO_EXTENDED[bits]
+    out["classification_flags"] = (raw >> 5) | (bits & 0xC0)
     out["classification"] = raw & 0x1F
-    rank = src["scan_angle_rank"].astype(np.float64)
-    out["scan_angle"] = np.rint(rank / _SCAN_ANGLE_DEGREES).astype(np.int16)
+    out["scan_angle"] = _SCAN_RANK_TO_ANGLE[src["scan_angle_rank"].view(np.uint8)]
 
 
 def _copy_dimensions(chunk: laspy.ScaleAwarePointRecord, out: laspy.ScaleAwarePointRecord) -> None:
@@ -244,6 +290,18 @@ def _copy_dimensions(chunk: laspy.ScaleAwarePointRecord, out: laspy.ScaleAwarePo
     elif "scan_angle_rank" in names and "scan_angle" in have:
         angle = np.asarray(chunk["scan_angle"], dtype=np.float64) * _SCAN_ANGLE_DEGREES
         out["scan_angle_rank"] = np.clip(np.rint(angle), -90, 90).astype(np.int8)
+
+
+def whole_steps(
+    chunk: laspy.ScaleAwarePointRecord, header: laspy.LasHeader
+) -> tuple[int, int, int] | None:
+    """Integer steps from ``chunk``'s offsets to ``header``'s when the scales are equal and the
+    offsets whole steps apart (then ``X + step`` is the same position, exactly), else None."""
+    steps = np.rint((np.asarray(chunk.offsets) - np.asarray(header.offsets)) / header.scales)
+    whole = np.array_equal(chunk.scales, header.scales) and np.allclose(
+        np.asarray(header.offsets) + steps * header.scales, chunk.offsets, rtol=0, atol=1e-9
+    )
+    return (int(steps[0]), int(steps[1]), int(steps[2])) if whole else None
 
 
 def convert_points(
@@ -265,14 +323,11 @@ def convert_points(
         _legacy_to_extended(chunk.array, out.array)
     else:
         _copy_dimensions(chunk, out)
-    steps = np.rint((np.asarray(chunk.offsets) - np.asarray(header.offsets)) / header.scales)
-    whole = np.array_equal(chunk.scales, header.scales) and np.allclose(
-        np.asarray(header.offsets) + steps * header.scales, chunk.offsets, rtol=0, atol=1e-9
-    )
+    steps = whole_steps(chunk, header)
     if xyz is not None:
         out.x, out.y, out.z = xyz
-    elif whole:
-        for name, step in zip(("X", "Y", "Z"), steps.astype(np.int64), strict=True):
+    elif steps is not None:
+        for name, step in zip(("X", "Y", "Z"), steps, strict=True):
             out.array[name] = chunk.array[name] + np.int32(step)
     else:
         out.x, out.y, out.z = chunk.x, chunk.y, chunk.z

@@ -133,11 +133,22 @@ def _compact1by2(u: NDArray[np.uint64]) -> NDArray[np.int64]:
     return v.astype(np.int64)
 
 
+_SPREAD = _part1by2(np.arange(256, dtype=np.int64))
+"""A byte's bits spread to every third bit (a table, for :func:`morton`)."""
+_SPREAD_XYZ = (_SPREAD << np.uint64(2), _SPREAD << np.uint64(1), _SPREAD)
+
+
 def morton(
     gx: NDArray[np.int64], gy: NDArray[np.int64], gz: NDArray[np.int64]
 ) -> NDArray[np.uint64]:
-    """Morton keys ``(n,)`` of grid coordinates (x in the highest of each three bits)."""
-    return (_part1by2(gx) << np.uint64(2)) | (_part1by2(gy) << np.uint64(1)) | _part1by2(gz)
+    """Morton keys ``(n,)`` of grid coordinates (x in the highest of each three bits), by
+    table, a byte of each axis at a time (``GRID_BITS`` at most 16) (the same keys as :func:`_part1by2` on each axis)."""
+    tx, ty, tz = _SPREAD_XYZ
+    gx, gy, gz = np.asarray(gx), np.asarray(gy), np.asarray(gz)
+    low = tx[gx & 0xFF] | ty[gy & 0xFF] | tz[gz & 0xFF]
+    high = tx[gx >> 8] | ty[gy >> 8] | tz[gz >> 8]  # GRID_BITS <= 16: one byte more
+    keys: NDArray[np.uint64] = low | (high << np.uint64(24))
+    return keys
 
 
 def node_of(key: np.uint64 | int, level: int) -> NodeKey:
@@ -205,18 +216,24 @@ class CellBuild:
     ancestors: tuple[tuple[NodeKey, int, int], ...]
 
 
-def _key_order(keys: NDArray[np.uint64], depth: int) -> NDArray[np.int64]:
-    """The stable sort order of ``keys`` (all in one cell of ``depth``): the cell-local key and the
-    point's index packed into one 64-bit word and sorted (numpy's vectorised sort), else a stable
+def _key_order(
+    keys: NDArray[np.uint64], depth: int
+) -> tuple[NDArray[np.int64], NDArray[np.uint64]]:
+    """The stable sort order of ``keys`` (all in one cell of ``depth``) and the sorted keys: the
+    cell-local key and the point's index packed into one 64-bit word and sorted (numpy's
+    vectorised sort; the sorted keys unpacked from it, with the cell's prefix), else a stable
     argsort when they do not fit."""
     local_bits = 3 * (GRID_BITS - depth)
     index_bits = max(1, int(keys.size - 1).bit_length())
-    if local_bits + index_bits > 64:
-        return np.argsort(keys, kind="stable")
+    if local_bits + index_bits > 64 or keys.size == 0:
+        order = np.argsort(keys, kind="stable")
+        return order, keys[order]
     local = keys & np.uint64(2**local_bits - 1)
     packed = (local << np.uint64(index_bits)) | np.arange(keys.size, dtype=np.uint64)
     packed.sort()
-    return (packed & np.uint64(2**index_bits - 1)).astype(np.int64)
+    prefix = (keys[0] >> np.uint64(local_bits)) << np.uint64(local_bits)
+    order = (packed & np.uint64(2**index_bits - 1)).astype(np.int64)
+    return order, (packed >> np.uint64(index_bits)) | prefix
 
 
 def build_cell(keys: NDArray[np.uint64], depth: int) -> CellBuild:
@@ -230,12 +247,13 @@ def build_cell(keys: NDArray[np.uint64], depth: int) -> CellBuild:
     Returns:
         The :class:`CellBuild`; every point is in exactly one node or ancestor run.
     """
-    by_key = _key_order(keys, depth)
-    sorted_keys = keys[by_key]
+    by_key, sorted_keys = _key_order(keys, depth)
     level = assign_levels(sorted_keys, depth)
     by_level = np.argsort(level, kind="stable")
     order = by_key[by_level]
-    levels, keys_out = level[by_level], sorted_keys[by_level]
+    counts = np.bincount(level, minlength=MAX_DEPTH + 1)
+    levels = np.repeat(np.arange(MAX_DEPTH + 1, dtype=np.int8), counts)  # = level[by_level]
+    keys_out = sorted_keys[by_level]
     nodes: list[tuple[NodeKey, int, int]] = []
     ancestors: list[tuple[NodeKey, int, int]] = []
     lv_starts, lv_len = _runs(levels.astype(np.uint64))

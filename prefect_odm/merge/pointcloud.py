@@ -154,7 +154,9 @@ class _Streamer:
         count = int(keep.sum())
         assert self.writer is not None, "the streamer writes only inside _write_all"
         if count:
-            if shift is not None:
+            if isinstance(self.writer, CopcBuilder) and xyz is None:
+                self.writer.write_points(chunk, keep)  # selects, sorts and converts at once
+            elif shift is not None:
                 self.writer.write_points(shifted(select_points(chunk, keep), shift, self.header))
             else:
                 sel = None if xyz is None else (xyz[0][keep], xyz[1][keep], xyz[2][keep])

@@ -90,18 +90,21 @@ class SpillStore:
 
     def take(self, key: SpillKey) -> NDArray[Any]:
         """All records of ``key`` in append order, removed from the store."""
-        parts: list[NDArray[Any]] = []
         path = self._files.pop(key, None)
-        if path is not None:
-            parts.append(np.fromfile(path, dtype=self.dtype))
-            path.unlink()
         buffered = self._buffers.pop(key, [])
         self._held -= sum(int(p.nbytes) for p in buffered)
-        parts.extend(buffered)
-        self._counts.pop(key, None)
-        if not parts:
-            return np.empty(0, dtype=self.dtype)
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        out = np.empty(self._counts.pop(key, 0), dtype=self.dtype)
+        at = 0
+        if path is not None:  # read straight into the result: no second copy
+            with path.open("rb") as fh:
+                at = fh.readinto(out.data.cast("B")) // self.dtype.itemsize
+            path.unlink()
+        for part in buffered:
+            out[at : at + part.size] = part
+            at += part.size
+        if at != out.size:
+            raise RuntimeError(f"spill key {key}: {at} records read, {out.size} appended")
+        return out
 
     def take_chunks(self, key: SpillKey, chunk: int) -> Iterator[NDArray[Any]]:
         """The records of ``key`` in append order, ``chunk`` at a time (the last one shorter),
