@@ -272,6 +272,8 @@ def ortho_shifts(
                     dxy += _moved(fixes.get(key[1]), x, y) - _moved(fixes.get(key[0]), x, y)
                 dx, dy = np.median(dxy, axis=0)
                 xy = np.stack([plan.grid.left + t[:, 3] * res, plan.grid.top - t[:, 2] * res], 1)
+                if predict:  # where the corrected first orthophoto has each tile's centre
+                    xy += _moved(fixes.get(key[0]), xy[:, 0], xy[:, 1])
                 out[key] = OrthoShift(*key, float(dx), float(dy), len(found), xy, dxy)
     finally:
         reader.close()
