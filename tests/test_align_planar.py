@@ -114,3 +114,16 @@ def test_no_offsets_is_the_identity() -> None:
     result = align_horizontal(IDS, CENTRES, [], AlignmentOptions())
     assert all(t.max_correction_m == 0.0 and t.scale_change == 0.0 for t in result.transforms)
     assert result.overlaps == []
+
+
+def test_the_correction_gates_of_a_candidate_stage_are_named() -> None:
+    from prefect_odm.align.stages import correction_failures
+
+    offsets, _ = _loop(np.random.default_rng(11), noise_m=0.02)
+    small = align_horizontal(IDS, CENTRES, offsets)
+    assert correction_failures([small], AlignmentOptions()) == []
+    # the same solve judged against a 0.5 % scale gate: the 1-2 % relative scales fail it
+    tight = AlignmentOptions(max_scale_change=0.005)
+    failed = correction_failures([small], tight)
+    assert failed and {f.figure for f in failed} == {"max_scale_change"}
+    assert {f.subject for f in failed} <= set(IDS)
