@@ -15,7 +15,8 @@ It prints the command's exit status and last line, the time of each stage (``sca
 the alignment's gates, and, per overlap, the orthophoto shift between the two submodels after
 the applied alignment (phase correlation on 20 m tiles, ``merge.overlaps.ortho_shifts`` with
 the manifest's corrections; 64 px tiles where the orthophotos are coarser than 31 cm) and its
-median over the overlaps. A run the plan refuses prints its
+median over the overlaps (the figure issue 30's acceptance holds to 0.2 m); beside it the
+applied stage's feature-match figures from ``report.md``. A run the plan refuses prints its
 one line and how long the refusal took.
 
 The baseline, in the same process: ``prefect-odm plan`` of the same survey and split (the
@@ -24,7 +25,7 @@ decision alone); the ratio is the plan's share of the whole run.
 Usage::
 
     python benchmarks/bench_narrow_overlap.py --survey brighton --split 6 --split-overlap-m 10
-        [--pipeline sfm|direct] [--engines 2] [--work DIR]
+        [--pipeline sfm|direct] [--engines 2] [--work DIR] [--option cameras={}]
     python benchmarks/bench_narrow_overlap.py --survey grid --split 25 --split-overlap-m 10
         --pipeline direct --engines 6
     python benchmarks/bench_narrow_overlap.py --figures OUT/<survey fingerprint>
@@ -43,6 +44,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+import numpy as np
 import rasterio
 
 REPO = Path(__file__).resolve().parents[1]
@@ -101,6 +103,13 @@ def seam_figures(survey_dir: Path) -> None:
     if not shifts:
         print(f"orthophoto shift: no overlap has enough clear {tile_m:.0f} m tiles")
         return
+    final = report.final_stage()
+    for seam in final.seams if final is not None else []:
+        if seam.orthophoto is not None:
+            o = seam.orthophoto
+            print(f"  {seam.overlap}: feature matches (report.md) median displacement "
+                  f"{float(np.hypot(*o.shift_m)):.3f} m ({o.shift_m[0]:+.3f}, "
+                  f"{o.shift_m[1]:+.3f}), median length {o.median_m:.3f} m, {o.matches} matches")  # fmt: skip
     median = statistics.median(sh.magnitude_m for sh in shifts.values())
     worst = max(sh.magnitude_m for sh in shifts.values())
     print(f"orthophoto shift between submodels: median {median:.3f} m, max {worst:.3f} m "
@@ -116,6 +125,8 @@ def main() -> None:
     parser.add_argument("--split-overlap-m", default="10")
     parser.add_argument("--pipeline", choices=["sfm", "direct"], default="sfm")
     parser.add_argument("--engines", type=int, default=2)
+    parser.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
+                        help="passed on to plan and reconstruct (cameras={}: no shared calibration)")  # fmt: skip
     parser.add_argument("--work", help="keep everything here (default: a temporary folder)")
     parser.add_argument("--figures", metavar="SURVEY_DIR", help="only print a run's seam figures")
     args = parser.parse_args()
@@ -138,6 +149,8 @@ def main() -> None:
                PREFECT_SERVER_ANALYTICS_ENABLED="false")  # fmt: skip
     asked = ["--split", args.split, "--split-overlap-m", args.split_overlap_m,
              "--pipeline", args.pipeline]  # fmt: skip
+    for option in args.option:
+        asked += ["--option", option]
     cli = [sys.executable, "-m", "prefect_odm.cli"]
     t0 = time.perf_counter()
     planned = subprocess.run([*cli, "plan", str(images), *asked, "--output", str(work / "plan")],

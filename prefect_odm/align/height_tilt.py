@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy.optimize import least_squares
-from scipy.sparse import csr_matrix, diags, vstack
+from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 from scipy.spatial.transform import Rotation
 
+from prefect_odm.align.planar import robust_linear
 from prefect_odm.align.report import (
     AlignmentOptions,
     AlignmentResult,
@@ -38,9 +38,6 @@ from prefect_odm.align.report import (
 from prefect_odm.align.residuals import submodel_residuals
 
 FloatArray = NDArray[np.float64]
-# A ridge towards zero only fixes the gauge's free directions (fixed exactly afterwards); small
-# against the data (whitened by camera_sigma_m), large enough to keep the solve conditioned.
-RIDGE = 1e-2
 
 
 @dataclass(frozen=True)
@@ -94,28 +91,6 @@ def _design(
     )
 
 
-def _robust_linear(
-    a: csr_matrix, b: FloatArray, sigma: float, options: AlignmentOptions
-) -> FloatArray:
-    """Robust ``a @ x ~ b`` with a vanishing ridge (the gauge is fixed afterwards)."""
-    n = a.shape[1]
-    ridge = RIDGE * np.ones(n)
-
-    def fun(x: FloatArray) -> FloatArray:
-        return np.concatenate([(a @ x - b) / sigma, ridge * x])
-
-    stacked = csr_matrix(vstack([a / sigma, diags(ridge)]))
-
-    def jac(x: FloatArray) -> csr_matrix:
-        return stacked.copy()  # least_squares rescales it in place for the robust loss
-
-    fit = least_squares(
-        fun, np.zeros(n), jac=jac, loss=options.loss, f_scale=options.loss_threshold_sigmas,
-        tr_solver="lsmr", method="trf", xtol=1e-12, ftol=1e-12, gtol=1e-12,
-    )  # fmt: skip
-    return np.asarray(fit.x, dtype=np.float64)
-
-
 def _planes_global(p: FloatArray, centres: FloatArray) -> FloatArray:
     """``(N, 3)`` planes ``(p0, px, py)`` with ``z += p0 + px*x + py*y`` in plan coordinates."""
     h, gx, gy = p[:, 0], p[:, 1], p[:, 2]
@@ -131,7 +106,7 @@ def _solve_rejecting(
     """
     keep = np.ones(len(b), dtype=bool)
     for _ in range(3):
-        p = _robust_linear(csr_matrix(a[keep]), b[keep], opts.camera_sigma_m, opts)
+        p = robust_linear(csr_matrix(a[keep]), b[keep], opts.camera_sigma_m, opts)
         err = np.abs(a @ p - b)
         med = float(np.median(err[keep]))
         mad = float(np.median(np.abs(err[keep] - med)))
@@ -231,7 +206,7 @@ def _shifts(
             vals += [1.0, -1.0]
         a = csr_matrix((vals, (rows, cols)), shape=(len(rows) // 2, n))
         b = np.concatenate([ov.dxy[:, axis] for ov in with_xy if ov.dxy is not None])
-        out[:, axis] = _robust_linear(a, b, opts.camera_sigma_m, opts)
+        out[:, axis] = robust_linear(a, b, opts.camera_sigma_m, opts)
     return out
 
 
@@ -314,44 +289,77 @@ def _record(
 
 def after_shifts(shifts: AlignmentResult, refined: AlignmentResult) -> AlignmentResult:
     """``refined`` (solved on products already moved by ``shifts``) written as one correction
-    from the products before ``shifts``: ``x' = x + d1 + d2``, the height plane and bowl of
-    ``refined`` taken back through the shift ``d1``.
+    from the products before ``shifts``: ``x' = H2(H1(x))``, the height plane and bowl of
+    ``refined`` taken back through ``H1``.
 
     Args:
-        shifts: a ``height_tilt`` result that only shifts (no height plane, no bowl).
+        shifts: a ``height_tilt`` result that only moves in the plane (a shift, and a turn and
+            scale when its transforms have ``horizontal``; no height plane, no bowl).
         refined: a ``height_tilt`` result with the same submodels.
 
     Returns:
         ``refined`` with composed transforms (``max_correction_m``: its own plus the first
-        shift, an upper bound); its overlap residuals are those ``refined`` measured.
+        step's, an upper bound); each overlap's residuals combine (``hypot``) those ``refined``
+        measured with those of ``shifts`` in the same overlap.
 
     Raises:
         ValueError: ``shifts`` changes heights.
     """
     first = {t.submodel_id: t for t in shifts.transforms}
-    out = []
-    for t in refined.transforms:
-        s = first[t.submodel_id]
-        bowl_first = s.height_bowl[0] if s.height_bowl is not None else 0.0
-        if any(abs(v) > 1e-9 for v in s.height_plane or ()) or bowl_first != 0.0:
-            raise ValueError(f"{t.submodel_id}: the first step changes heights, not a shift")
-        d1x, d1y = s.translation_m[0], s.translation_m[1]
-        p0, px, py = t.height_plane or (0.0, 0.0, 0.0)
-        plane = (p0 + px * d1x + py * d1y, px, py)
-        bowl = None
-        if t.height_bowl is not None:
-            b, bx, by = t.height_bowl
-            bowl = (b, bx - d1x, by - d1y)
-        dx, dy, _ = t.translation_m
-        cx, cy, _ = t.centre_m
-        out.append(
-            t.model_copy(
-                update={
-                    "translation_m": (dx + d1x, dy + d1y, plane[0] + px * cx + py * cy),
-                    "height_plane": plane,
-                    "height_bowl": bowl,
-                    "max_correction_m": t.max_correction_m + float(np.hypot(d1x, d1y)),
-                }
-            )
-        )
-    return refined.model_copy(update={"transforms": out})
+    out = [_composed(first[t.submodel_id], t) for t in refined.transforms]
+    step = {o.overlap: o for o in shifts.overlaps}
+    overlaps = [_hypot(o, step.get(o.overlap)) for o in refined.overlaps]
+    return refined.model_copy(update={"transforms": out, "overlaps": overlaps,
+                                      "submodels": submodel_residuals(
+                                          [t.submodel_id for t in out], overlaps)})  # fmt: skip
+
+
+def _hypot(o: OverlapResidual, h: OverlapResidual | None) -> OverlapResidual:
+    if h is None:
+        return o
+    return o.model_copy(update={
+        "rms_before_m": float(np.hypot(o.rms_before_m, h.rms_before_m)),
+        "rms_after_m": float(np.hypot(o.rms_after_m, h.rms_after_m)),
+        "max_after_m": float(np.hypot(o.max_after_m, h.max_after_m)),
+    })  # fmt: skip
+
+
+def _composed(s: SubmodelTransform, t: SubmodelTransform) -> SubmodelTransform:
+    """``t`` after ``s`` (``s`` in the plane only) as one ``height_tilt`` transform."""
+    bowl_first = s.height_bowl[0] if s.height_bowl is not None else 0.0
+    if any(abs(v) > 1e-9 for v in s.height_plane or ()) or bowl_first != 0.0:
+        raise ValueError(f"{t.submodel_id}: the first step changes heights, not a shift")
+    h1 = np.array([*s.horizontal_affine(), (0.0, 0.0, 1.0)])
+    h = np.array([*t.horizontal_affine(), (0.0, 0.0, 1.0)]) @ h1
+    (a, b, c), (d, e, f) = h1[:2]
+    q0, qx, qy = t.height_plane or (0.0, 0.0, 0.0)
+    plane = (q0 + qx * c + qy * f, qx * a + qy * d, qx * b + qy * e)
+    bowl = None
+    if t.height_bowl is not None:
+        k, bx, by = t.height_bowl
+        back = np.linalg.solve(h1, [bx, by, 1.0])
+        bowl = (k * abs(float(np.linalg.det(h1[:2, :2]))), float(back[0]), float(back[1]))
+    cx, cy, _ = t.centre_m
+    moved = h @ [cx, cy, 1.0]
+    lin = h[:2, :2]
+    turn = float(np.arctan2(lin[1, 0], lin[0, 0]))
+    tilt = Rotation.from_matrix(np.reshape(t.rotation, (3, 3))).as_rotvec()
+    rot = Rotation.from_rotvec([tilt[0], tilt[1], turn])
+    return t.model_copy(
+        update={
+            "translation_m": (
+                float(moved[0] - cx),
+                float(moved[1] - cy),
+                plane[0] + plane[1] * cx + plane[2] * cy,
+            ),
+            "height_plane": plane,
+            "height_bowl": bowl,
+            "horizontal": None
+            if np.allclose(lin, np.eye(2), atol=1e-15)
+            else (float(lin[0, 0]), float(lin[0, 1]), float(lin[1, 0]), float(lin[1, 1])),
+            "rotation": tuple(float(v) for v in rot.as_matrix().ravel()),
+            "rotation_deg": float(np.degrees(rot.magnitude())),
+            "scale_change": float(np.sqrt(abs(np.linalg.det(lin)))) - 1.0,
+            "max_correction_m": t.max_correction_m + s.max_correction_m,
+        }
+    )

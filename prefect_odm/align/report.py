@@ -33,9 +33,11 @@ class SubmodelTransform(BaseModel):
     """One submodel's correction.
 
     ``kind='similarity'``: ``X' = centre + translation + scale * R @ (X - centre)``.
-    ``kind='height_tilt'``: ``x' = x + dx``, ``y' = y + dy``, ``z' = z + p0 + px*x + py*y``
-    with ``(dx, dy) = translation_m[:2]`` and ``(p0, px, py) = height_plane``, plus
-    ``b * ((x - bx)^2 + (y - by)^2)`` with ``(b, bx, by) = height_bowl`` when there is one.
+    ``kind='height_tilt'``: ``(x', y') = c + (dx, dy) + L (x - cx, y - cy)`` with
+    ``c = centre_m[:2]``, ``(dx, dy) = translation_m[:2]`` and ``L`` the 2 x 2 ``horizontal``
+    (identity when None: a shift alone), and ``z' = z + p0 + px*x + py*y`` with
+    ``(p0, px, py) = height_plane``, plus ``b * ((x - bx)^2 + (y - by)^2)`` with
+    ``(b, bx, by) = height_bowl`` when there is one (heights in the source ``x, y``).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -49,6 +51,11 @@ class SubmodelTransform(BaseModel):
     height_plane: tuple[float, float, float] | None = None
     height_bowl: tuple[float, float, float] | None = Field(
         None, description="(b in m per m^2, centre x, y): a bowl; None: none."
+    )
+    horizontal: tuple[float, float, float, float] | None = Field(
+        None,
+        description="height_tilt: (a, b, d, e), the horizontal map's linear part about centre_m "
+        "(a similarity in the plane: a turn about the vertical and a scale); None: identity.",
     )
     rotation_deg: float
     tilt_deg: float
@@ -71,16 +78,25 @@ class SubmodelTransform(BaseModel):
         xyz[:, 2] += p0 + px * xyz[:, 0] + py * xyz[:, 1]
         if bow != 0.0:
             xyz[:, 2] += bow * ((xyz[:, 0] - bx) ** 2 + (xyz[:, 1] - by) ** 2)
-        xyz[:, :2] += np.asarray(self.translation_m[:2])
+        (a, b, c), (d, e, f) = self.horizontal_affine()
+        x, y = xyz[:, 0].copy(), xyz[:, 1].copy()
+        xyz[:, 0], xyz[:, 1] = a * x + b * y + c, d * x + e * y + f
         return xyz
+
+    def horizontal_affine(self) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+        """height_tilt: ``((a, b, c), (d, e, f))`` with ``x' = a*x + b*y + c``, ``y' = d*x +
+        e*y + f`` (plan CRS metres)."""
+        a, b, d, e = self.horizontal or (1.0, 0.0, 0.0, 1.0)
+        cx, cy, _ = self.centre_m
+        dx, dy, _ = self.translation_m
+        return ((a, b, cx + dx - a * cx - b * cy), (d, e, cy + dy - d * cx - e * cy))
 
     def raster_correction(self, reference_height_m: float) -> RasterCorrection:
         """The correction as a raster merge applies it (see :class:`RasterCorrection`)."""
         if self.kind == "similarity":
             return self.similarity().raster_correction(reference_height_m)
-        dx, dy, _ = self.translation_m
         return RasterCorrection(
-            affine=((1.0, 0.0, dx), (0.0, 1.0, dy)),
+            affine=self.horizontal_affine(),
             lean_m_per_m=(0.0, 0.0),
             reference_height_m=reference_height_m,
             z_scale=1.0,

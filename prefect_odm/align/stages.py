@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from prefect_odm.align.options import AlignmentOptions
-from prefect_odm.align.report import AlignmentResult, GateFailure
+from prefect_odm.align.report import AlignmentResult, GateFailure, check_alignment
 from prefect_odm.align.stage_records import OverlapSeam, StageCheck, StageName
 
 
@@ -84,6 +84,19 @@ def lean_refusals(
             out.append(_refusal(t.submodel_id, "max_raster_lean_m", error,
                                 options.max_raster_lean_m, text))  # fmt: skip
     return out
+
+
+CORRECTION_GATES = ("max_correction_m", "max_rotation_deg", "max_scale_change")
+"""The gates on a stage's own transforms (the others judge overlaps and the camera GPS)."""
+
+
+def correction_failures(
+    results: Sequence[AlignmentResult], options: AlignmentOptions
+) -> list[GateFailure]:
+    """Every gate of :data:`CORRECTION_GATES` the transforms of ``results`` (the stages a
+    candidate applies) fail: of two candidates with seams alike, the one a gate would refuse
+    is not the one to apply."""
+    return [f for r in results for f in check_alignment(r, options) if f.figure in CORRECTION_GATES]
 
 
 def seam_m(seam: OverlapSeam) -> float | None:

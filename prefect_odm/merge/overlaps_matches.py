@@ -241,3 +241,10 @@ def displacements(
     moved_b = _moved(fixes.get(matches.second), matches.xy_second)
     moved: FloatArray = moved_b - _moved(fixes.get(matches.first), matches.xy_first)
     return moved
+
+
+def moved(
+    matches: OverlapMatches, corrections: Mapping[str, RasterCorrection] | None = None
+) -> FloatArray:
+    """Where each matched feature lies in the first corrected orthophoto, ``(n, 2)`` metres."""
+    return _moved((corrections or {}).get(matches.first), matches.xy_first)

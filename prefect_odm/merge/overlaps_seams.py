@@ -23,7 +23,12 @@ from prefect_odm.align.similarity import RasterCorrection
 from prefect_odm.align.stage_records import DsmSeam, OrthoSeam, OverlapSeam
 from prefect_odm.merge.overlap_sampling import dsm_seam, overlap_samples
 from prefect_odm.merge.overlaps import OrthoShift
-from prefect_odm.merge.overlaps_matches import OverlapMatches, displacements, orthophoto_matches
+from prefect_odm.merge.overlaps_matches import (
+    OverlapMatches,
+    displacements,
+    moved,
+    orthophoto_matches,
+)
 from prefect_odm.merge.sources import plan_grid
 
 
@@ -74,12 +79,15 @@ def matched_shifts(
     matches: list[OverlapMatches], corrections: Mapping[str, RasterCorrection] | None = None
 ) -> dict[tuple[str, str], OrthoShift]:
     """``(first, second)`` -> the median displacement of each overlap's matches after
-    ``corrections``, as an :class:`.overlaps.OrthoShift` (``tiles``: the matches)."""
+    ``corrections``, as an :class:`.overlaps.OrthoShift` (``tiles``: the matches; ``xy``,
+    ``dxy``: each match where the corrected first orthophoto has it, and its displacement)."""
     out = {}
     for m in matches:
-        dx, dy = np.median(displacements(m, corrections), axis=0)
+        d = displacements(m, corrections)
+        xy = moved(m, corrections)
+        dx, dy = np.median(d, axis=0)
         out[(m.first, m.second)] = OrthoShift(m.first, m.second, float(dx), float(dy),
-                                              len(m.xy_first))  # fmt: skip
+                                              len(m.xy_first), xy, d)  # fmt: skip
     return out
 
 
