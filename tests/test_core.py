@@ -241,3 +241,31 @@ def test_pool_large_submodel_is_not_starved_by_small_ones():
 
     assert order.index("large") <= MAX_PASSES
     assert len(order) == 9
+
+
+def test_pool_serves_the_largest_waiting_submodel_first_whatever_its_arrival():
+    """A submodel delayed on its way to the pool (its Prefect bookkeeping caught in the API's
+    503 back-off, issue 33) is still served before smaller ones that arrived earlier."""
+    pool = NodePool([PoolNode("n", memory_gib=10, max_parallel_tasks=1)])
+    order: list[str] = []
+    lock = threading.Lock()
+    busy = pool.lease(1, what="running")
+    busy.__enter__()  # the only slot is taken: everyone below waits
+
+    def job(name: str, images: int) -> None:
+        with pool.lease(1, what=name, priority=-images):
+            with lock:
+                order.append(name)
+
+    threads = [threading.Thread(target=job, args=(f"small{i}", 50 + i)) for i in range(3)]
+    threads.append(threading.Thread(target=job, args=("largest", 100)))  # arrives last
+    deadline = time.monotonic() + 30
+    for i, t in enumerate(threads):
+        t.start()  # one at a time: arrivals in this order
+        while len(pool._waiting) <= i and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert [w.what for w in pool._waiting] == ["small0", "small1", "small2", "largest"]
+    busy.__exit__(None, None, None)
+    for t in threads:
+        t.join(10)
+    assert order == ["largest", "small2", "small1", "small0"]
