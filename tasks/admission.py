@@ -153,6 +153,24 @@ def on_temporary_server() -> bool:
     return not get_current_settings().api.url
 
 
+EMBEDDED_API_MAX_IN_FLIGHT = 30
+"""Submodels in flight that Prefect's temporary API served without a ``503`` on the 2-core
+test machine (``benchmarks/bench_city.py --embedded``, benchmarks/RESULTS.md, issue 33)."""
+
+
+def embedded_api_advice(in_flight: int) -> str | None:
+    """The line to show when a run on Prefect's temporary server holds more than
+    :data:`EMBEDDED_API_MAX_IN_FLIGHT` submodels in flight (``None``: below it, or a server)."""
+    if in_flight <= EMBEDDED_API_MAX_IN_FLIGHT or not on_temporary_server():
+        return None
+    return (
+        f"{in_flight} submodels in flight on Prefect's temporary API, which answered 503 "
+        f"(database busy) above {EMBEDDED_API_MAX_IN_FLIGHT} on a 2-core machine: for this "
+        "many nodes start a Prefect server on PostgreSQL and set PREFECT_API_URL (README: "
+        "Several machines)"
+    )
+
+
 def reclaim_dead_holders(name: str) -> int:
     """Give back slots that no living process holds; returns the slots released.
 

@@ -50,6 +50,10 @@ class PoolNode:
     reported_tasks: int = 0
     """Queued and running tasks of every run the node reported at its last ``/info`` (a node
     shared with other runs); 0 when not asked."""
+    queue_depth: int = 0
+    """Tasks placed beyond its task slots, to wait in the node's own queue (NodeODM starts them
+    as a slot frees), their memory reserved as if running: the next submodel's bookkeeping and
+    upload overlap the running tasks instead of leaving the slot idle (issue 33)."""
 
     @property
     def usable(self) -> bool:
@@ -62,11 +66,11 @@ class PoolNode:
         return max(self.running, self.reported_tasks) / max(1, self.max_parallel_tasks)
 
     def fits(self, memory_gib: float) -> bool:
-        """Usable, a task slot free (of this run's, and of what the node reported from every
-        run) and the memory this run has not taken."""
+        """Usable, a task slot (or a place in its queue) free, of this run's and of what the node
+        reported from every run, and the memory this run has not taken."""
         return (
             self.usable
-            and max(self.running, self.reported_tasks) < self.max_parallel_tasks
+            and max(self.running, self.reported_tasks) < self.max_parallel_tasks + self.queue_depth
             and self.used_memory_gib + memory_gib <= self.memory_gib + 1e-9
         )
 
