@@ -153,9 +153,10 @@ def on_temporary_server() -> bool:
     return not get_current_settings().api.url
 
 
-EMBEDDED_API_MAX_IN_FLIGHT = 30
+EMBEDDED_API_MAX_IN_FLIGHT = 12
 """Submodels in flight that Prefect's temporary API served without a ``503`` on the 2-core
-test machine (``benchmarks/bench_city.py --embedded``, benchmarks/RESULTS.md, issue 33)."""
+test machine (4 nodes of 2 slots, ``benchmarks/bench_city.py --embedded``); at 60 (20 nodes) it
+answered 131-494 retried ``503`` per run (benchmarks/RESULTS.md, issue 33)."""
 
 
 def embedded_api_advice(in_flight: int) -> str | None:
@@ -165,7 +166,7 @@ def embedded_api_advice(in_flight: int) -> str | None:
         return None
     return (
         f"{in_flight} submodels in flight on Prefect's temporary API, which answered 503 "
-        f"(database busy) above {EMBEDDED_API_MAX_IN_FLIGHT} on a 2-core machine: for this "
+        f"(database locked) beyond {EMBEDDED_API_MAX_IN_FLIGHT} on a 2-core machine: for this "
         "many nodes start a Prefect server on PostgreSQL and set PREFECT_API_URL (README: "
         "Several machines)"
     )

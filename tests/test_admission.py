@@ -134,3 +134,15 @@ def test_held_leases_are_renewed_on_the_server(prefect_api, odm_home, monkeypatc
     assert len(renewed) >= 2 and len(set(renewed)) == 1  # the server took both renewals
     assert "could not renew" not in caplog.text
     assert slots_status(name)["active_slots"] == 0
+
+
+def test_the_temporary_api_advice_names_a_server_beyond_its_measured_load(monkeypatch):
+    from prefect_odm.tasks import admission
+
+    most = admission.EMBEDDED_API_MAX_IN_FLIGHT
+    monkeypatch.setattr(admission, "on_temporary_server", lambda: True)
+    assert admission.embedded_api_advice(most) is None
+    advice = admission.embedded_api_advice(most + 1)
+    assert advice is not None and "PREFECT_API_URL" in advice and f"beyond {most}" in advice
+    monkeypatch.setattr(admission, "on_temporary_server", lambda: False)
+    assert admission.embedded_api_advice(10 * most) is None  # a server: nothing to say
