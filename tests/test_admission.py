@@ -38,6 +38,10 @@ def test_a_submodel_waiting_on_a_full_limit_does_not_hold_back_one_that_fits(pre
         # in this test's Prefect settings (a task runner's threads get them the same way)
         waiter = threading.Thread(target=contextvars.copy_context().run, args=(large,))
         waiter.start()  # 4 + 8 > 10: it waits
+        deadline = time.monotonic() + 60
+        while not [e for e in ledger(name) if e.what == "large"] and time.monotonic() < deadline:
+            time.sleep(0.05)  # its entry is written just before it asks
+        time.sleep(1.0)  # and its request is in
         # Under Prefect's queue this one (2 slots, 4 + 2 <= 10) waited behind the large one
         # until its own time-out; it must be granted while the large one still waits.
         with memory_slots(name, 2.0, what="small", timeout_seconds=60):
