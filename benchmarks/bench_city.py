@@ -4,12 +4,14 @@ Builds a survey of N images at the real flight positions of ``../shared/data/lay
 (1,817 positions; tiled eastwards, each copy 50 m beyond the last, for more), every image a copy
 of one seneca photo with its EXIF GPS rewritten (the pixels do not matter to orchestration).
 Starts K built-in engine nodes (``direct`` pipeline) and a ``prefect server`` on a real
-PostgreSQL (``--sqlite`` for SQLite), runs ``prefect-odm reconstruct`` against them as a user
+PostgreSQL (``--sqlite`` for SQLite; ``--embedded``: no server, the run starts Prefect's
+temporary API itself), runs ``prefect-odm reconstruct`` against them as a user
 does, samples the nodes every half second, and prints:
 
 * node utilisation while work remained: the share of the time from the first task's start to
   the last task's end in which each node ran a task (from the tasks each engine records in its
-  ``tasks.json``), and how long a node idled between two of its tasks;
+  ``tasks.json``), the share of task-slot seconds busy while submodels waited (until the last
+  task started), and how long a node idled between two of its tasks;
 * time per submodel outside the node: the submodel's run (the runner's duration) minus its task's processing
   time on the node (median, p90), its wait for memory slots and a node apart, and the median of each
   phase the run records per submodel (``phase_seconds`` in the manifest: waiting for a node,
@@ -23,7 +25,7 @@ does, samples the nodes every half second, and prints:
 
 ``--from-work DIR`` prints the figures of a run kept with ``--work`` again, without running.
 
-    python benchmarks/bench_city.py --images 600 1800 --nodes 4 [--split 100] [--sqlite]
+    python benchmarks/bench_city.py --images 600 1800 --nodes 4 [--split 100] [--sqlite | --embedded]
         [--nodeodm-test-seconds 20 --slots 2]
 """
 
@@ -228,14 +230,26 @@ def busy_share(spans: list[tuple[float, float]], start: float, end: float) -> fl
     return covered / max(1e-9, end - start)
 
 
+def slot_busy_share(
+    spans: list[tuple[float, float]], slots: int, start: float, end: float
+) -> float:
+    """The share of the node's task-slot seconds in [start, end] in which a task ran."""
+    covered = sum(max(0.0, min(b, end) - max(a, start)) for a, b in spans)
+    return min(1.0, covered / max(1e-9, slots * (end - start)))
+
+
 def idle_gaps(spans: list[tuple[float, float]]) -> list[float]:
     """Seconds between one task finishing on a node and the next starting there."""
     return [max(0.0, b[0] - a[1]) for a, b in zip(spans, spans[1:], strict=False)]
 
 
 @contextmanager
-def prefect_api(work: Path, sqlite: bool) -> Iterator[str]:
-    """A ``prefect server`` on 127.0.0.1 (on PostgreSQL unless ``sqlite``); its API URL."""
+def prefect_api(work: Path, sqlite: bool, embedded: bool = False) -> Iterator[str | None]:
+    """A ``prefect server`` on 127.0.0.1 (on PostgreSQL unless ``sqlite``); its API URL.
+    ``embedded``: none (``None``), the run starts Prefect's temporary server itself."""
+    if embedded:
+        yield None
+        return
     with ExitStack() as stack:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
         env.update(
@@ -254,7 +268,12 @@ def prefect_api(work: Path, sqlite: bool) -> Iterator[str]:
 
 
 def run_once(
-    n: int, k: int, split: int, sqlite: bool, work: Path, nodeodm: tuple[int, int] | None = None
+    n: int,
+    k: int,
+    split: int,
+    api: str,
+    work: Path,
+    nodeodm: tuple[int, int] | None = None,
 ) -> dict[str, float]:
     """One run on ``k`` built-in engines, or (``nodeodm``: test seconds, slots) on ``k``
     NodeODM test-mode nodes watched by :class:`NodeWatcher`."""
@@ -263,7 +282,9 @@ def run_once(
     build_survey(n, images)
     print(f"\n{n} images at freetown-1 positions written in {time.perf_counter() - t0:.1f} s")
     with ExitStack() as stack:
-        api_url = stack.enter_context(prefect_api(work / f"api-{n}", sqlite))
+        api_url = stack.enter_context(
+            prefect_api(work / f"api-{n}", api == "sqlite", api == "embedded")
+        )
         folders = [work / f"node-{n}-{i}" for i in range(k)]
         if nodeodm is None:
             urls = [stack.enter_context(start_engine(f, method="direct")).url for f in folders]
@@ -276,13 +297,14 @@ def run_once(
         env = {k_: v for k_, v in os.environ.items() if not k_.startswith("PREFECT_")}
         env.update(
             {
-                "PREFECT_API_URL": api_url,
                 "PREFECT_HOME": str(work / f"client-home-{n}"),
                 "PREFECT_ODM_HOME": str(work / f"odm-home-{n}"),
                 # the client logs its retried 503/429 answers only at DEBUG (issue 33)
                 "PREFECT_LOGGING_LOGGERS_PREFECT_CLIENT_LEVEL": "DEBUG",
             }
         )
+        if api_url is not None:
+            env["PREFECT_API_URL"] = api_url
         cmd = [sys.executable, "-m", "prefect_odm.cli", "reconstruct", str(images)]
         cmd += ["--output", str(work / f"out-{n}"), "--split", str(split)]
         cmd += ["--pipeline", "direct"] if nodeodm is None else []
@@ -316,7 +338,7 @@ def run_once(
                 f"  every submodel completed; the merge failed (exit {proc.returncode}), as it "
                 "must on NodeODM test mode's canned products"
             )
-    print_figures(work, n, k, wall)
+    print_figures(work, n, k, wall, nodeodm[1] if nodeodm else 1)
     print(
         f"  flow process: peak RSS {peak_rss / 2**20:.0f} MiB, peak threads {peak_threads}, "
         f"CPU {cpu_seconds:.1f} s "
@@ -339,7 +361,7 @@ def _all_completed(out: Path) -> bool:
     )
 
 
-def print_figures(work: Path, n: int, k: int, wall: float) -> None:
+def print_figures(work: Path, n: int, k: int, wall: float, slots: int = 1) -> None:
     """Print the run's figures from what it left in ``work``: the manifest, the nodes' task
     records and the run's log."""
     text = (work / f"run-{n}.log").read_text(errors="replace")
@@ -357,6 +379,10 @@ def print_figures(work: Path, n: int, k: int, wall: float) -> None:
     first, last = min(a for a, _ in spans), max(b for _, b in spans)
     busy = [busy_share(r.spans, first, last) for r in records]
     gaps = [g for r in records for g in idle_gaps(r.spans)]
+    # while submodels waited: until the last task started (after it nothing waits for a node)
+    last_start = max(a for a, _ in spans)
+    waited = [slot_busy_share(r.spans, slots, first, last_start) for r in records]
+    node_waited = [busy_share(r.spans, first, last_start) for r in records]
     api_errors = text.count("retryable status code") + text.count("retryable exception")
     api_503 = text.count("retryable status code 503")
     merge_seconds = float(manifest.get("timings_seconds", {}).get("merge", float("nan")))
@@ -365,6 +391,12 @@ def print_figures(work: Path, n: int, k: int, wall: float) -> None:
         f"  node utilisation from the first task's start to the last task's end ({last - first:.0f} s): "
         + ", ".join(f"{b:.2f}" for b in busy)
         + f"; mean {statistics.fmean(busy):.2f}"
+    )
+    print(
+        f"  while submodels waited (first start to last start, {last_start - first:.0f} s): "
+        f"task slots busy {statistics.fmean(waited):.2f} (per node "
+        + ", ".join(f"{b:.2f}" for b in waited)
+        + f"), nodes running a task {statistics.fmean(node_waited):.2f}"
     )
     if gaps:
         print(
@@ -413,6 +445,11 @@ def main() -> None:
     parser.add_argument("--split", type=int, default=100)
     parser.add_argument("--sqlite", action="store_true", help="SQLite behind the Prefect server")
     parser.add_argument(
+        "--embedded",
+        action="store_true",
+        help="no server: the run starts Prefect's temporary (embedded) API itself",
+    )
+    parser.add_argument(
         "--nodeodm-test-seconds",
         type=int,
         default=None,
@@ -429,14 +466,13 @@ def main() -> None:
             timings = json.loads(found[0].read_text())["timings_seconds"] if found else {}
             wall = float(timings.get("total", float("nan")))
             print(f"\n{n} images (kept run in {args.from_work})")
-            print_figures(args.from_work, n, args.nodes, wall)
+            print_figures(args.from_work, n, args.nodes, wall, args.slots)
         return
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-city-"))
     print(f"work folder: {work}")
     nodeodm = None if args.nodeodm_test_seconds is None else (args.nodeodm_test_seconds, args.slots)
-    results = {
-        n: run_once(n, args.nodes, args.split, args.sqlite, work, nodeodm) for n in args.images
-    }
+    api = "embedded" if args.embedded else "sqlite" if args.sqlite else "postgresql"
+    results = {n: run_once(n, args.nodes, args.split, api, work, nodeodm) for n in args.images}
     base_n = min(results)
     for n, r in sorted(results.items()):
         ratio = r["cpu_per_image"] / results[base_n]["cpu_per_image"]

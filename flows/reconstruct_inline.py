@@ -17,6 +17,7 @@ from typing import Any
 
 from prefect.futures import PrefectConcurrentFuture, PrefectFuture, as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
+from prefect_odm.tasks.admission import embedded_api_advice
 from prefect_odm.tasks.artifacts import LiveSubmodelTable
 from prefect_odm.tasks.clusters import sharing_cluster
 from prefect_odm.tasks.submodels import InlineCluster, run_submodel
@@ -87,6 +88,8 @@ def run_inline(
     # node starts its next task at once. The pool's leases still decide which node and how
     # much memory each gets, first come first served.
     workers = min(len(pending), cluster.pool.task_slots + len(cluster.pool.nodes))
+    if (advice := embedded_api_advice(workers)) is not None:
+        progress.emit(progress.WarningEvent(text=advice))
     order = _largest_first(plan, pending)
     with (
         sharing_cluster(cluster),

@@ -1,8 +1,10 @@
 """Memory-aware admission across processes: a Prefect global concurrency limit of GiB slots.
 
 Each submodel takes ``ceil(estimated peak memory in GiB)`` slots of a global concurrency limit
-whose size is the pool's memory, with ``strict=True`` so a misspelt or missing limit fails
-instead of silently running unlimited. The limit is created (or resized) when a run starts.
+whose size is the pool's memory, strictly: a misspelt or missing limit fails instead of
+silently running unlimited. The limit is created (or resized) when a run starts. Each submodel
+asks the API from its own thread (:mod:`.slot_leases`), not through Prefect's ``concurrency()``,
+whose one queue per process held every submodel behind one slow answer (issue 33).
 
 Slots held by a process that was killed: a self-hosted server with the filesystem lease storage
 (``PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE=prefect.server.concurrency.lease_storage.filesystem``)
@@ -33,9 +35,9 @@ from prefect.client.schemas.actions import (
     GlobalConcurrencyLimitCreate,
     GlobalConcurrencyLimitUpdate,
 )
-from prefect.concurrency.sync import concurrency
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.settings import get_current_settings
+from prefect_odm.tasks.slot_leases import acquire_slots, release_slots
 from pydantic import SecretStr
 
 from prefect_odm.settings import prefect_odm_home
@@ -63,15 +65,19 @@ def ensure_memory_limit(name: str, limit_gib: int) -> None:
     for all but one (33 at 100 submodels, issue 33); they now wait on one lock and the first
     one's answer. Another process (or a later size) asks the API again.
     """
-    settings = get_current_settings()
-    url = settings.api.url or settings.server.database.connection_url  # embedded: its database
-    where = url.get_secret_value() if isinstance(url, SecretStr) else str(url)
-    key = (where, name, limit_gib)
+    key = (_where(), name, limit_gib)
     with _ensure_lock:
         if key in _ensured:
             return
         _ensure_limit(name, limit_gib)
         _ensured.add(key)
+
+
+def _where() -> str:
+    """The API this process talks to (the temporary server: its database)."""
+    settings = get_current_settings()
+    url = settings.api.url or settings.server.database.connection_url
+    return url.get_secret_value() if isinstance(url, SecretStr) else str(url)
 
 
 def _ensure_limit(name: str, limit_gib: int) -> None:
@@ -147,6 +153,25 @@ def on_temporary_server() -> bool:
     return not get_current_settings().api.url
 
 
+EMBEDDED_API_MAX_IN_FLIGHT = 12
+"""Submodels in flight that Prefect's temporary API served without a ``503`` on the 2-core
+test machine (4 nodes of 2 slots, ``benchmarks/bench_city.py --embedded``); at 60 (20 nodes) it
+answered 131-494 retried ``503`` per run (benchmarks/RESULTS.md, issue 33)."""
+
+
+def embedded_api_advice(in_flight: int) -> str | None:
+    """The line to show when a run on Prefect's temporary server holds more than
+    :data:`EMBEDDED_API_MAX_IN_FLIGHT` submodels in flight (``None``: below it, or a server)."""
+    if in_flight <= EMBEDDED_API_MAX_IN_FLIGHT or not on_temporary_server():
+        return None
+    return (
+        f"{in_flight} submodels in flight on Prefect's temporary API, which answered 503 "
+        f"(database locked) beyond {EMBEDDED_API_MAX_IN_FLIGHT} on a 2-core machine: for this "
+        "many nodes start a Prefect server on PostgreSQL and set PREFECT_API_URL (README: "
+        "Several machines)"
+    )
+
+
 def reclaim_dead_holders(name: str) -> int:
     """Give back slots that no living process holds; returns the slots released.
 
@@ -207,40 +232,61 @@ def memory_slots(
     The ledger entry is written once the slots are held and removed only after they were
     released: a process that ends in between (the graceful stop's hard exit, a kill) leaves an
     entry whose slots :func:`reclaim_dead_holders` releases at the next run on this machine.
+    Dead holders are looked for at a process's first admission on a limit and whenever the
+    ledger names a process that is gone (not at every submodel: on the temporary server that
+    was one more API call each).
 
     Raises:
-        prefect.concurrency... errors: the limit does not exist (strict) or the wait timed out.
+        ConcurrencySlotAcquisitionError: the limit does not exist, or the API refused.
+        AcquireConcurrencySlotTimeoutError: ``timeout_seconds`` passed.
     """
     slots = slots_for(memory_gib)
-    reclaim_dead_holders(name)
+    _reclaim_if_needed(name)
     path = _write_ledger_entry(name, slots, what, held=False)
-    granted = False
-    body_error: BaseException | None = None
     try:
-        with concurrency(
+        lease = acquire_slots(
             name,
-            occupy=slots,
-            strict=True,
+            slots,
+            lease_duration_seconds=lease_duration_seconds,
             timeout_seconds=timeout_seconds,
-            lease_duration=lease_duration_seconds,
-        ):
-            granted = True
-            _write_ledger_entry(name, slots, what, held=True, path=path)
-            try:
-                yield slots
-            except BaseException as exc:
-                body_error = exc
-                raise
-    except BaseException as exc:
-        # Never granted (a time-out, a missing limit), or the body's own error after the
-        # release: the entry goes. Another exception is the release failing: the entry stays,
-        # so that the next run on this machine releases the slots once this process is gone.
-        if not granted or exc is body_error:
-            path.unlink(missing_ok=True)
+        )
+    except BaseException:
+        path.unlink(missing_ok=True)  # never granted (a time-out, a missing limit)
         raise
-    # Only now that the slots are back: a process ended during the release (the graceful stop's
+    try:
+        _write_ledger_entry(name, slots, what, held=True, path=path)
+        yield slots
+    except BaseException:
+        # The body's own error: the slots go back and the entry with them; a release that
+        # fails leaves the entry, so the next run on this machine releases them once this
+        # process is gone.
+        _release(lease)
+        path.unlink(missing_ok=True)
+        raise
+    # Only once the slots are back: a process ended during the release (the graceful stop's
     # hard exit) keeps its entry, and the next run releases its slots.
+    _release(lease)
     path.unlink(missing_ok=True)
+
+
+def _release(lease: uuid.UUID) -> None:
+    """Give a holder's slots back (a seam: the interrupt tests exit the process here)."""
+    release_slots(lease)
+
+
+_reclaimed: set[tuple[str, str]] = set()  # (API or database, limit name) looked at here
+_reclaim_lock = threading.Lock()
+
+
+def _reclaim_if_needed(name: str) -> None:
+    """:func:`reclaim_dead_holders` at this process's first admission on ``name`` (on this
+    API), and again whenever the ledger names a process that is gone."""
+    key = (_where(), name)
+    with _reclaim_lock:
+        first = key not in _reclaimed
+        _reclaimed.add(key)
+    if first or any(not e.alive for e in ledger(name)):
+        reclaim_dead_holders(name)
 
 
 def _write_ledger_entry(

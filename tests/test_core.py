@@ -241,3 +241,54 @@ def test_pool_large_submodel_is_not_starved_by_small_ones():
 
     assert order.index("large") <= MAX_PASSES
     assert len(order) == 9
+
+
+def test_pool_serves_the_largest_waiting_submodel_first_whatever_its_arrival():
+    """A submodel delayed on its way to the pool (its Prefect bookkeeping caught in the API's
+    503 back-off, issue 33) is still served before smaller ones that arrived earlier."""
+    pool = NodePool([PoolNode("n", memory_gib=10, max_parallel_tasks=1)])
+    order: list[str] = []
+    lock = threading.Lock()
+    busy = pool.lease(1, what="running")
+    busy.__enter__()  # the only slot is taken: everyone below waits
+
+    def job(name: str, images: int) -> None:
+        with pool.lease(1, what=name, priority=-images):
+            with lock:
+                order.append(name)
+
+    threads = [threading.Thread(target=job, args=(f"small{i}", 50 + i)) for i in range(3)]
+    threads.append(threading.Thread(target=job, args=("largest", 100)))  # arrives last
+    deadline = time.monotonic() + 30
+    for i, t in enumerate(threads):
+        t.start()  # one at a time: arrivals in this order
+        while len(pool._waiting) <= i and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert [w.what for w in pool._waiting] == ["small0", "small1", "small2", "largest"]
+    busy.__exit__(None, None, None)
+    for t in threads:
+        t.join(10)
+    assert order == ["largest", "small2", "small1", "small0"]
+
+
+def test_a_node_with_a_queue_takes_one_task_beyond_its_slots_with_its_memory():
+    """The next submodel uploads while the node's slots are busy and waits in the node's own
+    queue; its memory counts as if it ran, so the node is never overcommitted."""
+    node = PoolNode("n", memory_gib=10, max_parallel_tasks=2, queue_depth=1)
+    pool = NodePool([node])
+    held = [pool.lease(3, what=f"s{i}") for i in range(3)]
+    for h in held:
+        h.__enter__()  # two running, one queued on the node
+    assert node.running == 3 and node.used_memory_gib == 9
+    with pytest.raises(TransientNodeError, match="no node had room"):
+        with pool.lease(1, what="fourth", timeout_seconds=0.2):
+            pass  # 2 slots + 1 queued are all taken, though 1 GiB is free
+    held[0].__exit__(None, None, None)
+    with pytest.raises(TransientNodeError, match="no node had room"):
+        with pool.lease(5, what="too big", timeout_seconds=0.2):
+            pass  # a place is free, 5 GiB are not (6 of 10 in use)
+    with pool.lease(4, what="fits"):
+        assert node.running == 3
+    for h in held[1:]:
+        h.__exit__(None, None, None)
+    assert node.running == 0 and node.used_memory_gib == 0

@@ -393,17 +393,8 @@ def test_a_hard_exit_during_the_release_leaves_the_slots_named_and_reclaimed(
     ensure_memory_limit(name, 10)
     code = (
         "import os\n"
-        "from contextlib import contextmanager\n"
         "import prefect_odm.tasks.admission as admission\n"
-        "real = admission.concurrency\n"
-        "@contextmanager\n"
-        "def exit_during_release(*args, **kwargs):\n"
-        "    with real(*args, **kwargs):\n"
-        "        try:\n"
-        "            yield\n"
-        "        finally:\n"
-        "            os._exit(130)\n"
-        "admission.concurrency = exit_during_release\n"
+        "admission._release = lambda lease: os._exit(130)  # the exit lands in the release\n"
         f"with admission.memory_slots({name!r}, 3.5, what='interrupted'):\n"
         "    raise KeyboardInterrupt\n"
     )

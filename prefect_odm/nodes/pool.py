@@ -50,6 +50,10 @@ class PoolNode:
     reported_tasks: int = 0
     """Queued and running tasks of every run the node reported at its last ``/info`` (a node
     shared with other runs); 0 when not asked."""
+    queue_depth: int = 0
+    """Tasks placed beyond its task slots, to wait in the node's own queue (NodeODM starts them
+    as a slot frees), their memory reserved as if running: the next submodel's bookkeeping and
+    upload overlap the running tasks instead of leaving the slot idle (issue 33)."""
 
     @property
     def usable(self) -> bool:
@@ -62,11 +66,11 @@ class PoolNode:
         return max(self.running, self.reported_tasks) / max(1, self.max_parallel_tasks)
 
     def fits(self, memory_gib: float) -> bool:
-        """Usable, a task slot free (of this run's, and of what the node reported from every
-        run) and the memory this run has not taken."""
+        """Usable, a task slot (or a place in its queue) free, of this run's and of what the node
+        reported from every run, and the memory this run has not taken."""
         return (
             self.usable
-            and max(self.running, self.reported_tasks) < self.max_parallel_tasks
+            and max(self.running, self.reported_tasks) < self.max_parallel_tasks + self.queue_depth
             and self.used_memory_gib + memory_gib <= self.memory_gib + 1e-9
         )
 
@@ -77,7 +81,13 @@ class _Waiter:
     memory_gib: float
     exclude: tuple[str, ...]
     what: str
+    priority: float = 0.0
     passes: int = 0
+
+    @property
+    def order(self) -> tuple[float, int]:
+        """Its place among the waiters: priority, then arrival."""
+        return (self.priority, self.ticket)
 
 
 T = TypeVar("T")
@@ -92,9 +102,9 @@ pool holds new placements back until the earlier one fits (no starvation)."""
 
 @dataclass
 class NodePool:
-    """Thread-safe load- and health-aware placement over ``nodes``, first come first served with bounded
-    overtaking: a later submodel may start before an earlier waiting one only while the earlier
-    one could not start anyway, and at most :data:`MAX_PASSES` times."""
+    """Thread-safe load- and health-aware placement over ``nodes``, by priority then first come
+    first served, with bounded overtaking: a later submodel may start before an earlier waiting
+    one only while the earlier one could not start anyway, and at most :data:`MAX_PASSES` times."""
 
     nodes: Sequence[PoolNode]
     health: HealthBook = field(default_factory=HealthBook)
@@ -164,8 +174,13 @@ class NodePool:
         what: str,
         exclude: Sequence[str] = (),
         timeout_seconds: float | None = None,
+        priority: float = 0.0,
     ) -> Iterator[PoolNode]:
         """Hold a task slot and ``memory_gib`` on the node placement picks while the block runs.
+
+        Waiters are served by ``priority`` (lower first), then in arrival order: the runner gives
+        larger submodels a lower one, so the largest waiting goes first even when the Prefect
+        API delayed its arrival (issue 33: the largest reached a node 3 minutes in).
 
         Raises:
             PlanningError: no node could ever hold the submodel.
@@ -177,7 +192,7 @@ class NodePool:
         self._refresh()
         with self._cond:
             self._tickets += 1
-            me = _Waiter(self._tickets, memory_gib, tuple(exclude), what)
+            me = _Waiter(self._tickets, memory_gib, tuple(exclude), what, priority)
             self._waiting.append(me)
         try:
             node = self._wait_for_node(me, deadline, timeout_seconds)
@@ -226,7 +241,7 @@ class NodePool:
         """The node ``me`` gets now, its slot and memory taken (under the lock), or ``None``
         when none fits or an earlier waiter must go first."""
         node = self._best(me.memory_gib, me.exclude, me.what)
-        earlier = [w for w in self._waiting if w.ticket < me.ticket]
+        earlier = [w for w in self._waiting if w.order < me.order]
         may_pass = all(
             w.passes < MAX_PASSES and self._best(w.memory_gib, w.exclude, w.what) is None
             for w in earlier

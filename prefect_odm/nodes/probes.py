@@ -90,6 +90,7 @@ def pool_node(url: str, info: NodeInfo, given: NodeSettings) -> tuple[PoolNode, 
         key=url,
         memory_gib=math.inf if gib is None else gib,
         max_parallel_tasks=node_task_slots(capacity, given.max_parallel_tasks),
+        queue_depth=1,  # the next task uploads while its slot's task runs (issue 33)
     )
     return node, gib
 

@@ -56,10 +56,6 @@ logger = logging.getLogger(__name__)
 _Holders = Mapping[str, Sequence[str]] | None  # task UUID -> node keys holding it, just asked
 
 
-def _no_admission(submodel_id: str, memory_gib: float) -> AbstractContextManager[object]:
-    return nullcontext()
-
-
 @dataclass
 class SubmodelRunner:
     """Runs submodels of one plan on a pool of nodes.
@@ -85,7 +81,7 @@ class SubmodelRunner:
     layout: OutputLayout
     pool: NodePool
     clients: Mapping[str, NodeBackend]
-    admit: Callable[[str, float], AbstractContextManager[object]] = _no_admission
+    admit: Callable[[str, float], AbstractContextManager[object]] = lambda sid, gib: nullcontext()
     max_attempts: int = 4
     poll_interval_seconds: float = 1.0
     upload_deadline_seconds: float = 1800.0
@@ -157,8 +153,11 @@ class SubmodelRunner:
             try:
                 with (
                     self.admit(submodel_id, memory_gib),
-                    self.pool.lease(
-                        memory_gib, what=submodel_id, exclude=sorted(set(excluded) | set(pinned))
+                    self.pool.lease(  # the most images first, as the run submits them
+                        memory_gib,
+                        what=submodel_id,
+                        exclude=sorted(set(excluded) | set(pinned)),
+                        priority=-len(submodel.image_names),
                     ) as node,
                 ):
                     node_key = on_node = node.key
@@ -344,6 +343,7 @@ class SubmodelRunner:
                     submodel.estimated_memory_gib,
                     what=sid,
                     exclude=[k for k in self.clients if k != holder],
+                    priority=-len(submodel.image_names),
                 ),
             ):
                 clock.add("waiting_for_node", time.monotonic() - asked_at)
