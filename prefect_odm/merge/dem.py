@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import math
-import queue
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -64,6 +63,7 @@ from prefect_odm.merge.reports import DemMergeReport
 from prefect_odm.merge.seamline_rasters import seams_for
 from prefect_odm.merge.seamlines import OwnerLabels
 from prefect_odm.merge.seams import SeamMethod
+from prefect_odm.merge.shared_readers import SharedReaders
 from prefect_odm.merge.sources import (
     GridPlan,
     RasterSource,
@@ -289,59 +289,6 @@ def _overlap_figures(
     ]
 
 
-class _PooledReader(SourceReader):
-    """The block threads' reader: ``handles`` :class:`.sources.SourceReader` s, each source read
-    through whichever of them is free for it. GDAL's block cache belongs to a dataset handle,
-    so with one handle per thread a source tile that two neighbouring blocks need (blocks and
-    tiles rarely line up) was decoded once per thread; with fewer handles than threads it is
-    decoded fewer times, and threads still read different sources, or the same one through
-    another handle, at once."""
-
-    def __init__(self, plan: GridPlan, handles: int) -> None:
-        """Nothing is opened until a source is first read."""
-        super().__init__(plan)
-        self._readers = [SourceReader(plan) for _ in range(max(1, handles))]
-        self._free: dict[str, queue.SimpleQueue[int]] = {}
-        for s in plan.sources:
-            self._free[s.submodel_id] = queue.SimpleQueue()
-            for i in range(len(self._readers)):
-                self._free[s.submodel_id].put(i)
-
-    def read(
-        self, src: RasterSource, window: Window4, out_shape: tuple[int, int] | None = None
-    ) -> tuple[NDArray[np.float32], NDArray[np.bool_]]:
-        """:meth:`.sources.SourceReader.read` through a handle free for the source."""
-        free = self._free[src.submodel_id]
-        i = free.get()
-        try:
-            return self._readers[i].read(src, window, out_shape)
-        finally:
-            free.put(i)
-
-    def close(self) -> None:
-        """Close every handle's datasets."""
-        for reader in self._readers:
-            reader.close()
-
-
-class _SharedReaders(ThreadReaders):
-    """:class:`.sources.ThreadReaders` whose threads share one :class:`_PooledReader` of
-    ``max(1, workers // 2)`` handles per source (one for the default two threads)."""
-
-    def __init__(self, plan: GridPlan, workers: int) -> None:
-        """The shared reader opens nothing until a source is first read."""
-        super().__init__(plan)
-        self._shared = _PooledReader(plan, max(1, workers // 2))
-
-    def get(self) -> SourceReader:
-        """The shared reader."""
-        return self._shared
-
-    def close(self) -> None:
-        """Close the shared reader's datasets."""
-        self._shared.close()
-
-
 class _DemBlocks:
     """The DEM's :class:`.blocks.BlockMerge`: read, level and blend one block of heights."""
 
@@ -482,7 +429,7 @@ def merge_dems(
     edges = edge_distances(plan, edt_max_side_px, run.workers)
     seams = seams_for(opts.seam_method, owners, plan, run.lattice_step_px, seamlines=seamlines,
                       dsms={k: Path(v) for k, v in inputs.items()}, alignment=fixes)  # fmt: skip
-    readers = _SharedReaders(plan, run.workers)
+    readers = SharedReaders(plan, run.workers)
     pixels, union_pixels = write_merged_raster(
         out,
         plan,
