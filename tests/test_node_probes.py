@@ -96,6 +96,19 @@ def test_no_node_answering_is_one_line_naming_each(dead_url: str, hung_url: str)
     assert dead_url in text and hung_url in text
 
 
+def test_a_hung_node_leaves_no_thread_the_exit_waits_for(hung_url: str) -> None:
+    """A command refusing a hung node exits at the probe time-out, not at the node's HTTP
+    time-out: the probe of a silent node goes on on a daemon thread, which the interpreter does
+    not join at exit (a ``ThreadPoolExecutor`` worker is joined: 32 s for a 10 s probe)."""
+    import threading
+
+    with pytest.raises(InputError, match="no answer to /info within 0.5 s"):
+        cluster_module.check_nodes_answer([hung_url], timeout_seconds=0.5)
+    probes = [t for t in threading.enumerate() if t.name == "probe" and t.is_alive()]
+    assert probes, "the hung node's probe should still be waiting on its request"
+    assert all(t.daemon for t in probes)
+
+
 def test_a_set_aside_node_that_comes_up_takes_work(tmp_path: Path) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
