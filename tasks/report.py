@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -20,7 +20,7 @@ from prefect_odm.merge.existing import ExistingMerge
 from prefect_odm.merge.reports import MergeReports, OrthoMergeReport
 from prefect_odm.models import Manifest, NodeHealthRecord, SplitPlan, SubmodelResult, Survey
 from prefect_odm.progress import TableRow
-from prefect_odm.publish.summary import product_summary_lines
+from prefect_odm.publish.summary import path_from_report, product_summary_lines, report_folder_of
 
 
 def _key(prefix: str, fingerprint: str) -> str:
@@ -165,6 +165,15 @@ def submodel_lines(manifest: Manifest, plan: SplitPlan, rows: list[TableRow] | N
     return lines
 
 
+def product_path_lines(products: Mapping[str, str]) -> list[str]:
+    """The "Products" list: each product's path relative to the report (the manifest keeps
+    them as the command was given them, which read relative to wherever it ran)."""
+    if not products:
+        return []
+    here = report_folder_of(products)
+    return [f"- {name}: `{path_from_report(url, here)}`" for name, url in sorted(products.items())]
+
+
 def report_markdown(
     manifest: Manifest,
     plan: SplitPlan,
@@ -183,7 +192,7 @@ def report_markdown(
         "## Products",
         "",
     ]
-    lines += [f"- {name}: `{url}`" for name, url in sorted(manifest.products.items())]
+    lines += product_path_lines(manifest.products)
     lines += submodel_lines(manifest, plan, submodel_rows)
     if manifest.failed_submodels:
         lines += ["", "## Failed submodels (gaps in the products)", ""]
@@ -308,7 +317,7 @@ def existing_merge_markdown(manifest: Manifest, reports: MergeReports) -> str:
         "## Products",
         "",
     ]
-    lines += [f"- {name}: `{url}`" for name, url in sorted(manifest.products.items())]
+    lines += product_path_lines(manifest.products)
     lines += ["", "## Inputs merged", ""]
     lines += [f"- {r.submodel_id}" for r in manifest.submodels]
     if manifest.coverage:

@@ -177,6 +177,10 @@ def test_report_opens_with_a_product_summary_read_from_the_products(direct_run):
     links = re.findall(r"\]\(([^)]+)\)", summary)
     assert {Path(link).name for link in links} == {Path(u).name for u in manifest.products.values()}
     assert all(not link.startswith("/") and (report_dir / link).is_file() for link in links)
+    listed = text[text.index("## Products\n") :].split("\n\n")[1].splitlines()
+    listed_paths = [line.split("`")[1] for line in listed if line.startswith("- ")]
+    assert len(listed_paths) == len(manifest.products)
+    assert all(not p.startswith("/") and (report_dir / p).is_file() for p in listed_paths)
     with rasterio.open(manifest.products["orthophoto"]) as ds:
         gsd_cm = 100 * ds.res[0]
         area_m2 = int(np.count_nonzero(ds.read(4))) * ds.res[0] * ds.res[1]  # alpha band

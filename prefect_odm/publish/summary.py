@@ -28,6 +28,18 @@ CHUNK_POINTS = 2_000_000
 """Points read at once when counting the DSM cells the cloud measured."""
 
 
+def report_folder_of(products: Mapping[str, str]) -> str:
+    """The ``report`` folder beside the products' ``merged`` folder (where ``report.md`` is)."""
+    some = next(iter(products.values()))
+    return posixpath.join(posixpath.dirname(posixpath.dirname(some)), "report")
+
+
+def path_from_report(url: str, report_dir: str) -> str:
+    """A local product's path relative to the report's folder (so a link opens from the
+    report wherever the command ran); a remote URL unchanged."""
+    return posixpath.relpath(url, report_dir) if storage.is_local(url) else url
+
+
 def product_summary_lines(manifest: Manifest, report_dir: str | None = None) -> list[str]:
     """Markdown lines of the product summary of a run (a ``## Product summary`` section).
 
@@ -42,19 +54,18 @@ def product_summary_lines(manifest: Manifest, report_dir: str | None = None) -> 
     products = manifest.products
     if not products:
         return []
-    some = next(iter(products.values()))
     if report_dir is None:
-        report_dir = posixpath.join(posixpath.dirname(posixpath.dirname(some)), "report")
+        report_dir = report_folder_of(products)
     lines = ["## Product summary", ""]
     figures = _figures(products)
     for name, url in products.items():
         size = _size_bytes(url)
-        rel = posixpath.relpath(url, report_dir) if storage.is_local(url) else url
+        rel = path_from_report(url, report_dir)
         lines.append(f"- {name}: [`{rel}`]({rel}), {size / 2**20:.1f} MiB")
     lines.append("")
     if "gsd_cm" in figures:
         lines.append(
-            f"- **How sharp**: orthophoto {figures['gsd_cm']:.1f} cm per pixel (GSD)"
+            f"- **How sharp**: orthophoto written at {figures['gsd_cm']:.1f} cm per pixel"
             + (
                 f", DSM {figures['dsm_cell_cm']:.1f} cm per cell"
                 if "dsm_cell_cm" in figures
