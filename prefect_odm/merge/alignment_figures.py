@@ -177,7 +177,7 @@ def alignment_png(report: AlignmentReport) -> bytes:
             sid, tuple(centres[sid]), fontsize=7, xytext=(3, -9), textcoords="offset points"
         )
     ax.set_title(
-        f"correction at each submodel centre (x{factor:.0f}); overlap "
+        f"correction at each submodel centre (arrows x{factor:.0f})\noverlap "
         f"{_FIGURE_NAME[bool(report.stages)]} (m), worst {worst:.2f}",
         fontsize=9,
     )
