@@ -53,7 +53,7 @@ from pydantic import Field
 from prefect_odm import progress, storage
 from prefect_odm.align.report import AlignmentError
 from prefect_odm.clusters.records import RoutingOptions, RoutingSummary
-from prefect_odm.errors import IncompleteRunError, InputError, MergeError, PlanningError
+from prefect_odm.errors import IncompleteRunError, MergeError, PlanningError
 from prefect_odm.fingerprints import merge_fingerprint
 from prefect_odm.layout import OutputLayout
 from prefect_odm.merge.reports import MergeReports
@@ -84,8 +84,8 @@ from prefect_odm.plan.checks import plan_gps_refusal
 from prefect_odm.progress import SubmodelBoard
 from prefect_odm.publish.stac import write_stac
 from prefect_odm.run_policy import (
-    MIN_SURVEY_IMAGES,
     asked_products,
+    check_survey_size,
     configured_submodel_deployment,
     failed_submodels,
     mergeable,
@@ -252,11 +252,7 @@ def _key(plan: SplitPlan) -> str:
 
 def _check_survey(survey: Survey, images: str) -> None:
     """Refuse a survey too small to reconstruct; log what the scan found."""
-    if len(survey.images) < MIN_SURVEY_IMAGES:
-        raise InputError(
-            f"{images}: {len(survey.images)} usable image(s); a reconstruction needs at least "
-            f"{MIN_SURVEY_IMAGES} overlapping geotagged images"
-        )
+    check_survey_size(survey, images)
     get_run_logger().info(
         "scanned %d images (%d rejected) in EPSG:%d",
         len(survey.images),

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from prefect_odm import __version__, progress, storage
 from prefect_odm.align.report import AlignmentReport
 from prefect_odm.clusters.records import RoutingSummary
-from prefect_odm.errors import StorageError
+from prefect_odm.errors import InputError, StorageError
 from prefect_odm.layout import OutputLayout
 from prefect_odm.models import (
     Manifest,
@@ -30,6 +30,21 @@ from prefect_odm.settings import get_settings
 
 MIN_SURVEY_IMAGES = 3
 """Fewer usable images than this cannot be reconstructed (structure from motion needs overlap)."""
+
+
+def check_survey_size(survey: Survey, images: str) -> None:
+    """Refuse a survey with fewer than :data:`MIN_SURVEY_IMAGES` usable images, for ``plan``
+    and ``reconstruct`` alike (``plan`` once wrote a plan that ``reconstruct`` then refused).
+
+    Raises:
+        InputError: too few usable images, naming the folder and the count.
+    """
+    if len(survey.images) < MIN_SURVEY_IMAGES:
+        raise InputError(
+            f"{images}: {len(survey.images)} usable image(s); a reconstruction needs at least "
+            f"{MIN_SURVEY_IMAGES} overlapping geotagged images"
+        )
+
 
 FAILURE_OUTPUT_LINES = 5
 """Last node output lines kept in a failed submodel's description."""

@@ -528,3 +528,16 @@ def test_prefect_home_in_a_missing_folder_is_created(tmp_path):
     assert "no such concurrency limit" in proc.stdout
     assert "Failed to create the Prefect home" not in proc.stderr
     assert (home / "prefect.db").exists()
+
+
+def test_plan_refuses_a_survey_too_small_to_reconstruct(data_dir, tmp_path):
+    """``plan`` of two usable images wrote a one-submodel plan that ``reconstruct`` then refused
+    after starting Prefect; both refuse it now, with the same line, and ``plan`` writes nothing."""
+    images = data_dir / "tiny_exif" / "images"
+    out = tmp_path / "plan"
+    line = _one_error_line(_run(["plan", str(images), "--output", str(out)], tmp_path))
+    assert line == (
+        f"prefect-odm: error: {images}: 2 usable image(s); a reconstruction needs at least 3 "
+        "overlapping geotagged images"
+    )
+    assert not (out / "plan.json").exists()

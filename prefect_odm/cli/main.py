@@ -128,6 +128,7 @@ def _plan(args: argparse.Namespace) -> int:
     )
     from prefect_odm.plan.picture import plan_rows, write_plan_files
     from prefect_odm.plan.planning import plan_split
+    from prefect_odm.run_policy import check_survey_size
     from prefect_odm.survey.scan import scan_images
 
     options = processing_options(args)
@@ -135,6 +136,7 @@ def _plan(args: argparse.Namespace) -> int:
     # ``reconstruct`` checks them, so a plan never records an option a run would refuse.
     check_embedded_options(options.to_nodeodm())
     survey = scan_images(args.images)
+    check_survey_size(survey, args.images)
     plan = plan_split(
         survey,
         split=args.split,
