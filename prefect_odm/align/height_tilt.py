@@ -28,7 +28,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 from scipy.spatial.transform import Rotation
 
-from prefect_odm.align.planar import robust_linear
+from prefect_odm.align.planar import robust_linear, solve_rejecting
 from prefect_odm.align.report import (
     AlignmentOptions,
     AlignmentResult,
@@ -97,26 +97,6 @@ def _planes_global(p: FloatArray, centres: FloatArray) -> FloatArray:
     return np.stack([h - gx * centres[:, 0] - gy * centres[:, 1], gx, gy], axis=1)
 
 
-def _solve_rejecting(
-    a: csr_matrix, b: FloatArray, opts: AlignmentOptions
-) -> tuple[FloatArray, NDArray[np.bool_]]:
-    """Robust solve, reject samples off by far more than the rest, again (at most 3 rounds).
-
-    Returns the solution and the mask of the samples kept.
-    """
-    keep = np.ones(len(b), dtype=bool)
-    for _ in range(3):
-        p = robust_linear(csr_matrix(a[keep]), b[keep], opts.camera_sigma_m, opts)
-        err = np.abs(a @ p - b)
-        med = float(np.median(err[keep]))
-        mad = float(np.median(np.abs(err[keep] - med)))
-        limit = max(opts.outlier_min_m, med + opts.outlier_mad_factor * 1.4826 * mad)
-        if np.array_equal(keep, err <= limit):
-            break
-        keep = err <= limit
-    return p, keep
-
-
 def align_heights(
     submodel_ids: Sequence[str],
     centres: FloatArray,
@@ -145,7 +125,7 @@ def align_heights(
         xy = np.concatenate([np.stack([ov.x, ov.y], axis=1) for ov in live])
         length = float(max(xy.std(axis=0).max(), 1.0))
         a = _design(live, index, c, length, terms)
-        p, keep = _solve_rejecting(a, np.concatenate([ov.dz for ov in live]), opts)
+        p, keep = solve_rejecting(a, np.concatenate([ov.dz for ov in live]), opts)
         p = p.reshape(n, terms) / [1.0, length, length, length * length][:terms]
     else:
         p, keep = np.zeros((n, terms)), np.zeros(0, dtype=bool)

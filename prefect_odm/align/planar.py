@@ -106,11 +106,12 @@ def _design(
     )
 
 
-def _solve_rejecting(
+def solve_rejecting(
     a: csr_matrix, b: FloatArray, opts: AlignmentOptions
 ) -> tuple[FloatArray, NDArray[np.bool_]]:
-    """Robust solve, then again without the offsets far off the rest (at most 3 rounds);
-    returns the solution and the mask of the rows kept."""
+    """:func:`robust_linear`, then again without the rows far off the rest (beyond
+    ``outlier_mad_factor`` MADs and ``outlier_min_m``; at most 3 rounds): the planar and the
+    height refinements' one rejection rule. Returns the solution and the mask of the rows kept."""
     keep = np.ones(len(b), dtype=bool)
     for _ in range(3):
         p = robust_linear(csr_matrix(a[keep]), b[keep], opts.camera_sigma_m, opts)
@@ -204,7 +205,7 @@ def align_planar(
     length = float(max(xy.std(axis=0).max(), 1.0))
     a = _design(live, index, c, length)
     b = np.concatenate([-np.concatenate([ov.dxy[:, 0], ov.dxy[:, 1]]) for ov in live])
-    p, keep = _solve_rejecting(a, b, opts)
+    p, keep = solve_rejecting(a, b, opts)
     p = p + _median_shifts(a, b - a @ p, keep, live, opts)
     p = p.reshape(n, 4) / [1.0, 1.0, length, length]
     counts, adj = np.zeros(n), np.zeros((n, n))
