@@ -248,26 +248,8 @@ def _legacy_to_extended(src: NDArray[Any], out: NDArray[Any]) -> None:
     runs = _byte_runs(src.dtype, out.dtype, common)
     names_ = [f"run{i}" for i in range(len(runs))]
     formats = [f"V{size}" for _, _, size in runs]
-    src_view = src.view(
-        np.dtype(
-            {
-                "names": names_,
-                "formats": formats,
-                "offsets": [r[0] for r in runs],
-                "itemsize": src.dtype.itemsize,
-            }
-        )
-    )
-    out_view = out.view(
-        np.dtype(
-            {
-                "names": names_,
-                "formats": formats,
-                "offsets": [r[1] for r in runs],
-                "itemsize": out.dtype.itemsize,
-            }
-        )
-    )
+    src_view = _runs_view(src, names_, formats, [r[0] for r in runs])
+    out_view = _runs_view(out, names_, formats, [r[1] for r in runs])
     for name in names_:  # each run one block of bytes per record
         out_view[name] = src_view[name]
     bits, raw = src["bit_fields"], src["raw_classification"]
@@ -351,3 +333,13 @@ def output_crs(infos: list[InputCloud], crs_epsg: int | None) -> pyproj.CRS:
     if not with_crs:
         raise MergeError("no input point cloud carries a CRS and no crs_epsg was given")
     return with_crs[0]
+
+
+def _runs_view(
+    records: NDArray[Any], names: list[str], formats: list[str], offsets: list[int]
+) -> NDArray[Any]:
+    """``records`` seen as opaque byte runs (``V<size>`` fields at ``offsets``), to copy by run."""
+    itemsize = records.dtype.itemsize
+    return records.view(
+        np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": itemsize})
+    )
