@@ -197,6 +197,10 @@ def _merge_existing(args: argparse.Namespace) -> int:
     check_output_writable(args.output)
     if args.plan is not None:
         _check_plan_file(args.plan)
+    from prefect_odm.merge.existing import check_existing_outputs
+
+    # a file that is no archive, an escaping member, no product: refused as the flow would
+    check_existing_outputs(args.inputs)
     from prefect_odm.flows.merge_existing import merge_existing
 
     start_prefect(args.verbose)

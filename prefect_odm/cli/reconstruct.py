@@ -293,10 +293,47 @@ def reconstruct_command(args: argparse.Namespace) -> int:
             note="nothing changed since the last run into this output: nothing was run (--force runs again)",
         )
         return 0
+    if not routed and storage.is_local(args.images):
+        _check_plan(args, options)  # the planner's refusals before Prefect starts
     manifest = _run_flow(args, options, embedded_api)
     _record_last_run(args.output, request, manifest)
     _print_summary(args.output, manifest)
     return 0
+
+
+def _check_plan(args: argparse.Namespace, options: ProcessingOptions) -> None:
+    """Scan the local images and plan them as the flow will, so that what the planner refuses
+    (a survey too small; a split whose submodels are too small for structure from motion, or
+    that the merge could not align at the ``--split-overlap-m`` asked) is refused before
+    Prefect's temporary server starts, with the flow's own one line. The plan is thrown away
+    (the flow makes it again; a scan of local images takes about a second per thousand).
+
+    For the built-in engine the plan is the flow's (its identity and memory). With ``--nodes``
+    their memory is not known here: ``--split auto`` and a submodel larger than every node are
+    left to the flow.
+
+    Raises:
+        InputError: the survey is too small to reconstruct.
+        PlanningError: the planner refuses the split.
+    """
+    if args.nodes and args.split == "auto":
+        return
+    from prefect_odm.nodes.cluster import EMBEDDED_ENGINE_IDENTITY, embedded_memory_gib
+    from prefect_odm.plan.planning import plan_split
+    from prefect_odm.run_policy import check_survey_size
+    from prefect_odm.survey.scan import scan_images
+
+    survey = scan_images(args.images)
+    check_survey_size(survey, args.images)
+    plan_split(
+        survey,
+        split=args.split,
+        split_overlap_m=args.split_overlap_m,
+        options=options,
+        engine_identity="unknown" if args.nodes else EMBEDDED_ENGINE_IDENTITY,
+        node_memory_gib=[] if args.nodes else [embedded_memory_gib()],
+        merge_options=merge_options(args),
+    )
 
 
 def _run_flow(args: argparse.Namespace, options: ProcessingOptions, embedded_api: bool) -> Manifest:

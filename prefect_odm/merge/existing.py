@@ -79,11 +79,16 @@ def _name_of(url: str) -> str:
     return name or "output"
 
 
-def extract_products(zip_url: str, dest: Path) -> dict[str, str]:
+def extract_products(zip_url: str, dest: Path | None) -> dict[str, str]:
     """Extract the product members of an ``all.zip`` (local or URL) into ``dest``.
 
+    Args:
+        zip_url: the archive (local path or fsspec URL).
+        dest: where the members go; None: nothing is extracted, only the archive's listing
+            (its central directory) is read and checked (the command line's early check).
+
     Returns:
-        product name -> local path of the extracted file.
+        product name -> local path of the extracted file (``dest`` None: the member's name).
 
     Raises:
         InputError: the file is not a zip archive, or one of its members would leave ``dest``
@@ -91,7 +96,8 @@ def extract_products(zip_url: str, dest: Path) -> dict[str, str]:
             node's).
     """
     fs, path = filesystem(zip_url)
-    dest.mkdir(parents=True, exist_ok=True)
+    if dest is not None:
+        dest.mkdir(parents=True, exist_ok=True)
     found: dict[str, str] = {}
     try:
         with fs.open(path, "rb") as fh, zipfile.ZipFile(fh) as zf:
@@ -104,6 +110,9 @@ def extract_products(zip_url: str, dest: Path) -> dict[str, str]:
             for product, rel in ODM_PRODUCT_PATHS.items():
                 member = next((n for n in sorted(names) if n == rel or n.endswith("/" + rel)), None)
                 if member is None:
+                    continue
+                if dest is None:
+                    found[product] = member
                     continue
                 target = dest / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -121,16 +130,17 @@ _Found = tuple[str, str, dict[str, str]]
 
 
 def _find_in_children(
-    fs: AbstractFileSystem, path: str, url: str, workdir: Path, found: list[_Found]
+    fs: AbstractFileSystem, path: str, url: str, workdir: Path | None, found: list[_Found]
 ) -> None:
     """Add the outputs one level below the folder ``url`` (``path`` on ``fs``) to ``found``:
     zip files, ODM project folders (or their ``all.zip``), and a ``submodels/`` folder's
-    children. Zip members go to ``workdir/zip-{n}-{name}``, ``n`` counting what is found."""
+    children. Zip members go to ``workdir/zip-{n}-{name}``, ``n`` counting what is found
+    (``workdir`` None: zip files are listed, not extracted)."""
     for child in sorted(p for p in fs.ls(path, detail=False)):
         name = posixpath.basename(str(child).rstrip("/"))
         child_url = join(url, name) if not is_local(url) else str(Path(url) / name)
         if name.lower().endswith(".zip"):
-            prods = extract_products(child_url, workdir / f"zip-{len(found)}-{name[:-4]}")
+            prods = extract_products(child_url, _zip_dest(workdir, found, name[:-4]))
             if prods:
                 found.append((_name_of(child_url), child_url, prods))
         elif fs.isdir(child):
@@ -138,7 +148,7 @@ def _find_in_children(
             zipped = posixpath.join(str(child).rstrip("/"), "all.zip")
             if not prods and fs.exists(zipped):
                 zip_url = join(child_url, "all.zip")
-                prods = extract_products(zip_url, workdir / f"zip-{len(found)}-{name}")
+                prods = extract_products(zip_url, _zip_dest(workdir, found, name))
             if not prods and name == "submodels":
                 for sub in sorted(fs.ls(child, detail=False)):
                     sub_name = posixpath.basename(str(sub).rstrip("/"))
@@ -148,6 +158,11 @@ def _find_in_children(
                         found.append((sub_name, sub_url, sub_prods))
             elif prods:
                 found.append((name, child_url, prods))
+
+
+def _zip_dest(workdir: Path | None, found: Sequence[_Found], name: str) -> Path | None:
+    """Where the next archive's members go (``workdir/zip-{n}-{name}``); None without one."""
+    return None if workdir is None else workdir / f"zip-{len(found)}-{name}"
 
 
 def _with_unique_ids(found: Sequence[_Found]) -> list[ExistingOutput]:
@@ -168,27 +183,37 @@ def _with_unique_ids(found: Sequence[_Found]) -> list[ExistingOutput]:
     return sorted(out, key=lambda o: o.submodel_id)
 
 
-def find_existing_outputs(locations: Sequence[str], workdir: Path) -> list[ExistingOutput]:
+def find_existing_outputs(
+    locations: Sequence[str], workdir: Path | None
+) -> list[ExistingOutput]:
     """OpenDroneMap outputs found at the given folders, zip files or their children.
 
     Args:
         locations: local paths or fsspec URLs (ODM project folders, extracted ``all.zip``
             contents, ``all.zip`` files, or folders holding any of those one level down).
-        workdir: local folder where zip members are extracted.
+        workdir: local folder where zip members are extracted; None: nothing is extracted
+            (each archive's listing is read and checked), as :func:`check_existing_outputs`
+            does.
 
     Returns:
         The outputs found, sorted by id; ids are unique.
 
     Raises:
-        InputError: a location that does not exist, or no product found anywhere.
+        InputError: a location that does not exist, a file that is not a zip archive, an
+            archive member that would leave the working folder, or no product found anywhere.
     """
     check_inputs_exist(locations)
     found: list[_Found] = []
     for url in locations:
         fs, path = filesystem(url)
+        if not url.lower().endswith(".zip") and not fs.isdir(path):
+            raise InputError(
+                f"{url}: a file, not an OpenDroneMap project folder, a folder of them or an "
+                "all.zip"
+            )
         if url.lower().endswith(".zip"):
             name = _name_of(url)
-            found.append((name, url, extract_products(url, workdir / f"zip-{len(found)}-{name}")))
+            found.append((name, url, extract_products(url, _zip_dest(workdir, found, name))))
             continue
         direct = _products_in_folder(url)
         if direct:
@@ -203,6 +228,19 @@ def find_existing_outputs(locations: Sequence[str], workdir: Path) -> list[Exist
             + ", ".join(locations)
         )
     return _with_unique_ids(found)
+
+
+def check_existing_outputs(locations: Sequence[str]) -> None:
+    """Refuse, without extracting anything, inputs ``prefect-odm merge`` would refuse: what
+    :func:`find_existing_outputs` refuses (a missing location, a file that is not a zip archive,
+    an archive member that would leave the working folder, no product anywhere). Reads
+    listings and each archive's central directory only, so the command line refuses them
+    before Prefect starts.
+
+    Raises:
+        InputError: as :func:`find_existing_outputs` (the same one-line messages).
+    """
+    find_existing_outputs(locations, None)
 
 
 def shots_url(location: str) -> str | None:

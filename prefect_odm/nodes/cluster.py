@@ -197,20 +197,28 @@ def connect_nodes(
 def check_nodes_answer(urls: Sequence[str], timeout_seconds: float = PROBE_TIMEOUT_SECONDS) -> None:
     """Refuse, before anything starts, a list of node URLs of which none answers ``/info``.
 
-    The command line calls it before Prefect starts, so a mistyped or dead ``--nodes`` URL costs
-    a second instead of the temporary server's start-up; :func:`connect_nodes` asks again in the
-    flow. Node sources (``dns+``, ``file://``) are left to the flow (their nodes may join).
+    The command line calls it before Prefect starts, so a mistyped or dead ``--nodes`` URL, or a
+    missing or malformed ``--nodes-file``, costs a second instead of the temporary server's
+    start-up; :func:`connect_nodes` asks again in the flow, and refuses what this refuses: node
+    sources (``dns+``, ``file://``) are read once here, and the nodes they list now are asked
+    with the others.
 
     Raises:
-        InputError: no URL answers (one line naming each node and its problem).
+        InputError: a source cannot be read, or no node answers (one line naming each node
+            and its problem, and each source that lists no node).
     """
+    sources = [source_for(u) for u in urls if is_source(u)]
     plain = [u for u in urls if not is_source(u)]
-    if not plain or len(plain) < len(urls):
-        return
-    probes = probe_nodes(_wanted(plain, None, None), node_backend, timeout_seconds)
+    listed = _listed_now(sources)  # a missing or malformed node file: its one line
+    wanted = _wanted(plain, None, None)
+    fixed = {w[0] for w in wanted}
+    from_sources = sorted({u for found in listed.values() for u in found} - fixed)
+    wanted += _wanted(from_sources, None, None)
+    probes = probe_nodes(wanted, node_backend, timeout_seconds)
     if all(p.info is None for p in probes):
-        said = "; ".join(f"{p.url} ({p.problem})" for p in probes)
-        raise InputError(f"no node answers: {said}")
+        said = [f"{p.url} ({p.problem})" for p in probes]
+        said += [f"{s.spec} (lists no node)" for s in sources if not listed.get(s.spec)]
+        raise InputError(f"no node answers: {'; '.join(said)}")
 
 
 def _listed_now(sources: Sequence[NodeSource]) -> dict[str, list[str]]:
