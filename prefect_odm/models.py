@@ -7,10 +7,11 @@ validates them and shows their schema. Coordinates of the plan are in the plan's
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from prefect_odm.align.report import AlignmentOptions, AlignmentReport
 from prefect_odm.clusters.records import RoutingSummary
@@ -169,6 +170,37 @@ OWN_FIELD_OPTIONS = {
 """ODM options that a :class:`ProcessingOptions` field sets (``extra`` may not set them again)."""
 
 
+def _checked_option_name(name: str) -> str:
+    """An ODM option name: non-empty text without spaces or ``=`` that no field of
+    :class:`ProcessingOptions` sets.
+
+    Raises:
+        ValueError: it is not (the message names it).
+    """
+    if not name or name != name.strip() or " " in name or "=" in name:
+        raise ValueError(f"{name!r} is not an ODM option name")
+    if name in OWN_FIELD_OPTIONS:
+        raise ValueError(f"{name} is set by its own field {OWN_FIELD_OPTIONS[name]}")
+    return name
+
+
+def _finite_option_value(value: OptionValue) -> OptionValue:
+    """A number is finite (the node's own check is :mod:`prefect_odm.nodes.option_check`).
+
+    Raises:
+        ValueError: NaN or an infinity.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{value} is not a finite number")
+    return value
+
+
+OptionName = Annotated[str, AfterValidator(_checked_option_name)]
+"""An ``extra`` option's name, checked per key (pydantic reports every bad one at once)."""
+CheckedOptionValue = Annotated[OptionValue, AfterValidator(_finite_option_value)]
+"""An ``extra`` option's value, checked per key (the error's location names the option)."""
+
+
 class ProcessingOptions(BaseModel):
     """Options sent to every NodeODM node for every submodel.
 
@@ -192,25 +224,13 @@ class ProcessingOptions(BaseModel):
             "georeferencing from GPS and attitude). Ignored by a real NodeODM."
         ),
     )
-    extra: dict[str, OptionValue] = Field(
-        default_factory=dict, description="Other ODM options by name, passed as given."
+    extra: dict[OptionName, CheckedOptionValue] = Field(
+        default_factory=dict,
+        description=(
+            "Other ODM options by name, passed as given (a name without spaces that no field "
+            "sets; a finite number). Every bad option is reported, each at its own location."
+        ),
     )
-
-    @field_validator("extra")
-    @classmethod
-    def _extra_names_and_values(cls, extra: dict[str, OptionValue]) -> dict[str, OptionValue]:
-        """An ODM option name is non-empty text without spaces that no field of its own sets;
-        a number is finite (the node's own check is :mod:`prefect_odm.nodes.option_check`)."""
-        import math
-
-        for name, value in extra.items():
-            if not name or name != name.strip() or " " in name or "=" in name:
-                raise ValueError(f"{name!r} is not an ODM option name")
-            if name in OWN_FIELD_OPTIONS:
-                raise ValueError(f"{name} is set by its own field {OWN_FIELD_OPTIONS[name]}")
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ValueError(f"{name}: {value} is not a finite number")
-        return extra
 
     def to_nodeodm(self) -> dict[str, OptionValue]:
         """Options as the NodeODM name -> value mapping (sorted by name)."""

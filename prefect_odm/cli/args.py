@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from prefect_odm.errors import InputError
@@ -14,7 +15,7 @@ from prefect_odm.settings import DEFAULT_SPLIT, DEFAULT_SPLIT_OVERLAP_M
 if TYPE_CHECKING:
     from pydantic import JsonValue
 
-    from prefect_odm.models import MergeOptions, ProcessingOptions
+    from prefect_odm.models import MergeOptions, OptionValue, ProcessingOptions
 
 DESCRIPTION = (
     "Split, process and merge drone surveys on NodeODM nodes or the built-in engine, as Prefect "
@@ -159,37 +160,33 @@ _FLAG_OPTIONS = {
 again: the two values would disagree)."""
 
 
-def processing_options(args: argparse.Namespace) -> ProcessingOptions:
+OptionTableCheck = Callable[[dict[str, "OptionValue"]], Sequence[object]]
+"""The check of an engine's option table: NodeODM options -> one problem each (its ``str`` is
+the line shown); the built-in engine's is ``embedded_option_errors``."""
+
+
+def processing_options(
+    args: argparse.Namespace, table_check: OptionTableCheck | None = None
+) -> ProcessingOptions:
     """The processing options of ``--orthophoto-resolution``, ``--dtm``, ``--pipeline`` and
     ``--option NAME=VALUE`` (a JSON value, else the text; a JSON object or list stays its text,
-    as ODM's ``cameras`` and ``boundary`` take it; ``--option dsm=false`` sets the DSM field). The values are checked once, by :class:`~prefect_odm.models.ProcessingOptions`
-    (the same check the Python API gets); the nodes' ``/options`` check follows in the flow.
+    as ODM's ``cameras`` and ``boundary`` take it; ``--option dsm=false`` sets the DSM field).
+    The values are checked once, by :class:`~prefect_odm.models.ProcessingOptions` (the same
+    check the Python API gets); the nodes' ``/options`` check follows (``table_check`` here, else
+    in the flow).
+
+    Every bad option is reported at once: one problem, one line; several, a line counting them
+    and one line each (``table_check``, when given, adds what the engine's option table refuses
+    among the options that passed), so a user fixes them all before the next run.
 
     Raises:
-        InputError: an option is malformed or invalid (the message names the flag).
+        InputError: an option is malformed or invalid (the message names each flag).
     """
-    from pydantic import ValidationError
-
     from prefect_odm.models import ProcessingOptions
 
-    extra: dict[str, JsonValue] = {}
-    for item in args.option:
-        if "=" not in item:
-            raise InputError(f"--option {item!r}: expected NAME=VALUE")
-        name, value = item.split("=", 1)
-        name = name.strip()
-        if not name:
-            raise InputError(f"--option {item!r}: the option has no name (expected NAME=VALUE)")
-        if name in _FLAG_OPTIONS:
-            raise InputError(f"--option {name}: set it with {_FLAG_OPTIONS[name]} instead")
-        try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError:
-            parsed = value
-        # an object or a list stays the JSON text ODM takes (cameras, boundary)
-        extra[name] = value if isinstance(parsed, dict | list) else parsed
+    extra, problems = _parsed_option_words(args.option)
     if not math.isfinite(args.orthophoto_resolution):
-        raise InputError("--orthophoto-resolution: must be a finite number of cm/pixel")
+        problems.append("--orthophoto-resolution: must be a finite number of cm/pixel")
     fields: dict[str, JsonValue] = {
         "orthophoto_resolution_cm": args.orthophoto_resolution,
         "dtm": args.dtm,
@@ -197,18 +194,70 @@ def processing_options(args: argparse.Namespace) -> ProcessingOptions:
     }
     if "dsm" in extra:
         fields["dsm"] = extra.pop("dsm")
-    try:
+    refused = _refused_fields({**fields, "extra": extra})
+    problems += refused.values()
+    if not problems:
         return ProcessingOptions.model_validate({**fields, "extra": extra})
+    if table_check is not None and "" not in refused:
+        kept = {k: v for k, v in extra.items() if k not in refused}
+        passed = ProcessingOptions.model_validate({**fields, "extra": kept})
+        problems += [str(p) for p in table_check(passed.to_nodeodm())]
+    if len(problems) == 1:
+        raise InputError(problems[0])
+    lines = "\n".join(f"  - {p}" for p in problems)
+    raise InputError(f"{len(problems)} problems with the options:\n{lines}")
+
+
+def _parsed_option_words(words: Sequence[str]) -> tuple[dict[str, JsonValue], list[str]]:
+    """``--option NAME=VALUE`` words as name -> value, and a line per malformed word."""
+    extra: dict[str, JsonValue] = {}
+    problems: list[str] = []
+    for item in words:
+        if "=" not in item:
+            problems.append(f"--option {item!r}: expected NAME=VALUE")
+            continue
+        name, value = item.split("=", 1)
+        name = name.strip()
+        if not name:
+            problems.append(f"--option {item!r}: the option has no name (expected NAME=VALUE)")
+        elif name in _FLAG_OPTIONS:
+            problems.append(f"--option {name}: set it with {_FLAG_OPTIONS[name]} instead")
+        else:
+            try:
+                parsed = json.loads(value)
+            except json.JSONDecodeError:
+                parsed = value
+            # an object or a list stays the JSON text ODM takes (cameras, boundary)
+            extra[name] = value if isinstance(parsed, dict | list) else parsed
+    return extra, problems
+
+
+def _refused_fields(data: dict[str, JsonValue]) -> dict[str, str]:
+    """What :class:`~prefect_odm.models.ProcessingOptions` refuses in ``data``: the ``extra``
+    option's name (``""`` for a field) -> one line naming the flag or option, every one."""
+    from pydantic import ValidationError
+
+    from prefect_odm.models import ProcessingOptions
+
+    try:
+        ProcessingOptions.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = str(first["loc"][0]) if first["loc"] else "options"
-        message = str(first["msg"]).removeprefix("Value error, ")
-        if where == "extra":
-            raise InputError(f"--option: {message}") from None
-        flag = {"orthophoto_resolution_cm": "--orthophoto-resolution"}.get(
-            where, f"--option {where}"
-        )
-        raise InputError(f"{flag}: {message}") from None
+        refused: dict[str, str] = {}
+        for error in exc.errors():
+            loc = [str(part) for part in error["loc"]]
+            message = str(error["msg"]).removeprefix("Value error, ")
+            if loc[:1] == ["extra"] and len(loc) >= 2:
+                name = loc[1]
+                flag = "--option" if loc[2:3] == ["[key]"] else f"--option {name}"
+                refused.setdefault(name, f"{flag}: {message}")
+            else:
+                where = loc[0] if loc else "options"
+                flag = {"orthophoto_resolution_cm": "--orthophoto-resolution"}.get(
+                    where, f"--option {where}"
+                )
+                refused.setdefault("", f"{flag}: {message}")
+        return refused
+    return {}
 
 
 class OneLineParser(argparse.ArgumentParser):

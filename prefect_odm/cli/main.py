@@ -125,15 +125,16 @@ def _plan(args: argparse.Namespace) -> int:
         EMBEDDED_ENGINE_IDENTITY,
         check_embedded_options,
         embedded_memory_gib,
+        embedded_option_errors,
     )
     from prefect_odm.plan.picture import plan_rows, write_plan_files
     from prefect_odm.plan.planning import plan_split
     from prefect_odm.run_policy import check_survey_size
     from prefect_odm.survey.scan import scan_images
 
-    options = processing_options(args)
     # The plan is made for the built-in engine (its memory model): its options are checked as
     # ``reconstruct`` checks them, so a plan never records an option a run would refuse.
+    options = processing_options(args, embedded_option_errors)
     check_embedded_options(options.to_nodeodm())
     survey = scan_images(args.images)
     check_survey_size(survey, args.images)

@@ -266,9 +266,13 @@ def reconstruct_command(args: argparse.Namespace) -> int:
     nodes_file = getattr(args, "nodes_file", None)
     given = [*(args.nodes or []), *([nodes_file] if nodes_file else [])]
     args.nodes = _tokens_out_of_urls(given)
-    options = processing_options(args)
     routed = routing_options(args) is not None  # the clusters' nodes check the options
-    if not args.nodes and not routed:
+    from prefect_odm.nodes.cluster import embedded_option_errors
+
+    # every bad option at once (the built-in engine's table among them when it runs them)
+    on_engine = not args.nodes and not routed
+    options = processing_options(args, embedded_option_errors if on_engine else None)
+    if on_engine:
         from prefect_odm.nodes.cluster import check_embedded_options
 
         # the flow checks again; here a bad option costs no Prefect start-up
@@ -276,7 +280,8 @@ def reconstruct_command(args: argparse.Namespace) -> int:
     elif args.nodes and not routed:
         from prefect_odm.nodes.cluster import check_nodes_answer
 
-        check_nodes_answer(args.nodes)  # a dead URL refused before Prefect starts
+        # a dead URL, an unreadable node file or an option a node refuses: before Prefect
+        check_nodes_answer(args.nodes, options=options.to_nodeodm())
     check_output_writable(args.output)
     embedded_api = prefect_environment()
 

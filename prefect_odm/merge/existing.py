@@ -183,9 +183,7 @@ def _with_unique_ids(found: Sequence[_Found]) -> list[ExistingOutput]:
     return sorted(out, key=lambda o: o.submodel_id)
 
 
-def find_existing_outputs(
-    locations: Sequence[str], workdir: Path | None
-) -> list[ExistingOutput]:
+def find_existing_outputs(locations: Sequence[str], workdir: Path | None) -> list[ExistingOutput]:
     """OpenDroneMap outputs found at the given folders, zip files or their children.
 
     Args:
@@ -208,8 +206,7 @@ def find_existing_outputs(
         fs, path = filesystem(url)
         if not url.lower().endswith(".zip") and not fs.isdir(path):
             raise InputError(
-                f"{url}: a file, not an OpenDroneMap project folder, a folder of them or an "
-                "all.zip"
+                f"{url}: a file, not an OpenDroneMap project folder, a folder of them or an all.zip"
             )
         if url.lower().endswith(".zip"):
             name = _name_of(url)

@@ -28,7 +28,7 @@ from prefect_odm.models import OptionValue
 from prefect_odm.nodes.backend import NodeBackend, NodeSettings
 from prefect_odm.nodes.client import NodeClient, public_url
 from prefect_odm.nodes.membership import NodeClients, NodeMembership
-from prefect_odm.nodes.option_check import check_options, format_option_errors
+from prefect_odm.nodes.option_check import OptionError, check_options, format_option_errors
 from prefect_odm.nodes.pool import NodePool, PoolNode
 from prefect_odm.nodes.probes import NodeProbe, pool_node, probe_node, probe_nodes
 from prefect_odm.nodes.scaleodm import ScaleODMClient, is_scaleodm_url
@@ -194,7 +194,11 @@ def connect_nodes(
     return cluster
 
 
-def check_nodes_answer(urls: Sequence[str], timeout_seconds: float = PROBE_TIMEOUT_SECONDS) -> None:
+def check_nodes_answer(
+    urls: Sequence[str],
+    timeout_seconds: float = PROBE_TIMEOUT_SECONDS,
+    options: Mapping[str, OptionValue] | None = None,
+) -> None:
     """Refuse, before anything starts, a list of node URLs of which none answers ``/info``.
 
     The command line calls it before Prefect starts, so a mistyped or dead ``--nodes`` URL, or a
@@ -203,9 +207,13 @@ def check_nodes_answer(urls: Sequence[str], timeout_seconds: float = PROBE_TIMEO
     sources (``dns+``, ``file://``) are read once here, and the nodes they list now are asked
     with the others.
 
+    With ``options``, each node that answers is asked for its ``/options`` and the run's
+    options checked against them, as the flow does (:func:`check_node_options`).
+
     Raises:
         InputError: a source cannot be read, or no node answers (one line naming each node
-            and its problem, and each source that lists no node).
+            and its problem, and each source that lists no node); a node refuses an option
+            (one line per bad option).
     """
     sources = [source_for(u) for u in urls if is_source(u)]
     plain = [u for u in urls if not is_source(u)]
@@ -219,6 +227,8 @@ def check_nodes_answer(urls: Sequence[str], timeout_seconds: float = PROBE_TIMEO
         said = [f"{p.url} ({p.problem})" for p in probes]
         said += [f"{s.spec} (lists no node)" for s in sources if not listed.get(s.spec)]
         raise InputError(f"no node answers: {'; '.join(said)}")
+    if options is not None:
+        check_node_options({p.url: p.client for p in probes if p.client and p.info}, options)
 
 
 def _listed_now(sources: Sequence[NodeSource]) -> dict[str, list[str]]:
@@ -398,13 +408,19 @@ def check_embedded_options(options: Mapping[str, Any]) -> None:
     Raises:
         InputError: some option is unknown to the engine or its value does not fit.
     """
+    errors = embedded_option_errors(options)
+    if errors:
+        raise InputError(format_option_errors(errors, "the built-in engine"))
+
+
+def embedded_option_errors(options: Mapping[str, Any]) -> list[OptionError]:
+    """The options the built-in engine's option table refuses (one error each; empty: all fit),
+    without starting it (see :func:`check_embedded_options`)."""
     from prefect_odm.engine.options import option_specs
     from prefect_odm.engine.pipeline_options import OPTIONS
 
     listed = [spec.to_dict() for spec in option_specs(OPTIONS)]
-    errors = check_options(dict(options), listed)
-    if errors:
-        raise InputError(format_option_errors(errors, "the built-in engine"))
+    return check_options(dict(options), listed)
 
 
 def embedded_memory_gib() -> float:
