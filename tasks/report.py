@@ -272,11 +272,19 @@ def _merged_crs_epsg(reports: MergeReports) -> int | None:
 def publish_existing_merge(
     inputs: list[str], request: ExistingMerge, merged: MergedProducts, layout: OutputLayout
 ) -> Manifest:
-    """Write merge.json and, last, manifest.json of a merge of outputs made elsewhere.
+    """Write merge.json, report.md (opening with the product summary, as a ``reconstruct``
+    run's), the STAC catalogue (``stac/collection.json``) and, last, manifest.json of a merge of
+    outputs made elsewhere.
+
+    The catalogue has the merged Item and one Item per input whose products are still there
+    (an ``all.zip``'s members were extracted into a working folder that is gone by now: its
+    input gets no Item).
 
     Returns:
         The manifest (``crs_epsg`` that of the merged products, else the plan's, else 0).
     """
+    from prefect_odm.publish.stac import write_stac
+
     reports = merged.reports
     manifest = Manifest(
         version=__version__,
@@ -300,6 +308,8 @@ def publish_existing_merge(
         storage.write_bytes_atomic(layout.report_file(ALIGNMENT_PNG), png)
     markdown = existing_merge_markdown(manifest, reports)
     storage.write_bytes_atomic(layout.report_md, markdown.encode())
+    kept = [r for r in manifest.submodels if all(map(storage.exists, r.products.values()))]
+    write_stac(layout.survey_dir, manifest.model_copy(update={"submodels": kept}))
     storage.write_json_atomic(layout.manifest, manifest.model_dump(mode="json"))
     return manifest
 
@@ -314,6 +324,7 @@ def existing_merge_markdown(manifest: Manifest, reports: MergeReports) -> str:
         f"Inputs: `{manifest.source}`{plan}, EPSG:{manifest.crs_epsg}, prefect-odm "
         f"{manifest.version}.",
         "",
+        *product_summary_lines(manifest),  # how big, how sharp, how complete, as reconstruct's
         "## Products",
         "",
     ]

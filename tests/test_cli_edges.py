@@ -13,13 +13,16 @@ import pytest
 
 from prefect_odm.cli.reconstruct import _tokens_out_of_urls
 
+PREFECT_ODM = Path(sys.executable).with_name("prefect-odm")
+"""The installed command (the console script of the environment running the tests)."""
+
 
 def _run(args: list[str], tmp_path: Path, **env_vars: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env.update(PREFECT_ODM_HOME=str(tmp_path / "home"), PREFECT_HOME=str(tmp_path / "ph"))
     env.update(env_vars)
     return subprocess.run(
-        [sys.executable, "-m", "prefect_odm.cli", *args],
+        [str(PREFECT_ODM), *args],
         capture_output=True,
         text=True,
         env=env,
@@ -33,6 +36,11 @@ def _one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
     assert len(lines) == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     return lines[-1]
+
+
+def _prefect_started(tmp_path: Path) -> bool:
+    """Whether the command started Prefect's temporary API (it creates its database)."""
+    return any((tmp_path / "ph").rglob("*.db"))
 
 
 @pytest.mark.parametrize(
@@ -101,7 +109,7 @@ def test_merge_with_a_bad_plan_file_is_one_line(content, tmp_path):
     )
     line = _one_error_line(proc)
     assert f"--plan {plan}" in line
-    assert not (tmp_path / "m").exists()
+    assert not (tmp_path / "m").exists() and not _prefect_started(tmp_path)
 
 
 def test_tokens_move_out_of_node_urls_into_the_environment(monkeypatch):
@@ -141,7 +149,7 @@ def test_missing_images_folder_is_one_line(tmp_path):
     proc = _run(["reconstruct", str(tmp_path / "nowhere"), "--output", str(out)], tmp_path)
     line = _one_error_line(proc)
     assert f"{tmp_path / 'nowhere'}: does not exist" in line
-    assert not out.exists()
+    assert not out.exists() and not _prefect_started(tmp_path)
 
 
 def test_unknown_option_name_is_refused_before_the_plan(brighton_images, tmp_path):
@@ -159,6 +167,7 @@ def test_unknown_option_name_is_refused_before_the_plan(brighton_images, tmp_pat
     assert "orthophoto-resolutoin=3: unknown option" in lines[1], proc.stderr
     assert "did you mean orthophoto-resolution" in lines[1] and len(lines) == 2, proc.stderr
     assert not list(out.glob("*/plan/plan.json"))
+    assert not _prefect_started(tmp_path)  # the node's /options asked at the edge
 
 
 def test_unknown_option_name_is_refused_before_the_plan_on_the_built_in_engine(
@@ -223,6 +232,7 @@ def test_merge_of_an_archive_with_escaping_entries_is_refused(tmp_path):
     assert str(archive) in line and "'../../escaped.txt' would leave" in line, line
     assert not (tmp_path.parent / "escaped.txt").exists()
     assert not list(out.glob("*/merged/*"))
+    assert not _prefect_started(tmp_path)  # the archive's listing read at the edge
 
 
 def test_slow_prefect_start_is_one_line(brighton_images, tmp_path):
@@ -236,11 +246,6 @@ def test_slow_prefect_start_is_one_line(brighton_images, tmp_path):
     assert lines[-1].startswith("prefect-odm: error: Prefect's temporary API server did not")
     assert "Traceback" not in proc.stderr and "RuntimeError" not in proc.stderr
     assert not (tmp_path / "out").exists()
-
-
-def _prefect_started(tmp_path: Path) -> bool:
-    """Whether the command started Prefect's temporary API (it creates its database)."""
-    return any((tmp_path / "ph").rglob("*.db"))
 
 
 def test_an_empty_images_folder_is_refused_before_prefect_starts(tmp_path):
@@ -469,6 +474,7 @@ def test_an_output_inside_the_images_folder_is_refused(command, where, brighton_
     line = _one_error_line(proc)
     assert f"the output is inside the images location {images}" in line, line
     assert sorted(p.name for p in images.iterdir()) == [*names, "sub"]  # nothing written
+    assert not _prefect_started(tmp_path)
 
 
 def test_the_python_api_refuses_an_output_inside_the_images_before_the_scan(tmp_path):
@@ -541,3 +547,122 @@ def test_plan_refuses_a_survey_too_small_to_reconstruct(data_dir, tmp_path):
         "overlapping geotagged images"
     )
     assert not (out / "plan.json").exists()
+
+
+# ------------------------------------------- refused at the edge, before Prefect's start-up
+
+
+def test_merge_of_a_file_or_of_nothing_is_refused_before_prefect_starts(tmp_path):
+    """A file that is no archive, a folder with no ODM product, a ``.zip`` that is not one: the
+    flow's one line, before Prefect starts (they came after its 10-27 s start-up)."""
+    text = tmp_path / "odm_orthophoto.tif.txt"
+    text.write_text("not a project")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    fake_zip = tmp_path / "all.zip"
+    fake_zip.write_text("not an archive")
+    cases = [
+        (text, f"{text}: a file, not an OpenDroneMap project folder, a folder of them or an all.zip"),
+        (empty, "no OpenDroneMap product (odm_orthophoto/odm_orthophoto.tif, odm_dem/dsm.tif, "
+                f"odm_dem/dtm.tif, odm_georeferencing/odm_georeferenced_model.laz) found in {empty}"),
+        (fake_zip, f"{fake_zip} is not a zip archive: File is not a zip file"),
+    ]  # fmt: skip
+    for given, expected in cases:
+        out = tmp_path / "m"
+        line = _one_error_line(_run(["merge", str(given), "--output", str(out)], tmp_path))
+        assert line == f"prefect-odm: error: {expected}", line
+        assert not out.exists()
+    assert not _prefect_started(tmp_path)
+
+
+def test_a_bad_nodes_file_is_refused_before_prefect_starts(brighton_images, tmp_path):
+    """A missing ``--nodes-file``, one with a line that is no node URL, one listing only a dead
+    node: one line each (the flow's), exit 2, before Prefect starts."""
+    out = tmp_path / "out"
+    missing = tmp_path / "nodes.txt"
+    args = ["reconstruct", str(brighton_images), "--output", str(out), "--nodes-file"]
+    line = _one_error_line(_run([*args, str(missing)], tmp_path))
+    assert (
+        line
+        == f"prefect-odm: error: {missing}: cannot read the node file (No such file or directory)"
+    )
+    malformed = tmp_path / "bad-nodes.txt"
+    malformed.write_text("node-a:3000\n")
+    line = _one_error_line(_run([*args, str(malformed)], tmp_path))
+    assert line.startswith(f"prefect-odm: error: {malformed}") and "node-a:3000" in line, line
+    dead = tmp_path / "dead-nodes.txt"
+    url = f"http://127.0.0.1:{_closed_port()}"
+    dead.write_text(f"{url}\n")
+    line = _one_error_line(_run([*args, str(dead)], tmp_path))
+    assert (
+        line == f"prefect-odm: error: no node answers: {url} (GET /info failed: connection refused)"
+    )
+    assert not out.exists() and not _prefect_started(tmp_path)
+
+
+def test_a_split_the_planner_refuses_is_refused_before_prefect_starts(
+    brighton_images, data_dir, tmp_path
+):
+    """``--split 3 --split-overlap-m 0`` makes submodels too small for structure from motion,
+    and a survey of two usable images is too small to reconstruct: the flow's line, before
+    Prefect starts (the planner runs at the edge on the local images)."""
+    out = tmp_path / "out"
+    flags = ["--split", "3", "--split-overlap-m", "0"]
+    proc = _run(["reconstruct", str(brighton_images), "--output", str(out), *flags], tmp_path)
+    line = _one_error_line(proc)
+    assert line == (
+        f"prefect-odm: error: {brighton_images}: submodel-000 would reconstruct 3 images by "
+        "structure from motion, fewer than the 5 a block needs: use a larger --split, a wider "
+        "--split-overlap-m, or --pipeline direct"
+    ), line
+    tiny = data_dir / "tiny_exif" / "images"
+    line = _one_error_line(_run(["reconstruct", str(tiny), "--output", str(out)], tmp_path))
+    assert line == (
+        f"prefect-odm: error: {tiny}: 2 usable image(s); a reconstruction needs at least 3 "
+        "overlapping geotagged images"
+    )
+    assert not out.exists() and not _prefect_started(tmp_path)
+
+
+def test_an_unwritable_output_is_refused_before_prefect_starts(brighton_images, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    for command in (["reconstruct", str(brighton_images)], ["merge", str(tmp_path)]):
+        line = _one_error_line(_run([*command, "--output", str(blocker / "out")], tmp_path))
+        assert line.endswith(f"cannot write the output here ({blocker} is not a folder)"), line
+    assert not _prefect_started(tmp_path)
+
+
+def test_every_bad_option_is_reported_at_once_before_prefect_starts(brighton_images, tmp_path):
+    """Six bad options, of every kind (malformed, a flag's, a bad name, a value pydantic refuses,
+    two the built-in engine's table refuses): one line each under a count, in one run."""
+    out = tmp_path / "out"
+    options = ["fast-orthophoto", "dtm=true", "bad name=1", "min-num-features=NaN", "foo=bar",
+               "pc-quality=x"]  # fmt: skip
+    flags = [w for option in options for w in ("--option", option)]
+    for command in ("reconstruct", "plan"):
+        proc = _run([command, str(brighton_images), "--output", str(out), *flags], tmp_path)
+        assert proc.returncode == 2, proc.stderr
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert lines == [
+            "prefect-odm: error: 6 problems with the options:",
+            "  - --option 'fast-orthophoto': expected NAME=VALUE",
+            "  - --option dtm: set it with --dtm instead",
+            "  - --option: 'bad name' is not an ODM option name",
+            "  - --option min-num-features: nan is not a finite number",
+            "  - option foo='bar': unknown option: the node does not list it and would drop it "
+            "silently",
+            "  - option pc-quality='x': not one of ultra, high, medium, low, lowest",
+        ], proc.stderr
+    assert not out.exists() and not _prefect_started(tmp_path)
+
+
+def test_the_python_api_reports_every_bad_extra_option():
+    from pydantic import ValidationError
+
+    from prefect_odm.models import ProcessingOptions
+
+    with pytest.raises(ValidationError) as caught:
+        ProcessingOptions(extra={"bad name": 1, "crop": float("inf"), "dsm": True, "ok": 3})
+    where = {tuple(map(str, e["loc"])) for e in caught.value.errors()}
+    assert where == {("extra", "bad name", "[key]"), ("extra", "crop"), ("extra", "dsm", "[key]")}
