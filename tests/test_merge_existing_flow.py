@@ -147,3 +147,74 @@ def test_merge_to_an_output_under_a_file_is_refused_before_prefect(tmp_path):
         f"prefect-odm: error: {blocker}: cannot write the output here ({blocker} is not a folder)"
     ]
     assert blocker.read_text() == "not a folder"
+
+
+def _odm_project(folder: Path, tile: str) -> Path:
+    """An OpenDroneMap project folder holding one tile of the merge tests' ground (its
+    orthophoto and a DSM over the same cells), in ODM's layout."""
+    from merge.conftest import LEFT, TILES, TOP, ground_texture, write_dem, write_rgba
+
+    ground = ground_texture(300, 400)
+    r0, r1, c0, c1 = TILES[tile]
+    left, top = LEFT + c0 * 0.1, TOP - r0 * 0.1
+    (folder / "odm_orthophoto").mkdir(parents=True)
+    (folder / "odm_dem").mkdir()
+    ortho = folder / "odm_orthophoto" / "odm_orthophoto.tif"
+    write_rgba(ortho, ground[:, r0:r1, c0:c1], left, top, 0.1)
+    z = (100 + ground[0, r0:r1, c0:c1] / 50).astype(np.float32)
+    write_dem(folder / "odm_dem" / "dsm.tif", z, left, top, 0.1)
+    return folder
+
+
+def test_merge_writes_the_report_and_stac_catalogue_a_reconstruct_run_writes(tmp_path):
+    """``prefect-odm merge`` (the installed command, Prefect's temporary server) of a project
+    folder and an all.zip: report.md opens with the product summary and the STAC catalogue is
+    written beside the products, before manifest.json, as a ``reconstruct`` run's are. The
+    all.zip's members were extracted into a working folder that is gone: it gets no Item."""
+    import json
+    import zipfile
+
+    import pystac
+
+    task_a = _odm_project(tmp_path / "in" / "task-a", "a")
+    b_project = _odm_project(tmp_path / "unzipped" / "task-b", "b")
+    (tmp_path / "in" / "task-b").mkdir()
+    archive = tmp_path / "in" / "task-b" / "all.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for path in sorted(b_project.rglob("*.tif")):
+            zf.write(path, str(path.relative_to(b_project)))
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(PREFECT_ODM_HOME=str(tmp_path / "home"), PREFECT_HOME=str(tmp_path / "ph"))
+    out = tmp_path / "out"
+    command = [str(Path(sys.executable).with_name("prefect-odm")), "merge", str(task_a),
+               str(archive), "--output", str(out), "--accept-alignment"]  # fmt: skip
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    [run] = out.iterdir()
+    report = (run / "report" / "report.md").read_text()
+    assert f"report: {run / 'report' / 'report.md'}" in proc.stdout
+    sections = [line for line in report.splitlines() if line.startswith("## ")]
+    assert report.startswith("# Merge of existing outputs")
+    assert sections[:2] == ["## Product summary", "## Products"], sections
+    assert "- **How big**: the orthophoto covers" in report
+    assert (
+        "- **How sharp**: orthophoto written at 10.0 cm per pixel, DSM 10.0 cm per cell." in report
+    )
+    collection = pystac.Collection.from_file(str(run / "stac" / "collection.json"))
+    items = {item.id: item for item in collection.get_items()}
+    assert set(items) == {"merged", "task-a"}
+    merged_assets = {
+        k: Path(a.get_absolute_href() or "") for k, a in items["merged"].assets.items()
+    }
+    assert merged_assets == {
+        "orthophoto": run / "merged" / "odm_orthophoto.tif",
+        "dsm": run / "merged" / "dsm.tif",
+    }
+    assert Path(items["task-a"].assets["dsm"].get_absolute_href() or "") == (
+        task_a / "odm_dem" / "dsm.tif"
+    )
+    assert "report" in collection.assets and "manifest" in collection.assets
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert set(manifest["products"]) == {"orthophoto", "dsm"}
+    written_last = (run / "manifest.json").stat().st_mtime_ns
+    assert all(p.stat().st_mtime_ns <= written_last for p in (run / "stac").rglob("*.json"))
