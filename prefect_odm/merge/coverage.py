@@ -76,7 +76,8 @@ def _comparison_grid(
     merged: Path, planned_footprint: GeoJSONGeometry | None, max_side_px: int
 ) -> tuple[CRS, Grid]:
     """The merged raster's CRS and the decimated grid (anchored on the merged grid's origin,
-    extended to cover the footprint) that every mask is sampled on."""
+    extended to cover the footprint, its longer side at most about ``max_side_px`` cells) that
+    every mask is sampled on."""
     with rasterio.open(merged) as ds:
         if ds.crs is None:
             raise MergeError(f"{merged} has no CRS")
@@ -84,14 +85,17 @@ def _comparison_grid(
         res = abs(ds.transform.a)
         bounds: Bounds = tuple(ds.bounds)
     fine = snap_grid([bounds], res)
-    factor, _ = fine.decimated(max_side_px)
-    cell = res * factor
     boxes = [bounds]
     if planned_footprint is not None:
         from shapely.geometry import shape
 
         x0, y0, x1, y1 = shape(dict(planned_footprint)).bounds
         boxes.append((x0, y0, x1, y1))
+    # decimated over everything it covers: decimating the merged raster alone and extending
+    # the grid to a footprint far from it gave 11,539,955 x 7,953,272 cells (83.5 TiB per
+    # mask) for products lying in another UTM zone than their plan
+    factor, _ = snap_grid(boxes, res).decimated(max_side_px)
+    cell = res * factor
     left = min(b[0] for b in boxes)
     top = max(b[3] for b in boxes)
     col0 = int(np.floor((left - fine.left) / cell))
