@@ -232,3 +232,62 @@ def test_merge_products_within_gps_error_merges_everything(prefect_api, products
         planned_footprint=None,
     )
     assert set(merged.stored) == {"orthophoto", "dsm", "point_cloud"}
+
+
+def _plan(products: dict[str, dict[str, str]], path: Path) -> str:
+    """A prefect-odm plan of the three tiles: each submodel's footprint its tile's area."""
+    from prefect_odm.models import CameraPosition, ProcessingOptions, SplitPlan, Submodel
+
+    footprints = _footprints(products)
+    plan = SplitPlan(
+        survey_fingerprint="s" * 64,
+        crs_epsg=EPSG,
+        split=2,
+        split_overlap_m=5.0,
+        min_submodel_images=1,
+        options=ProcessingOptions(),
+        engine_identity="test",
+        submodels=[
+            Submodel(
+                id=sid,
+                image_names=[],
+                core_image_names=[],
+                overlap_image_count=0,
+                core_area=footprints[sid],
+                footprint=footprints[sid],
+                area_m2=1.0,
+                estimated_memory_gib=1.0,
+                fingerprint=sid * 8,
+            )  # fmt: skip
+            for sid in sorted(products)
+        ],
+        cameras=[
+            CameraPosition(name=f"{sid}{n}.JPG", x_m=x, y_m=y, z_m=190.0, submodel_id=sid)
+            for n, (x, y, sid) in enumerate(CAMERAS)
+        ],
+        fingerprint="p" * 64,
+    )
+    path.write_text(plan.model_dump_json())
+    return str(path)
+
+
+@pytest.mark.integration
+def test_merge_existing_with_its_plan_refuses_before_the_alignment(prefect_api, products, tmp_path):
+    """``prefect-odm merge ... --plan``'s flow: the check runs before the alignment reads the
+    products; the error names the command that merges the others."""
+    from prefect_odm.flows.merge_existing import merge_existing
+
+    plan = _plan(products, tmp_path / "plan.json")
+    _move(Path(products["c"]["orthophoto"]), 0.0, epsg=FREETOWN_EPSG)
+    folders = [str(tmp_path / "odm" / sid) for sid in sorted(products)]
+    before = _digests(tmp_path / "odm")
+    with pytest.raises(MisplacedProductError) as caught:
+        merge_existing(inputs=folders, output=str(tmp_path / "out"), plan=plan)
+    message = str(caught.value)
+    assert message.startswith(f"c: {products['c']['orthophoto']} lies ")
+    assert "(EPSG:32628 product, survey EPSG:32615)" in message
+    assert message.endswith(
+        f"merge the others: prefect-odm merge {folders[0]} {folders[1]} --plan {plan} --output OUT"
+    )
+    assert not list((tmp_path / "out").rglob("merged/*"))
+    assert _digests(tmp_path / "odm") == before
