@@ -17,6 +17,7 @@ distance between the product's centre and the footprint's centre.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -138,13 +139,19 @@ class Misplaced:
     tolerance_m: float
 
 
+@functools.lru_cache(maxsize=64)
+def _transformer(src: pyproj.CRS, dst: pyproj.CRS) -> pyproj.Transformer:
+    """One transformer per pair of CRSs (a merge has a few; each costs milliseconds to make)."""
+    return pyproj.Transformer.from_crs(src, dst, always_xy=True)
+
+
 def _geodesic_m(
     a: tuple[float, float], a_crs: pyproj.CRS, b: tuple[float, float], b_crs: pyproj.CRS
 ) -> float:
     """Geodesic distance between two points given in their CRSs, metres (WGS 84)."""
     lonlat = pyproj.CRS.from_epsg(4326)
-    lon_a, lat_a = pyproj.Transformer.from_crs(a_crs, lonlat, always_xy=True).transform(*a)
-    lon_b, lat_b = pyproj.Transformer.from_crs(b_crs, lonlat, always_xy=True).transform(*b)
+    lon_a, lat_a = _transformer(a_crs, lonlat).transform(*a)
+    lon_b, lat_b = _transformer(b_crs, lonlat).transform(*b)
     _, _, dist = pyproj.Geod(ellps="WGS84").inv(lon_a, lat_a, lon_b, lat_b)
     return float(dist)
 
@@ -158,8 +165,9 @@ def _distance_m(place: ProductPlace, footprint: BaseGeometry, survey: pyproj.CRS
         if own.equals(survey):
             moved = place.bounds
         else:
-            transformer = pyproj.Transformer.from_crs(own, survey, always_xy=True)
-            moved = transformer.transform_bounds(left, bottom, right, top, densify_pts=21)
+            moved = _transformer(own, survey).transform_bounds(
+                left, bottom, right, top, densify_pts=21
+            )
         if all(math.isfinite(v) for v in moved):
             planar = float(footprint.distance(box(*moved)))
     except pyproj.exceptions.ProjError:
