@@ -180,10 +180,9 @@ def _distance_m(place: ProductPlace, footprint: BaseGeometry, survey: pyproj.CRS
     )
 
 
-def _product_order(name: str) -> tuple[int, str]:
-    """The registry's order (orthophoto first), then other names."""
-    names = list(PRODUCTS)
-    return (names.index(name) if name in names else len(names), name)
+def _product_order(name: str) -> int:
+    """The registry's order (orthophoto first)."""
+    return [str(n) for n in PRODUCTS].index(name)
 
 
 def _tolerance_m(footprint: BaseGeometry) -> float:
@@ -197,10 +196,11 @@ def misplaced_products(
     crs_epsg: int,
 ) -> list[Misplaced]:
     """The products lying farther from their submodel's planned footprint than the tolerance
-    (see the module), sorted by submodel id then product name.
+    (see the module), sorted by submodel id, then product (orthophoto first).
 
     Args:
-        products: submodel id -> product name -> file (local path or URL).
+        products: submodel id -> product name -> file (local path or URL); names the registry
+            does not know (:data:`prefect_odm.registry.PRODUCTS`) are not merged, nor checked.
         footprints: submodel id -> planned footprint in ``crs_epsg`` (a shapely geometry or a
             GeoJSON dict); submodels without one are not checked.
         crs_epsg: the survey's CRS.
@@ -218,7 +218,7 @@ def misplaced_products(
         if area.is_empty:
             continue
         tolerance = _tolerance_m(area)
-        for name in sorted(products[sid], key=_product_order):
+        for name in sorted((n for n in products[sid] if n in PRODUCTS), key=_product_order):
             place = read_place(products[sid][name])
             distance = _distance_m(place, area, survey)
             if not distance <= tolerance:
