@@ -13,11 +13,15 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect_odm.tasks.align import align_submodels
-from prefect_odm.tasks.merge import collect_existing_outputs, merge_products
+from prefect_odm.tasks.merge import (
+    check_product_locations,
+    collect_existing_outputs,
+    merge_products,
+)
 from prefect_odm.tasks.report import publish_existing_merge
 
 from prefect_odm.layout import OutputLayout
-from prefect_odm.merge.existing import plan_existing_merge, shots_url
+from prefect_odm.merge.existing import ExistingMerge, plan_existing_merge, shots_url
 from prefect_odm.models import Manifest, MergeOptions
 
 
@@ -47,6 +51,8 @@ def merge_existing(
 
     Raises:
         InputError: a location does not exist or holds no ODM product.
+        MisplacedProductError: with ``plan``, an output's products do not lie where its
+            submodel's images are (one line; nothing read or written).
         MergeError: the merged result is empty or does not cover what the inputs cover.
         AlignmentError: an alignment quality gate failed (naming the output and the figure)
             and ``options.accept_alignment`` is off.
@@ -58,6 +64,12 @@ def merge_existing(
         request = plan_existing_merge(found, plan, options)
         layout = OutputLayout(output, request.identity)
         opts = options or MergeOptions()
+        if request.crs_epsg is not None and request.footprints:
+            # before the alignment and the merge read anything (see reconstruct's merge)
+            check_product_locations(
+                request.products, request.footprints, request.crs_epsg,
+                {sid: _leave_out(sid, request, inputs, plan) for sid in request.products},
+            )  # fmt: skip
         alignment = align_submodels(
             request.products,
             {request.submodel_of(o.submodel_id): shots_url(o.location) for o in found},
@@ -73,5 +85,22 @@ def merge_existing(
             planned_footprint=None,
             options=opts,
             alignment=alignment,
+            check_locations=False,
         )
     return publish_existing_merge(inputs, request, merged, layout)
+
+
+def _leave_out(sid: str, request: ExistingMerge, inputs: list[str], plan: str | None) -> str:
+    """What to run when ``sid``'s products lie elsewhere: the same merge without its output
+    (or with that submodel's own output in its place)."""
+    location = request.locations.get(sid, sid)
+    others = [i for i in inputs if i.rstrip("/") != location.rstrip("/")]
+    if len(others) == len(inputs):  # found inside a folder given as one input
+        return (
+            f"nothing was merged; give that submodel's own output in place of {location}, "
+            "or leave it out of the inputs"
+        )
+    return (
+        f"nothing was merged; give that submodel's own output in its place, or merge the others: "
+        f"prefect-odm merge {' '.join(others)} --plan {plan} --output OUT"
+    )

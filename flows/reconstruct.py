@@ -32,6 +32,7 @@ from prefect_odm.flows.reconstruct_support import (
     first_run_name,
     merge_command,
     planned_footprint,
+    rerun_advice,
 )
 from prefect_odm.tasks.align import align_submodels
 from prefect_odm.tasks.artifacts import (
@@ -44,7 +45,7 @@ from prefect_odm.tasks.deployment import (
     SubmodelChildren,
     show_child_history,
 )
-from prefect_odm.tasks.merge import MergedProducts, merge_products
+from prefect_odm.tasks.merge import MergedProducts, check_product_locations, merge_products
 from prefect_odm.tasks.report import publish_plan, publish_report, stored_merge_reports
 from prefect_odm.tasks.routing import ClusterSession
 from prefect_odm.tasks.survey import plan_submodels, scan_survey
@@ -445,6 +446,14 @@ def _merge(
     )
     asked = plan.options.to_nodeodm()
     products = {r.submodel_id: asked_products(r.products, asked) for r in merged}
+    # before the alignment and the merge read anything: products of somewhere else (a node in
+    # test mode returns canned ones) would make them build a grid spanning both places
+    check_product_locations(
+        products,
+        {sm.id: sm.footprint for sm in plan.submodels if sm.id in products and sm.footprint},
+        plan.crs_epsg,
+        {r.submodel_id: rerun_advice(layout, r) for r in merged},
+    )
     try:
         alignment = align_submodels(
             products,
@@ -466,4 +475,5 @@ def _merge(
         planned_footprint=planned_footprint(plan),
         options=options,
         alignment=alignment,
+        check_locations=False,
     )

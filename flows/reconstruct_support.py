@@ -98,6 +98,18 @@ def merge_command(layout: OutputLayout, merged: list[SubmodelResult]) -> str:
     )
 
 
+def rerun_advice(layout: OutputLayout, result: SubmodelResult) -> str:
+    """What to do when a submodel's stored products lie elsewhere than its images: they and
+    every other submodel's stay stored; set that one aside and rerun, which processes it again
+    and reuses the others."""
+    folder = layout.submodel_dir(result.submodel_id, result.fingerprint)
+    return (
+        f"nothing was merged; check its node (NodeODM's test mode returns canned products), "
+        f"move {folder} aside and run the same command again (it processes "
+        f"{result.submodel_id} again and reuses the other submodels)"
+    )
+
+
 def planned_footprint(plan: SplitPlan) -> GeoJSONGeometry | None:
     """The union of the submodels' footprints (the planned area, in the plan's CRS); None
     without footprints, or when they enclose no area."""

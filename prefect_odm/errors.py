@@ -126,6 +126,59 @@ class MergeError(PrefectODMError):
     """Merging submodel outputs failed or produced an unacceptable result (empty, half empty)."""
 
 
+class MisplacedProductError(MergeError, ValueError):
+    """A submodel's product does not lie where the submodel's images are (a node that returns
+    canned products, e.g. NodeODM's test mode, or another survey's outputs); refused before the
+    merge reads it (:mod:`prefect_odm.merge.locations`).
+
+    Attributes:
+        submodel_id: the submodel.
+        path: the product file (URL or local path).
+        distance_m: from the product's footprint to the submodel's planned footprint, metres.
+        product_crs, survey_crs: the product's CRS and the survey's (``EPSG:...``).
+        others: the other submodels whose products lie elsewhere too, sorted.
+    """
+
+    def __init__(
+        self,
+        submodel_id: str,
+        path: str,
+        distance_m: float,
+        product_crs: str,
+        survey_crs: str,
+        advice: str,
+        others: tuple[str, ...] = (),
+    ) -> None:
+        """One line: submodel, file, distance, both CRSs, the ``others`` (further submodels
+        whose products lie elsewhere too), then ``advice`` (what to run)."""
+        self.submodel_id = submodel_id
+        self.others = others
+        self.path = path
+        self.distance_m = distance_m
+        self.product_crs = product_crs
+        self.survey_crs = survey_crs
+        super().__init__(
+            f"{submodel_id}: {path} lies {format_distance(distance_m)} from its images "
+            f"({product_crs} product, survey {survey_crs}): not this submodel's products"
+            + (_others(others) if others else "")
+            + f"; {advice}"
+        )
+
+
+def _others(ids: tuple[str, ...]) -> str:
+    shown = ", ".join(ids[:3]) + (", ..." if len(ids) > 3 else "")
+    return f" (nor are {len(ids)} other submodels': {shown})"
+
+
+def format_distance(distance_m: float) -> str:
+    """``412 m``, ``8.4 km`` or ``8,412 km``: metres below 1 km, one decimal below 100 km."""
+    if distance_m < 1000:
+        return f"{distance_m:,.0f} m"
+    if distance_m < 100_000:
+        return f"{distance_m / 1000:.1f} km"
+    return f"{distance_m / 1000:,.0f} km"
+
+
 class SubmodelFailedError(NodeError):
     """A submodel failed for good; ``result`` is its :class:`~prefect_odm.models.SubmodelResult`."""
 

@@ -8,12 +8,14 @@ share pixel edges, and an input already on a snapped grid is read without resamp
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
+
+from prefect_odm.errors import MergeError, format_distance
 
 if TYPE_CHECKING:
     from affine import Affine
@@ -277,3 +279,61 @@ def dem_cells_per_orthophoto_cell(
         )
     wanted = asked_res_m if asked_res_m is not None and asked_res_m > 0 else default_res_m
     return max(1, math.floor(wanted / orthophoto_res_m + 0.5))
+
+
+MOSAIC_FACTOR_MIN = 16
+"""The least factor a mosaic's pixel count may exceed its inputs' summed pixel counts by (see
+:func:`check_mosaic_size`)."""
+
+MOSAIC_FLOOR_PX = 1 << 22
+"""Mosaics up to this many pixels (2048 x 2048) are never refused, however small the inputs."""
+
+
+def mosaic_limit_px(input_px: int, n_inputs: int) -> int:
+    """The most pixels a mosaic of ``n_inputs`` inputs holding ``input_px`` pixels together may
+    have: ``max(MOSAIC_FACTOR_MIN, 2 * n_inputs)`` times ``input_px``, at least
+    :data:`MOSAIC_FLOOR_PX`.
+
+    Inputs that overlap or touch give a mosaic smaller than their sum; gaps between them and an
+    L-shaped or diagonal layout make it larger, a diagonal chain of ``n`` equal squares (touching
+    at their corners) ``n`` times larger at most. Far more than that means an input lies
+    somewhere else than the others (another place, another UTM zone, a wrong CRS)."""
+    return max(MOSAIC_FLOOR_PX, max(MOSAIC_FACTOR_MIN, 2 * n_inputs) * input_px)
+
+
+def check_mosaic_size(grid: Grid, boxes: Mapping[str, Bounds], what: str = "mosaic") -> None:
+    """Refuse a grid far larger than its inputs before anything is allocated on it.
+
+    Args:
+        grid: the grid about to be used.
+        boxes: input name -> its ``(left, bottom, right, top)`` in the grid's CRS.
+        what: what the grid is for (first word of the message).
+
+    Raises:
+        MergeError: the grid has more pixels than :func:`mosaic_limit_px` allows; one line with
+            its size, resolution and bounds, and the inputs lying farthest from the others'
+            median centre (what makes it that large).
+    """
+    res = grid.resolution_m
+    input_px = sum(
+        max(1, math.ceil((b[2] - b[0]) / res)) * max(1, math.ceil((b[3] - b[1]) / res))
+        for b in boxes.values()
+    )
+    limit = mosaic_limit_px(input_px, len(boxes))
+    total = grid.width * grid.height
+    if total <= limit:
+        return
+    centres = {k: ((b[0] + b[2]) / 2, (b[1] + b[3]) / 2) for k, b in boxes.items()}
+    mx = float(np.median([c[0] for c in centres.values()]))
+    my = float(np.median([c[1] for c in centres.values()]))
+    far = sorted(((math.hypot(x - mx, y - my), k) for k, (x, y) in centres.items()), reverse=True)[
+        :2
+    ]
+    left, bottom, right, top = grid.bounds
+    raise MergeError(
+        f"{what} grid of {grid.width:,} x {grid.height:,} px at {res:.3g} m "
+        f"(bounds {left:.0f}, {bottom:.0f}, {right:.0f}, {top:.0f}) is {total / input_px:,.0f} "
+        f"times its {len(boxes)} inputs' {input_px:,} px (at most {limit / input_px:,.0f} times): "
+        + ", ".join(f"{k} lies {format_distance(d)} from the inputs' median centre" for d, k in far)
+        + "; refused before anything is allocated"
+    )

@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, NotRequired, Protocol, TypedDict, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict, TypeVar, Unpack
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -194,6 +194,37 @@ def check_coverage(
         ) from None
 
 
+DEFAULT_LOCATION_ADVICE = (
+    "nothing was merged and no output was touched; give the merge that submodel's own products"
+)
+
+
+@task(name="check_product_locations", cache_policy=NO_CACHE)
+def check_product_locations(
+    products: Mapping[str, Mapping[str, str]],
+    footprints: Mapping[str, Mapping[str, Any]],
+    crs_epsg: int,
+    advice: Mapping[str, str] | None = None,
+) -> None:
+    """Refuse products that do not lie where their submodel's images are, from their headers
+    only, before anything reads them (see :mod:`prefect_odm.merge.locations` for the rule).
+
+    Args:
+        products: submodel id -> product name -> URL.
+        footprints: submodel id -> planned footprint (GeoJSON dict in ``crs_epsg``).
+        crs_epsg: the survey's CRS.
+        advice: submodel id -> what to run, ending the error line (absent: a generic line).
+
+    Raises:
+        MisplacedProductError: one line naming the submodel, the file, the distance, both CRSs.
+        MergeError: a product whose header cannot be read.
+    """
+    from prefect_odm.merge.locations import check_product_locations as _check
+
+    told = dict(advice or {})
+    _check(products, footprints, crs_epsg, lambda sid: told.get(sid, DEFAULT_LOCATION_ADVICE))
+
+
 @task(name="find_existing_outputs", cache_policy=NO_CACHE)
 def collect_existing_outputs(inputs: list[str], work: Path) -> list[ExistingOutput]:
     """Every OpenDroneMap output found at ``inputs`` (zip members extracted into ``work``),
@@ -295,6 +326,10 @@ class MergeKeywords(TypedDict):
         options: how the products are merged; None (or absent) for the defaults.
         alignment: what the ``align_submodels`` task solved, applied to every product and
             recorded in the reports; None (or absent): the products as they are.
+        check_locations: refuse products that do not lie near their submodel's cameras
+            (``ownership``'s, each submodel's hull; :mod:`prefect_odm.merge.locations`) before
+            anything is read; absent: True. The flows check against the plan's footprints
+            before the alignment and pass False.
     """
 
     ownership: Ownership | None
@@ -302,6 +337,7 @@ class MergeKeywords(TypedDict):
     planned_footprint: GeoJSONGeometry | None
     options: NotRequired[MergeOptions | None]
     alignment: NotRequired[AlignmentReport | None]
+    check_locations: NotRequired[bool]
 
 
 def merge_products(
@@ -315,19 +351,29 @@ def merge_products(
         products: submodel id -> product name -> URL.
         layout_merged: (product name, point-cloud format) -> URL where the merged product is
             stored (:meth:`prefect_odm.layout.OutputLayout.merged_product`).
-        **kw: ``ownership``, ``crs_epsg``, ``planned_footprint``, ``options``, ``alignment`` (see
-            :class:`MergeKeywords`).
+        **kw: ``ownership``, ``crs_epsg``, ``planned_footprint``, ``options``, ``alignment``,
+            ``check_locations`` (see :class:`MergeKeywords`).
 
     Returns:
         The stored URLs and the reports (``coverage`` when an orthophoto was merged). Every
         product is complete in a local staging folder before any is stored.
 
     Raises:
+        MisplacedProductError: a product lies far from its submodel's cameras (nothing read
+            or written).
         MergeError: no input has any product, or a merge or the coverage check failed.
     """
     ownership, crs_epsg = kw["ownership"], kw["crs_epsg"]
     if not any(name in p for p in products.values() for name in PRODUCTS):
         raise MergeError("nothing to merge: no input has a product")
+    if kw.get("check_locations", True) and ownership is not None and crs_epsg is not None:
+        from prefect_odm.merge.locations import check_product_locations as _check
+        from prefect_odm.merge.locations import footprints_from_ownership
+
+        _check(
+            products, footprints_from_ownership(ownership), crs_epsg,
+            lambda _sid: DEFAULT_LOCATION_ADVICE,
+        )  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="prefect-odm-merge-") as tmp:
         work = Path(tmp)
         if ownership is None:

@@ -77,3 +77,47 @@ def test_the_same_on_the_embedded_api_from_the_command_line(brighton_images, tmp
     manifest = json.loads(manifest_path.read_text())
     assert {s["status"] for s in manifest["submodels"]} == {"completed"}
     assert {"orthophoto", "dsm"} <= set(manifest["products"])
+
+
+def test_canned_products_of_a_survey_elsewhere_are_refused_before_the_merge(
+    prefect_api, brighton_images, tmp_path, odm_home
+):
+    """NodeODM's test mode returns brighton's products wherever the survey is: brighton's images
+    moved 0.5 degrees north (55.6 km) complete on the node, and the merge refuses them in one
+    line before reading them, every submodel's products stored for a rerun."""
+    import pytest
+    from exif_gps_edit import in_capture_order, set_gps
+    from prefect_odm.flows import reconstruct
+
+    from prefect_odm.errors import MisplacedProductError
+
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for meta in in_capture_order(brighton_images):
+        data = (brighton_images / meta.name).read_bytes()
+        (moved / meta.name).write_bytes(
+            set_gps(data, meta.latitude + 0.5, meta.longitude, meta.altitude_m)
+        )
+    peers.require_node()
+    node = peers.start_nodeodm(tmp_path / "node")
+    try:
+        with pytest.raises(MisplacedProductError) as caught:
+            reconstruct(
+                images=str(moved),
+                output=str(tmp_path / "out"),
+                nodes=[node.url],
+                options=ProcessingOptions(),
+                split=9,
+                split_overlap_m=20,
+            )
+    finally:
+        node.stop()
+    message = str(caught.value)
+    assert message.startswith("submodel-000: ")
+    assert "odm_orthophoto.tif lies 55." in message
+    assert "km from its images (EPSG:32615 product, survey EPSG:32615)" in message
+    assert "run the same command again" in message
+    assert "\n" not in message
+    [survey] = (tmp_path / "out").iterdir()
+    assert len(list(survey.glob("submodels/*/result.json"))) >= 2
+    assert not list(survey.glob("merged/*"))

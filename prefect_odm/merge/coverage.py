@@ -74,9 +74,10 @@ def _mask_on(
 
 def _comparison_grid(
     merged: Path, planned_footprint: GeoJSONGeometry | None, max_side_px: int
-) -> tuple[CRS, Grid]:
-    """The merged raster's CRS and the decimated grid (anchored on the merged grid's origin,
-    extended to cover the footprint) that every mask is sampled on."""
+) -> tuple[CRS, Grid, Bounds]:
+    """The merged raster's CRS, its bounds and the decimated grid every mask is sampled on
+    (anchored on the merged grid's origin, extended to cover the footprint unless it lies apart,
+    its longer side at most about ``max_side_px`` cells)."""
     with rasterio.open(merged) as ds:
         if ds.crs is None:
             raise MergeError(f"{merged} has no CRS")
@@ -84,14 +85,17 @@ def _comparison_grid(
         res = abs(ds.transform.a)
         bounds: Bounds = tuple(ds.bounds)
     fine = snap_grid([bounds], res)
-    factor, _ = fine.decimated(max_side_px)
-    cell = res * factor
     boxes = [bounds]
-    if planned_footprint is not None:
+    if planned_footprint is not None and not _apart(bounds, planned_footprint):
         from shapely.geometry import shape
 
         x0, y0, x1, y1 = shape(dict(planned_footprint)).bounds
         boxes.append((x0, y0, x1, y1))
+    # decimated over everything it covers: decimating the merged raster alone and extending
+    # the grid to a footprint far from it gave 11,539,955 x 7,953,272 cells (83.5 TiB per
+    # mask) for products lying in another UTM zone than their plan
+    factor, _ = snap_grid(boxes, res).decimated(max_side_px)
+    cell = res * factor
     left = min(b[0] for b in boxes)
     top = max(b[3] for b in boxes)
     col0 = int(np.floor((left - fine.left) / cell))
@@ -105,13 +109,27 @@ def _comparison_grid(
         width=max(1, int(np.ceil((right - (fine.left + col0 * cell)) / cell))),
         height=max(1, int(np.ceil(((fine.top - row0 * cell) - bottom) / cell))),
     )
-    return crs, grid
+    return crs, grid, bounds
+
+
+def _apart(bounds: Bounds, planned_footprint: GeoJSONGeometry) -> bool:
+    """Whether the footprint lies wholly outside the merged raster's bounds (then nothing of
+    it is covered, and the comparison grid need not reach it)."""
+    from shapely.geometry import box, shape
+
+    return not shape(dict(planned_footprint)).intersects(box(*bounds))
 
 
 def _planned(
-    planned_footprint: GeoJSONGeometry, grid: Grid, merged: NDArray[np.bool_]
+    planned_footprint: GeoJSONGeometry, grid: Grid, merged: NDArray[np.bool_], bounds: Bounds
 ) -> tuple[float | None, float | None]:
-    """``(planned area, covered fraction of it)`` on ``grid``; Nones for an empty footprint."""
+    """``(planned area, covered fraction of it)`` on ``grid``; Nones for an empty footprint.
+    A footprint apart from the merged ``bounds`` is not on ``grid``: its own area, 0 covered."""
+    if _apart(bounds, planned_footprint):
+        from shapely.geometry import shape
+
+        area = float(shape(dict(planned_footprint)).area)
+        return (area, 0.0) if area > 0 else (None, None)
     planned = rasterize(
         [(planned_footprint, 1)],
         out_shape=(grid.height, grid.width),
@@ -171,7 +189,7 @@ def coverage_report(
     """
     started = time.perf_counter()
     merged_path = Path(merged_orthophoto)
-    crs, grid = _comparison_grid(merged_path, planned_footprint, max_side_px)
+    crs, grid, merged_bounds = _comparison_grid(merged_path, planned_footprint, max_side_px)
     cell_area = grid.pixel_area_m2
     merged = _mask_on(merged_path, crs, grid)
     union = np.zeros_like(merged)
@@ -191,7 +209,9 @@ def coverage_report(
     if merged_n == 0:
         raise MergeError(f"{merged_orthophoto}: the merged result is empty")
     planned_area, of_planned = (
-        _planned(planned_footprint, grid, merged) if planned_footprint is not None else (None, None)
+        _planned(planned_footprint, grid, merged, merged_bounds)
+        if planned_footprint is not None
+        else (None, None)
     )
     report = CoverageReport(
         merged_area_m2=merged_n * cell_area,

@@ -25,7 +25,7 @@ import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prefect_odm import storage
 from prefect_odm.errors import InputError
@@ -324,6 +324,9 @@ class ExistingMerge:
         renamed: found output id -> the plan's submodel id (empty without a plan).
         gps: image name -> the plan's camera position ``(x, y, z)`` (plan CRS metres), for the
             alignment's gauge; empty without a plan.
+        footprints: submodel id -> the plan's footprint of it (GeoJSON in the plan CRS), where
+            each output's products must lie (:mod:`.locations`); empty without a plan.
+        locations: submodel id -> the location its output was found at.
     """
 
     products: dict[str, dict[str, str]]
@@ -333,6 +336,8 @@ class ExistingMerge:
     identity: str
     renamed: dict[str, str] = field(default_factory=dict)
     gps: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    footprints: dict[str, dict[str, Any]] = field(default_factory=dict)
+    locations: dict[str, str] = field(default_factory=dict)
 
     def submodel_of(self, output_id: str) -> str:
         """The id a found output is merged under (the plan's, else its own)."""
@@ -382,6 +387,7 @@ def plan_existing_merge(
     plan_fp = ""
     mapping: dict[str, str] = {}
     gps: dict[str, tuple[float, float, float]] = {}
+    footprints: dict[str, dict[str, Any]] = {}
     if plan_url is not None:
         split_plan = SplitPlan.model_validate(storage.read_json(plan_url))
         mapping = match_plan(found, split_plan)
@@ -392,6 +398,9 @@ def plan_existing_merge(
         crs_epsg = split_plan.crs_epsg
         plan_fp = split_plan.fingerprint
         gps = {c.name: (c.x_m, c.y_m, c.z_m) for c in split_plan.cameras if c.z_m is not None}
+        footprints = {
+            sm.id: sm.footprint for sm in split_plan.submodels if sm.id in products and sm.footprint
+        }
     value: dict[str, object] = {
         "kind": "merge-existing",
         "inputs": sorted(o.submodel_id for o in found),
@@ -401,4 +410,8 @@ def plan_existing_merge(
     changed = (options or MergeOptions()).model_dump(exclude_defaults=True)
     if changed:
         value["options"] = changed
-    return ExistingMerge(products, ownership, crs_epsg, plan_fp, fingerprint(value), mapping, gps)
+    locations = {mapping.get(o.submodel_id, o.submodel_id): o.location for o in found}
+    return ExistingMerge(
+        products, ownership, crs_epsg, plan_fp, fingerprint(value), mapping, gps, footprints,
+        locations,
+    )  # fmt: skip

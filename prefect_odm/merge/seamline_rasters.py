@@ -22,7 +22,7 @@ from rasterio.warp import reproject, transform_bounds
 
 from prefect_odm.align.similarity import RasterCorrection
 from prefect_odm.errors import MergeError
-from prefect_odm.grid import Bounds, Grid
+from prefect_odm.grid import Bounds, Grid, check_mosaic_size
 from prefect_odm.merge.balance import GainOffset
 from prefect_odm.merge.colour import colour_corrections
 from prefect_odm.merge.seam_methods import LABEL_SEAM_METHODS, seam_method
@@ -57,13 +57,21 @@ def coarse_grid(
     fixes: Mapping[str, RasterCorrection] | None = None,
 ) -> Grid:
     """The grid of ``cell_m`` cells covering every input (where ``fixes``, by the same keys,
-    put them), corners on multiples of ``cell_m``."""
-    boxes = [_bounds_in(p, crs, (fixes or {}).get(k))[0] for k, p in paths.items()]
+    put them), corners on multiples of ``cell_m``.
+
+    Raises:
+        MergeError: the grid is far larger than the inputs
+            (:func:`prefect_odm.grid.check_mosaic_size`), before any layer is allocated on it.
+    """
+    named = {k: _bounds_in(p, crs, (fixes or {}).get(k))[0] for k, p in paths.items()}
+    boxes = list(named.values())
     left = math.floor(min(b[0] for b in boxes) / cell_m) * cell_m
     bottom = math.floor(min(b[1] for b in boxes) / cell_m) * cell_m
     right = math.ceil(max(b[2] for b in boxes) / cell_m) * cell_m
     top = math.ceil(max(b[3] for b in boxes) / cell_m) * cell_m
-    return Grid(left, top, cell_m, round((right - left) / cell_m), round((top - bottom) / cell_m))
+    grid = Grid(left, top, cell_m, round((right - left) / cell_m), round((top - bottom) / cell_m))
+    check_mosaic_size(grid, named, "seamline")
+    return grid
 
 
 def _read(
@@ -139,10 +147,16 @@ def coarse_layers(
     if not ortho and not dsm:
         raise MergeError("seamlines need orthophotos or DSMs")
     grid = coarse_grid(
-        {**{f"o{k}": v for k, v in ortho.items()}, **{f"d{k}": v for k, v in dsm.items()}},
+        {
+            **{f"{k} orthophoto": v for k, v in ortho.items()},
+            **{f"{k} DSM": v for k, v in dsm.items()},
+        },
         crs,
         cell_m,
-        {**{f"o{k}": v for k, v in fixes.items()}, **{f"d{k}": v for k, v in fixes.items()}},
+        {
+            **{f"{k} orthophoto": v for k, v in fixes.items()},
+            **{f"{k} DSM": v for k, v in fixes.items()},
+        },
     )
     f = FINE_FACTOR
     fine_grid = Grid(grid.left, grid.top, cell_m / f, grid.width * f, grid.height * f)

@@ -30,7 +30,7 @@ from rasterio.windows import Window
 
 from prefect_odm.align.similarity import RasterCorrection
 from prefect_odm.errors import MergeError
-from prefect_odm.grid import Block, Bounds, Grid, intersect, snap_grid
+from prefect_odm.grid import Block, Bounds, Grid, check_mosaic_size, intersect, snap_grid
 from prefect_odm.merge.rasterio_options import ReadKeywords, WarpOptions
 
 log = logging.getLogger(__name__)
@@ -237,7 +237,8 @@ def plan_grid(
 
     Raises:
         MergeError: no inputs, an input without CRS, or an input that cannot be opened; a
-            corrected input not in the output CRS.
+            corrected input not in the output CRS; a grid far larger than the inputs
+            (:func:`prefect_odm.grid.check_mosaic_size`: an input lies somewhere else).
     """
     if not inputs:
         raise MergeError("nothing to merge: no inputs")
@@ -249,6 +250,7 @@ def plan_grid(
         infos[sid] = _corrected_info(sid, inputs[sid], infos[sid], crs, fixes[sid])
     bounds, res = _bounds_and_resolution(infos, crs, resolution_m)
     grid = snap_grid(bounds.values(), res)
+    check_mosaic_size(grid, bounds)
     sources = []
     for sid in ids:
         src = _place(sid, Path(inputs[sid]), infos[sid], crs, grid, bounds[sid], value_bands)
