@@ -305,6 +305,12 @@ def run_once(
         )
         if api_url is not None:
             env["PREFECT_API_URL"] = api_url
+        # whose threads the peak holds (benchmarks/thread_census/sitecustomize.py)
+        census = work / f"threads-{n}"
+        env["BENCH_THREAD_CENSUS"] = str(census)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(REPO / "benchmarks" / "thread_census"), *filter(None, [env.get("PYTHONPATH")])]
+        )
         cmd = [sys.executable, "-m", "prefect_odm.cli", "reconstruct", str(images)]
         cmd += ["--output", str(work / f"out-{n}"), "--split", str(split)]
         cmd += ["--pipeline", "direct"] if nodeodm is None else []
@@ -344,7 +350,19 @@ def run_once(
         f"CPU {cpu_seconds:.1f} s "
         f"({1000 * cpu_seconds / n:.1f} ms per image)"
     )
+    print_thread_census(work / f"threads-{n}" / f"threads-{proc.pid}.json")
     return {"cpu_per_image": cpu_seconds / n, "wall": wall}
+
+
+def print_thread_census(path: Path) -> None:
+    """The flow process's threads at its peak Python thread count, by name (digits and URLs
+    folded; ``thread-census`` is the sampler's own)."""
+    if not path.exists():
+        print("  thread census: none written")
+        return
+    census = json.loads(path.read_text())
+    groups = ", ".join(f"{name} {n}" for name, n in census["groups"].items())
+    print(f"  Python threads at their peak ({census['peak']}): {groups}")
 
 
 def _stored_results(out: Path) -> list[dict[str, Any]]:
