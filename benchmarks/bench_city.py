@@ -274,9 +274,13 @@ def run_once(
     api: str,
     work: Path,
     nodeodm: tuple[int, int] | None = None,
+    no_merge: bool = False,
+    upload_requests: int | None = None,
 ) -> dict[str, float]:
     """One run on ``k`` built-in engines, or (``nodeodm``: test seconds, slots) on ``k``
-    NodeODM test-mode nodes watched by :class:`NodeWatcher`."""
+    NodeODM test-mode nodes watched by :class:`NodeWatcher`; ``no_merge``: the flow is
+    stopped (SIGTERM) once every submodel's result is stored; ``upload_requests``: the run's
+    ``PREFECT_ODM_NODE_UPLOAD_REQUESTS`` (None: its default)."""
     images = work / f"images-{n}"
     t0 = time.perf_counter()
     build_survey(n, images)
@@ -305,6 +309,14 @@ def run_once(
         )
         if api_url is not None:
             env["PREFECT_API_URL"] = api_url
+        if upload_requests is not None:
+            env["PREFECT_ODM_NODE_UPLOAD_REQUESTS"] = str(upload_requests)
+        # whose threads the peak holds (benchmarks/thread_census/sitecustomize.py)
+        census = work / f"threads-{n}"
+        env["BENCH_THREAD_CENSUS"] = str(census)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(REPO / "benchmarks" / "thread_census"), *filter(None, [env.get("PYTHONPATH")])]
+        )
         cmd = [sys.executable, "-m", "prefect_odm.cli", "reconstruct", str(images)]
         cmd += ["--output", str(work / f"out-{n}"), "--split", str(split)]
         cmd += ["--pipeline", "direct"] if nodeodm is None else []
@@ -319,7 +331,14 @@ def run_once(
             watched = psutil.Process(proc.pid)
             peak_rss = peak_threads = 0
             cpu_seconds = 0.0
+            stopped = False
+            next_check = time.monotonic() + 2.0
             while proc.poll() is None:
+                if no_merge and not stopped and time.monotonic() >= next_check:
+                    next_check = time.monotonic() + 2.0
+                    if _all_completed(work / f"out-{n}"):
+                        proc.terminate()
+                        stopped = True
                 try:
                     peak_rss = max(peak_rss, watched.memory_info().rss)
                     peak_threads = max(peak_threads, watched.num_threads())
@@ -330,10 +349,13 @@ def run_once(
                 time.sleep(0.2)
         wall = time.perf_counter() - started
         text = log.read_text(errors="replace")
-        if proc.returncode != 0 and not (nodeodm and _all_completed(work / f"out-{n}")):
+        done = (nodeodm is not None or stopped) and _all_completed(work / f"out-{n}")
+        if proc.returncode != 0 and not done:
             print(text[-3000:])
             raise SystemExit(f"reconstruct failed with exit code {proc.returncode}")
-        if proc.returncode != 0:  # test mode's canned products lie elsewhere: no merge
+        if stopped:
+            print("  every submodel completed; the flow was stopped before the merge (--no-merge)")
+        elif proc.returncode != 0:  # test mode's canned products lie elsewhere: no merge
             print(
                 f"  every submodel completed; the merge failed (exit {proc.returncode}), as it "
                 "must on NodeODM test mode's canned products"
@@ -344,7 +366,19 @@ def run_once(
         f"CPU {cpu_seconds:.1f} s "
         f"({1000 * cpu_seconds / n:.1f} ms per image)"
     )
+    print_thread_census(work / f"threads-{n}" / f"threads-{proc.pid}.json")
     return {"cpu_per_image": cpu_seconds / n, "wall": wall}
+
+
+def print_thread_census(path: Path) -> None:
+    """The flow process's threads at its peak Python thread count, by name (digits and URLs
+    folded; ``thread-census`` is the sampler's own)."""
+    if not path.exists():
+        print("  thread census: none written")
+        return
+    census = json.loads(path.read_text())
+    groups = ", ".join(f"{name} {n}" for name, n in census["groups"].items())
+    print(f"  Python threads at their peak ({census['peak']}): {groups}")
 
 
 def _stored_results(out: Path) -> list[dict[str, Any]]:
@@ -458,6 +492,18 @@ def main() -> None:
     )
     parser.add_argument("--slots", type=int, default=2, help="task slots per NodeODM node")
     parser.add_argument("--work", type=Path, default=None, help="keep everything in this folder")
+    parser.add_argument(
+        "--upload-requests",
+        type=int,
+        default=None,
+        help="PREFECT_ODM_NODE_UPLOAD_REQUESTS of the run (upload requests one node gets at once)",
+    )
+    parser.add_argument(
+        "--no-merge",
+        action="store_true",
+        help="stop the flow once every submodel is stored (test mode's canned products cannot "
+        "be merged: at 10k their merge took 19.9 GiB before the kernel killed it)",
+    )
     parser.add_argument("--from-work", type=Path, default=None, help="print a kept run's figures")
     args = parser.parse_args()
     if args.from_work is not None:
@@ -472,7 +518,12 @@ def main() -> None:
     print(f"work folder: {work}")
     nodeodm = None if args.nodeodm_test_seconds is None else (args.nodeodm_test_seconds, args.slots)
     api = "embedded" if args.embedded else "sqlite" if args.sqlite else "postgresql"
-    results = {n: run_once(n, args.nodes, args.split, api, work, nodeodm) for n in args.images}
+    results = {
+        n: run_once(
+            n, args.nodes, args.split, api, work, nodeodm, args.no_merge, args.upload_requests
+        )
+        for n in args.images
+    }
     base_n = min(results)
     for n, r in sorted(results.items()):
         ratio = r["cpu_per_image"] / results[base_n]["cpu_per_image"]

@@ -20,6 +20,7 @@ else in the package reads ``os.environ`` for its own settings; Prefect's own var
 | ``PREFECT_ODM_SCALEODM_S3_ENDPOINT`` | ``scaleodm_s3_endpoint`` | S3 endpoint ScaleODM's workflows use |
 | ``PREFECT_ODM_SCALEODM_MEMORY_GIB`` | ``scaleodm_memory_gib`` | memory of one ScaleODM task, GiB |
 | ``PREFECT_ODM_SCALEODM_MAX_PARALLEL_TASKS`` | ``scaleodm_max_parallel_tasks`` | ScaleODM tasks at once |
+| ``PREFECT_ODM_NODE_UPLOAD_REQUESTS`` | ``node_upload_requests`` | upload requests one node gets at once |
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ DEFAULT_SPLIT_OVERLAP_M = 50.0
 
 URGENT_WORK_QUEUE = "urgent"
 """Work queue of urgent submodel runs when ``PREFECT_ODM_URGENT_WORK_QUEUE`` is not set."""
+
+DEFAULT_NODE_UPLOAD_REQUESTS = 2
+"""Upload requests one node receives at once from a process when none is set (issue 33: a
+node's request handling, not the loopback network, bounds uploads; figures in
+``benchmarks/RESULTS.md``)."""
 
 FAULTS_ENV = "PREFECT_ODM_ENGINE_FAULTS"
 """The variable the built-in engine's fault injection is read from (tests set it on a child)."""
@@ -94,6 +100,12 @@ class Settings(BaseSettings):
     )
     scaleodm_max_parallel_tasks: int = Field(
         4, ge=1, description="ScaleODM tasks this library runs at once per server."
+    )
+    node_upload_requests: int = Field(
+        DEFAULT_NODE_UPLOAD_REQUESTS,
+        ge=1,
+        description="Upload requests one node receives at once from this process, across "
+        "every submodel uploading to it (prefect_odm.nodes.upload_lanes).",
     )
 
 

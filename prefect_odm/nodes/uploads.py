@@ -9,8 +9,9 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, wait
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -19,6 +20,7 @@ from pyodm.utils import MultipartEncoder
 
 from prefect_odm import storage
 from prefect_odm.errors import NodeError, TransientNodeError
+from prefect_odm.nodes.upload_lanes import lane_for, upload_ticket
 
 
 @dataclass
@@ -45,27 +47,33 @@ class Uploads:
     _sessions: list[requests.Session] = field(default_factory=list)
 
     def run(self, files: Sequence[str], parallel_uploads: int, batch_files: int = 8) -> None:
-        """Upload every file in batches (:func:`upload_batches`), ``parallel_uploads`` batches
-        at once, each stream on one kept-alive connection; the first failure stops the rest and
-        is raised.
+        """Upload every file in batches (:func:`upload_batches`, sized for ``parallel_uploads``
+        requests at once) through the node's lane (:mod:`prefect_odm.nodes.upload_lanes`): at
+        most ``PREFECT_ODM_NODE_UPLOAD_REQUESTS`` requests to the node at once across every
+        upload of the process, this upload's batches served before those of uploads that
+        entered the lane later. The first failure stops the rest and is raised once no batch of
+        this upload is being sent.
 
         Each batch runs in a copy of the caller's context (:mod:`contextvars`), so the progress
         callback sees the caller's Prefect settings and run: without it, a progress artifact
         updated from an upload thread found no API URL and started a temporary Prefect server.
+        The time a batch waits in the lane counts against the upload's deadline.
         """
+        lane = lane_for(self.node_url)
+        ticket = upload_ticket()
+        futures = [
+            lane.submit(ticket, partial(contextvars.copy_context().run, self.batch, b))
+            for b in upload_batches(files, parallel_uploads, batch_files)
+        ]
         try:
-            with ThreadPoolExecutor(max_workers=max(1, parallel_uploads)) as pool:
-                futures = [
-                    pool.submit(contextvars.copy_context().run, self.batch, b)
-                    for b in upload_batches(files, parallel_uploads, batch_files)
-                ]
-                finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
-                errors = [e for f in finished if (e := f.exception()) is not None]
-                if errors:
-                    self.stop.set()
-                    for f in futures:
-                        f.cancel()
-                    raise errors[0]
+            finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
+            errors = [e for f in finished if not f.cancelled() and (e := f.exception())]
+            if errors:
+                self.stop.set()
+                for f in futures:
+                    f.cancel()
+                wait(futures)  # a batch being sent ends at its next attempt (the stop flag)
+                raise errors[0]
         finally:
             for session in self._sessions:
                 session.close()
