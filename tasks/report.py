@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 
 from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -19,6 +17,7 @@ from prefect_odm.merge.alignment_figures import ALIGNMENT_PNG, alignment_lines, 
 from prefect_odm.merge.existing import ExistingMerge
 from prefect_odm.merge.reports import MergeReports, OrthoMergeReport
 from prefect_odm.models import Manifest, NodeHealthRecord, SplitPlan, SubmodelResult, Survey
+from prefect_odm.plan.files import write_plan_files
 from prefect_odm.progress import TableRow
 from prefect_odm.publish.summary import path_from_report, product_summary_lines, report_folder_of
 
@@ -32,7 +31,7 @@ def publish_plan(plan: SplitPlan, survey: Survey, layout: OutputLayout) -> None:
     """Write plan.json, survey.json, plan.geojson and plan.png; publish the plan table."""
     from prefect_odm.plan.picture import plan_markdown, plan_rows
 
-    _write_plan_files(plan, survey, layout, picture=not _plan_stored(plan, layout))
+    write_plan_files(plan, survey, layout)
     create_table_artifact(
         key=_key("plan", survey.fingerprint), table=plan_rows(plan), description="Split plan"
     )
@@ -41,40 +40,6 @@ def publish_plan(plan: SplitPlan, survey: Survey, layout: OutputLayout) -> None:
         markdown=plan_markdown(plan, survey) + "\n\n" + embedded_png(layout.plan_png, "plan"),
         description="Split plan",
     )
-
-
-def _plan_stored(plan: SplitPlan, layout: OutputLayout) -> bool:
-    """True when this very plan (same fingerprint) and its pictures are already stored."""
-    try:
-        stored = storage.read_json(layout.plan_json)
-    except (FileNotFoundError, OSError, ValueError):
-        return False
-    same_names = [c.get("name") for c in stored.get("cameras", [])] == [
-        c.name for c in plan.cameras
-    ]
-    return bool(
-        stored.get("fingerprint") == plan.fingerprint
-        and same_names
-        and storage.exists(layout.plan_png)
-    )
-
-
-def _write_plan_files(
-    plan: SplitPlan, survey: Survey, layout: OutputLayout, *, picture: bool
-) -> None:
-    """survey.json and plan.json always (image locations may have moved, the plan identity
-    does not see names); the GeoJSON and PNG only when the plan changed."""
-    from prefect_odm.plan.picture import plan_geojson, plan_png
-
-    storage.write_json_atomic(layout.survey_json, survey.model_dump(mode="json"))
-    if picture:
-        storage.write_json_atomic(layout.plan_geojson, plan_geojson(plan))
-        with tempfile.TemporaryDirectory() as tmp:
-            png = Path(tmp) / "plan.png"
-            plan_png(plan, png)
-            storage.put_file(png, layout.plan_png)
-    # plan.json last: process_submodel runs read it, and survey.json beside it.
-    storage.write_json_atomic(layout.plan_json, plan.model_dump(mode="json"))
 
 
 def stored_merge_reports(layout: OutputLayout) -> MergeReports | None:

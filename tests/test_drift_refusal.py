@@ -35,18 +35,30 @@ def test_untouched_brighton_is_planned(data_dir: Path) -> None:
     assert plan_gps_refusal(plan, survey) is None
 
 
-def test_drifting_altitude_stops_the_run_at_the_plan(
-    drifted: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    from prefect_odm.cli import main
+def test_drifting_altitude_stops_the_run_at_the_plan(drifted: Path, tmp_path: Path) -> None:
+    """The installed command refuses before Prefect starts (the built-in engine's plan is the
+    flow's, so the edge's plan decides), one line, exit 2, the plan and its picture written."""
+    import os
+    import subprocess
+    import sys
 
     out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(PREFECT_ODM_HOME=str(tmp_path / "home"), PREFECT_HOME=str(tmp_path / "ph"))
+    command = Path(sys.executable).parent / "prefect-odm"
     args = ["reconstruct", str(drifted), "--output", str(out), "--split", "10"]
-    code = main([*args, "--split-overlap-m", "20"])
-    printed = capsys.readouterr()
-    lines = [ln for ln in (printed.out + printed.err).splitlines() if "GPS altitude unusable" in ln]
-    print(lines)
-    assert code == 2
-    assert len(lines) >= 1 and "drifts +1.70 m per image" in lines[0]
+    proc = subprocess.run(
+        [str(command), *args, "--split-overlap-m", "20"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if "GPS altitude unusable" in ln]
+    assert len(lines) == 1 and "drifts +1.70 m per image" in lines[0], proc.stderr
     assert "priors slope 22.0 deg" in lines[0]
+    assert not any((tmp_path / "ph").rglob("*.db"))  # Prefect's temporary API never started
     assert not list(out.rglob("submodels/*/*"))  # nothing processed
+    assert [p.name for p in out.glob("*/plan/plan.png")] == ["plan.png"]
+    assert list(out.glob("*/plan/plan.json"))

@@ -19,7 +19,7 @@ from prefect_odm.cli.args import merge_options, processing_options
 from prefect_odm.cli.clusters import routing_options
 from prefect_odm.cli.console import quiet_prefect_console
 from prefect_odm.cli.process import EmbeddedAPIStart, prefect_environment
-from prefect_odm.errors import InputError
+from prefect_odm.errors import InputError, PlanningError
 from prefect_odm.layout import LAST_RUN_FILE, OutputLayout, join
 from prefect_odm.settings import get_settings
 
@@ -319,18 +319,21 @@ def _check_plan(args: argparse.Namespace, options: ProcessingOptions) -> None:
 
     Raises:
         InputError: the survey is too small to reconstruct.
-        PlanningError: the planner refuses the split.
+        PlanningError: the planner refuses the split, or (built-in engine) the GPS altitudes
+            are unusable (the plan files are written first, as the flow writes them).
     """
     if args.nodes and args.split == "auto":
         return
     from prefect_odm.nodes.cluster import EMBEDDED_ENGINE_IDENTITY, embedded_memory_gib
+    from prefect_odm.plan.checks import plan_gps_refusal
+    from prefect_odm.plan.files import write_plan_files
     from prefect_odm.plan.planning import plan_split
     from prefect_odm.run_policy import check_survey_size
     from prefect_odm.survey.scan import scan_images
 
     survey = scan_images(args.images)
     check_survey_size(survey, args.images)
-    plan_split(
+    plan = plan_split(
         survey,
         split=args.split,
         split_overlap_m=args.split_overlap_m,
@@ -339,6 +342,11 @@ def _check_plan(args: argparse.Namespace, options: ProcessingOptions) -> None:
         node_memory_gib=[] if args.nodes else [embedded_memory_gib()],
         merge_options=merge_options(args),
     )
+    refusal = plan_gps_refusal(plan, survey)
+    if refusal is not None and not args.nodes:
+        # The built-in engine's plan is the flow's: written with its picture, as the flow would.
+        write_plan_files(plan, survey, OutputLayout(args.output, survey.fingerprint))
+        raise PlanningError(f"{survey.source}: {refusal}")
 
 
 def _run_flow(args: argparse.Namespace, options: ProcessingOptions, embedded_api: bool) -> Manifest:
