@@ -17,7 +17,7 @@ from prefect_odm.merge.alignment_figures import ALIGNMENT_PNG, alignment_lines, 
 from prefect_odm.merge.existing import ExistingMerge
 from prefect_odm.merge.reports import MergeReports, OrthoMergeReport
 from prefect_odm.models import Manifest, NodeHealthRecord, SplitPlan, SubmodelResult, Survey
-from prefect_odm.plan.files import write_plan_files
+from prefect_odm.plan.picture import write_plan_files
 from prefect_odm.progress import TableRow
 from prefect_odm.publish.summary import path_from_report, product_summary_lines, report_folder_of
 
@@ -31,7 +31,7 @@ def publish_plan(plan: SplitPlan, survey: Survey, layout: OutputLayout) -> None:
     """Write plan.json, survey.json, plan.geojson and plan.png; publish the plan table."""
     from prefect_odm.plan.picture import plan_markdown, plan_rows
 
-    write_plan_files(plan, survey, layout)
+    write_plan_files(layout.plan_dir, plan, survey, pictures=not _plan_stored(plan, layout))
     create_table_artifact(
         key=_key("plan", survey.fingerprint), table=plan_rows(plan), description="Split plan"
     )
@@ -39,6 +39,22 @@ def publish_plan(plan: SplitPlan, survey: Survey, layout: OutputLayout) -> None:
         key=_key("plan-report", survey.fingerprint),
         markdown=plan_markdown(plan, survey) + "\n\n" + embedded_png(layout.plan_png, "plan"),
         description="Split plan",
+    )
+
+
+def _plan_stored(plan: SplitPlan, layout: OutputLayout) -> bool:
+    """True when this very plan (same fingerprint) and its pictures are already stored."""
+    try:
+        stored = storage.read_json(layout.plan_json)
+    except (FileNotFoundError, OSError, ValueError):
+        return False
+    same_names = [c.get("name") for c in stored.get("cameras", [])] == [
+        c.name for c in plan.cameras
+    ]
+    return bool(
+        stored.get("fingerprint") == plan.fingerprint
+        and same_names
+        and storage.exists(layout.plan_png)
     )
 
 

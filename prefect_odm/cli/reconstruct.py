@@ -326,7 +326,7 @@ def _check_plan(args: argparse.Namespace, options: ProcessingOptions) -> None:
         return
     from prefect_odm.nodes.cluster import EMBEDDED_ENGINE_IDENTITY, embedded_memory_gib
     from prefect_odm.plan.checks import plan_gps_refusal
-    from prefect_odm.plan.files import write_plan_files
+    from prefect_odm.plan.picture import write_plan_files
     from prefect_odm.plan.planning import plan_split
     from prefect_odm.run_policy import check_survey_size
     from prefect_odm.survey.scan import scan_images
@@ -345,7 +345,7 @@ def _check_plan(args: argparse.Namespace, options: ProcessingOptions) -> None:
     refusal = plan_gps_refusal(plan, survey)
     if refusal is not None and not args.nodes:
         # The built-in engine's plan is the flow's: written with its picture, as the flow would.
-        write_plan_files(plan, survey, OutputLayout(args.output, survey.fingerprint))
+        write_plan_files(OutputLayout(args.output, survey.fingerprint).plan_dir, plan, survey)
         raise PlanningError(f"{survey.source}: {refusal}")
 
 
