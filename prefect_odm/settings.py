@@ -38,6 +38,10 @@ DEFAULT_SPLIT_OVERLAP_M = 50.0
 """Overlap between neighbouring submodels in metres when none is given (ODM's
 ``split-overlap`` default is 150 m; 50 m keeps two image rows at common flight heights)."""
 
+MAX_ASKED_SPLIT_OVERLAP_M = 1000.0
+"""The widest split overlap a run may ask, metres: beyond a kilometre every submodel holds most
+of a survey of city blocks, and the planner's geometry overflows (a 1e100 m buffer)."""
+
 URGENT_WORK_QUEUE = "urgent"
 """Work queue of urgent submodel runs when ``PREFECT_ODM_URGENT_WORK_QUEUE`` is not set."""
 

@@ -83,7 +83,7 @@ def test_a_node_that_is_not_a_url_is_refused_by_the_parser(node, shown, brighton
 def test_infinite_overlap_is_refused(brighton_images, tmp_path):
     proc = _run(["plan", str(brighton_images), "--split-overlap-m", "inf"], tmp_path)
     assert proc.returncode == 2, proc.stderr
-    assert "--split-overlap-m must be a finite" in proc.stderr
+    assert "--split-overlap-m must be 0 to 1000 metres, not inf" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
@@ -132,7 +132,10 @@ def test_tokens_move_out_of_node_urls_into_the_environment(monkeypatch):
         (["--orthophoto-resolution", "inf"], "--orthophoto-resolution must be a finite number"),
         (["--orthophoto-resolution", "fine"], "must be a number of cm/pixel, not 'fine'"),
         (["--split", "0"], "--split must be at least 1"),
-        (["--split-overlap-m", "nan"], "--split-overlap-m must be a finite"),
+        (["--split-overlap-m", "nan"], "--split-overlap-m must be 0 to 1000 metres, not nan"),
+        (["--split-overlap-m", "1e308"], "--split-overlap-m must be 0 to 1000 metres, not 1e308"),
+        (["--split-overlap-m", "1001"], "must be 0 to 1000 metres"),
+        (["--outp", "x"], "unrecognized arguments: --outp x"),  # no abbreviation of --output
         (["--pipeline", "magic"], "invalid choice: 'magic'"),
     ],
 )

@@ -360,3 +360,9 @@ def test_submodels_too_small_for_structure_from_motion_are_refused_at_the_plan(
         return
     with pytest.raises(PlanningError, match=r"submodel-\d{3} would reconstruct \d images"):
         plan_split(survey, split=3, split_overlap_m=0, options=options)
+
+
+def test_an_overlap_wider_than_a_kilometre_is_refused_by_the_planner(grid: Survey) -> None:
+    """The Python API refuses what the command line refuses (the geometry overflowed at 1e100 m)."""
+    with pytest.raises(PlanningError, match="split_overlap_m must be 0 to 1000 m"):
+        plan_split(grid, split=25, split_overlap_m=1e100)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from prefect_odm.errors import InputError
 from prefect_odm.layout import PLAN_FILES
-from prefect_odm.settings import DEFAULT_SPLIT, DEFAULT_SPLIT_OVERLAP_M
+from prefect_odm.settings import DEFAULT_SPLIT, DEFAULT_SPLIT_OVERLAP_M, MAX_ASKED_SPLIT_OVERLAP_M
 
 if TYPE_CHECKING:
     from pydantic import JsonValue
@@ -44,8 +44,10 @@ def _overlap_value(text: str) -> float:
         raise argparse.ArgumentTypeError(
             f"--split-overlap-m must be a number of metres, not {text!r}"
         ) from None
-    if not (value >= 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError("--split-overlap-m must be a finite 0 or more metres")
+    if not (0 <= value <= MAX_ASKED_SPLIT_OVERLAP_M):
+        raise argparse.ArgumentTypeError(
+            f"--split-overlap-m must be 0 to {MAX_ASKED_SPLIT_OVERLAP_M:g} metres, not {text}"
+        )
     return value
 
 
@@ -263,6 +265,12 @@ def _refused_fields(data: dict[str, JsonValue]) -> dict[str, str]:
 class OneLineParser(argparse.ArgumentParser):
     """An argument parser whose errors are one line (``prefect-odm: error: ...``, exit 2), as
     every other bad input of the command line; ``--help`` still shows the usage."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """argparse's parser without abbreviations (``--outp`` was taken for ``--output``, and a
+        later flag sharing a prefix would change what an old command line means)."""
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         """Exit with status 2 and one line naming the subcommand and the problem (argparse's
