@@ -147,6 +147,14 @@ def test_plan_refuses_bad_values_in_one_line(flags, expected, brighton_images, t
     assert not out.exists()
 
 
+@pytest.mark.parametrize("command", ["plan", "reconstruct"])
+def test_an_empty_images_argument_is_refused(command, tmp_path):
+    """``""`` was read as the current folder (and refused as holding the output)."""
+    proc = _run([command, "", "--output", str(tmp_path / "out")], tmp_path)
+    assert "argument images: an empty path" in _one_error_line(proc)
+    assert not (tmp_path / "out").exists()
+
+
 def test_missing_images_folder_is_one_line(tmp_path):
     out = tmp_path / "out"
     proc = _run(["reconstruct", str(tmp_path / "nowhere"), "--output", str(out)], tmp_path)

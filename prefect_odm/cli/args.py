@@ -37,6 +37,13 @@ def _split_value(text: str) -> int | str:
     return value
 
 
+def _location(text: str) -> str:
+    """A path or URL that is not empty (``""`` was read as the current folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path")
+    return text
+
+
 def _overlap_value(text: str) -> float:
     try:
         value = float(text)
@@ -362,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     rec = sub.add_parser("reconstruct", help="split, process and merge a survey")
-    rec.add_argument("images", help="folder or fsspec URL of geotagged images")
+    rec.add_argument("images", type=_location, help="folder or fsspec URL of geotagged images")
     rec.add_argument("--output", "-o", required=True, help="output folder or fsspec URL")
     _add_node_args(rec)
     _add_split_args(rec)
@@ -377,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_routing_args(rec)  # --clusters and the options of a run routed among clusters
 
     plan = sub.add_parser("plan", help="scan and plan a survey without processing it")
-    plan.add_argument("images", help="folder or fsspec URL of geotagged images")
+    plan.add_argument("images", type=_location, help="folder or fsspec URL of geotagged images")
     plan.add_argument(
         "--output",
         "-o",
