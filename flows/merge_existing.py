@@ -14,9 +14,9 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 from prefect_odm.tasks.align import align_submodels
 from prefect_odm.tasks.merge import (
-    check_product_locations,
     collect_existing_outputs,
     merge_products,
+    refuse_misplaced_products,
 )
 from prefect_odm.tasks.report import publish_existing_merge
 
@@ -66,7 +66,7 @@ def merge_existing(
         opts = options or MergeOptions()
         if request.crs_epsg is not None and request.footprints:
             # before the alignment and the merge read anything (see reconstruct's merge)
-            check_product_locations(
+            refuse_misplaced_products(
                 request.products, request.footprints, request.crs_epsg,
                 {sid: _leave_out(sid, request, inputs, plan) for sid in request.products},
             )  # fmt: skip

@@ -45,7 +45,7 @@ from prefect_odm.tasks.deployment import (
     SubmodelChildren,
     show_child_history,
 )
-from prefect_odm.tasks.merge import MergedProducts, check_product_locations, merge_products
+from prefect_odm.tasks.merge import MergedProducts, merge_products, refuse_misplaced_products
 from prefect_odm.tasks.report import publish_plan, publish_report, stored_merge_reports
 from prefect_odm.tasks.routing import ClusterSession
 from prefect_odm.tasks.survey import plan_submodels, scan_survey
@@ -448,7 +448,7 @@ def _merge(
     products = {r.submodel_id: asked_products(r.products, asked) for r in merged}
     # before the alignment and the merge read anything: products of somewhere else (a node in
     # test mode returns canned ones) would make them build a grid spanning both places
-    check_product_locations(
+    refuse_misplaced_products(
         products,
         {sm.id: sm.footprint for sm in plan.submodels if sm.id in products and sm.footprint},
         plan.crs_epsg,

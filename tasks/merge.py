@@ -199,8 +199,8 @@ DEFAULT_LOCATION_ADVICE = (
 )
 
 
-@task(name="check_product_locations", cache_policy=NO_CACHE)
-def check_product_locations(
+@task(name="refuse_misplaced_products", cache_policy=NO_CACHE)
+def refuse_misplaced_products(
     products: Mapping[str, Mapping[str, str]],
     footprints: Mapping[str, Mapping[str, Any]],
     crs_epsg: int,

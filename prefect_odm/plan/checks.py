@@ -22,6 +22,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from prefect_odm.errors import PlanningError
+from prefect_odm.settings import MAX_ASKED_SPLIT_OVERLAP_M
+
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
@@ -265,3 +268,16 @@ def small_block_refusal(submodels: Sequence[HasImages], pipeline: str) -> str | 
         f"motion, fewer than the {MIN_SFM_SUBMODEL_IMAGES} a block needs: use a larger --split, "
         "a wider --split-overlap-m, or --pipeline direct"
     )
+
+
+def check_split_overlap(split_overlap_m: float) -> None:
+    """Refuse a split overlap outside 0 to
+    :data:`~prefect_odm.settings.MAX_ASKED_SPLIT_OVERLAP_M` metres (non-finite included).
+
+    Raises:
+        PlanningError: the overlap is out of that range.
+    """
+    if not 0 <= split_overlap_m <= MAX_ASKED_SPLIT_OVERLAP_M:
+        raise PlanningError(
+            f"split_overlap_m must be 0 to {MAX_ASKED_SPLIT_OVERLAP_M:g} m, not {split_overlap_m!r}"
+        )

@@ -61,7 +61,7 @@ from prefect_odm.models import (
     Survey,
 )
 from prefect_odm.plan.altitudes import altitude_correction
-from prefect_odm.plan.checks import gps_warnings, small_block_refusal
+from prefect_odm.plan.checks import check_split_overlap, gps_warnings, small_block_refusal
 from prefect_odm.plan.core_areas import FrameCache, core_areas, multipoint, overlap_members
 from prefect_odm.plan.memory import MemoryModel, max_images_within
 from prefect_odm.plan.neighbours import (
@@ -84,7 +84,7 @@ from prefect_odm.plan.plan_records import (
     with_altitudes,
 )
 from prefect_odm.plan.position_plan import PositionPlan, merge_duplicate_parts
-from prefect_odm.settings import DEFAULT_SPLIT, DEFAULT_SPLIT_OVERLAP_M, MAX_ASKED_SPLIT_OVERLAP_M
+from prefect_odm.settings import DEFAULT_SPLIT, DEFAULT_SPLIT_OVERLAP_M
 
 logger = logging.getLogger(__name__)
 
@@ -142,9 +142,7 @@ def plan_from_positions(
         The :class:`PositionPlan`; identical for any permutation of the input (given tie ranks).
 
     Raises:
-        PlanningError: for no positions, non-finite positions, a bad ``split`` or a
-            ``split_overlap_m`` outside 0 to
-            :data:`~prefect_odm.settings.MAX_ASKED_SPLIT_OVERLAP_M`.
+        PlanningError: no positions, non-finite positions, a bad ``split`` or overlap.
     """
     x = np.asarray(x_m, dtype=np.float64)
     y = np.asarray(y_m, dtype=np.float64)
@@ -153,10 +151,7 @@ def plan_from_positions(
         raise PlanningError("nothing to plan: no camera positions")
     if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
         raise PlanningError("camera positions must be finite numbers")
-    if not 0 <= split_overlap_m <= MAX_ASKED_SPLIT_OVERLAP_M:
-        raise PlanningError(
-            f"split_overlap_m must be 0 to {MAX_ASKED_SPLIT_OVERLAP_M:g} m, not {split_overlap_m!r}"
-        )
+    check_split_overlap(split_overlap_m)
     rank = None if tie_rank is None else np.asarray(tie_rank, dtype=np.int64)
     order = canonical_order(x, y, rank)
     # Work in local coordinates around a rounded origin: exact offsets, better precision.
