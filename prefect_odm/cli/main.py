@@ -121,31 +121,15 @@ def _plan(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from prefect_odm.cli.console import table_console
-    from prefect_odm.nodes.cluster import (
-        EMBEDDED_ENGINE_IDENTITY,
-        check_embedded_options,
-        embedded_memory_gib,
-        embedded_option_errors,
-    )
+    from prefect_odm.cli.reconstruct import plan_local_images
+    from prefect_odm.nodes.cluster import check_embedded_options, embedded_option_errors
     from prefect_odm.plan.picture import plan_rows, write_plan_files
-    from prefect_odm.plan.planning import plan_split
-    from prefect_odm.run_policy import check_survey_size
-    from prefect_odm.survey.scan import scan_images
 
     # The plan is made for the built-in engine (its memory model): its options are checked as
     # ``reconstruct`` checks them, so a plan never records an option a run would refuse.
     options = processing_options(args, embedded_option_errors)
     check_embedded_options(options.to_nodeodm())
-    survey = scan_images(args.images)
-    check_survey_size(survey, args.images)
-    plan = plan_split(
-        survey,
-        split=args.split,
-        split_overlap_m=args.split_overlap_m,
-        options=options,
-        engine_identity=EMBEDDED_ENGINE_IDENTITY,
-        node_memory_gib=[embedded_memory_gib()],
-    )
+    survey, plan = plan_local_images(args, options)
     out = Path(args.output)
     try:
         out.mkdir(parents=True, exist_ok=True)

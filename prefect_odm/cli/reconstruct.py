@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from pydantic import JsonValue
 
     from prefect_odm.clusters.records import RoutingOptions
-    from prefect_odm.models import Manifest, MergeOptions, ProcessingOptions
+    from prefect_odm.models import Manifest, MergeOptions, ProcessingOptions, SplitPlan, Survey
 
 
 REJECTED_SHOWN = 5
@@ -324,9 +324,35 @@ def _check_plan(args: argparse.Namespace, options: ProcessingOptions) -> None:
     """
     if args.nodes and args.split == "auto":
         return
-    from prefect_odm.nodes.cluster import EMBEDDED_ENGINE_IDENTITY, embedded_memory_gib
     from prefect_odm.plan.checks import plan_gps_refusal
     from prefect_odm.plan.picture import write_plan_files
+
+    survey, plan = plan_local_images(
+        args, options, on_nodes=bool(args.nodes), merge=merge_options(args)
+    )
+    refusal = plan_gps_refusal(plan, survey)
+    if refusal is not None and not args.nodes:
+        # The built-in engine's plan is the flow's: written with its picture, as the flow would.
+        write_plan_files(OutputLayout(args.output, survey.fingerprint).plan_dir, plan, survey)
+        raise PlanningError(f"{survey.source}: {refusal}")
+
+
+def plan_local_images(
+    args: argparse.Namespace,
+    options: ProcessingOptions,
+    *,
+    on_nodes: bool = False,
+    merge: MergeOptions | None = None,
+) -> tuple[Survey, SplitPlan]:
+    """Scan ``args.images`` and plan it with ``args.split`` and ``args.split_overlap_m`` as the
+    flow does: for the built-in engine (its identity and memory), or ``on_nodes`` for nodes
+    not known yet (no memory). ``prefect-odm plan`` and ``reconstruct``'s edge both call it.
+
+    Raises:
+        InputError: the images cannot be read or are too few to reconstruct.
+        PlanningError: the planner refuses the split.
+    """
+    from prefect_odm.nodes.cluster import EMBEDDED_ENGINE_IDENTITY, embedded_memory_gib
     from prefect_odm.plan.planning import plan_split
     from prefect_odm.run_policy import check_survey_size
     from prefect_odm.survey.scan import scan_images
@@ -338,15 +364,11 @@ def _check_plan(args: argparse.Namespace, options: ProcessingOptions) -> None:
         split=args.split,
         split_overlap_m=args.split_overlap_m,
         options=options,
-        engine_identity="unknown" if args.nodes else EMBEDDED_ENGINE_IDENTITY,
-        node_memory_gib=[] if args.nodes else [embedded_memory_gib()],
-        merge_options=merge_options(args),
+        engine_identity="unknown" if on_nodes else EMBEDDED_ENGINE_IDENTITY,
+        node_memory_gib=[] if on_nodes else [embedded_memory_gib()],
+        merge_options=merge,
     )
-    refusal = plan_gps_refusal(plan, survey)
-    if refusal is not None and not args.nodes:
-        # The built-in engine's plan is the flow's: written with its picture, as the flow would.
-        write_plan_files(OutputLayout(args.output, survey.fingerprint).plan_dir, plan, survey)
-        raise PlanningError(f"{survey.source}: {refusal}")
+    return survey, plan
 
 
 def _run_flow(args: argparse.Namespace, options: ProcessingOptions, embedded_api: bool) -> Manifest:
