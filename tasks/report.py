@@ -14,7 +14,7 @@ from prefect_odm.tasks.merge import MergedProducts
 from prefect_odm import __version__, storage
 from prefect_odm.layout import OutputLayout
 from prefect_odm.merge.alignment_figures import ALIGNMENT_PNG, alignment_lines, alignment_png
-from prefect_odm.merge.existing import ExistingMerge
+from prefect_odm.merge.existing import ExistingMerge, archived_product_urls
 from prefect_odm.merge.reports import MergeReports, OrthoMergeReport
 from prefect_odm.models import Manifest, NodeHealthRecord, SplitPlan, SubmodelResult, Survey
 from prefect_odm.plan.picture import write_plan_files
@@ -257,9 +257,10 @@ def publish_existing_merge(
     run's), the STAC catalogue (``stac/collection.json``) and, last, manifest.json of a merge of
     outputs made elsewhere.
 
-    The catalogue has the merged Item and one Item per input whose products are still there
-    (an ``all.zip``'s members were extracted into a working folder that is gone by now: its
-    input gets no Item).
+    The manifest lists an ``all.zip`` input's products as its archive members
+    (``zip://MEMBER::ARCHIVE``, :func:`~prefect_odm.merge.existing.archived_product_urls`): the
+    merge read them from a working folder that is gone by now. The catalogue has the merged Item
+    and one Item per input that is not an archive (a STAC asset is a file a client opens).
 
     Returns:
         The manifest (``crs_epsg`` that of the merged products, else the plan's, else 0).
@@ -277,7 +278,12 @@ def publish_existing_merge(
         crs_epsg=_merged_crs_epsg(reports) or request.crs_epsg or 0,
         products=merged.stored,
         submodels=[
-            SubmodelResult(submodel_id=sid, fingerprint="", status="reused", products=prods)
+            SubmodelResult(
+                submodel_id=sid,
+                fingerprint="",
+                status="reused",
+                products=archived_product_urls(request.locations.get(sid, ""), prods),
+            )
             for sid, prods in sorted(request.products.items())
         ],
         coverage=reports.coverage_figures(),
@@ -289,10 +295,14 @@ def publish_existing_merge(
         storage.write_bytes_atomic(layout.report_file(ALIGNMENT_PNG), png)
     markdown = existing_merge_markdown(manifest, reports)
     storage.write_bytes_atomic(layout.report_md, markdown.encode())
-    kept = [r for r in manifest.submodels if all(map(storage.exists, r.products.values()))]
+    kept = [r for r in manifest.submodels if not any(map(_in_archive, r.products.values()))]
     write_stac(layout.survey_dir, manifest.model_copy(update={"submodels": kept}))
     storage.write_json_atomic(layout.manifest, manifest.model_dump(mode="json"))
     return manifest
+
+
+def _in_archive(url: str) -> bool:
+    return url.startswith("zip://")
 
 
 def existing_merge_markdown(manifest: Manifest, reports: MergeReports) -> str:

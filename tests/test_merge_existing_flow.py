@@ -170,10 +170,12 @@ def test_merge_writes_the_report_and_stac_catalogue_a_reconstruct_run_writes(tmp
     """``prefect-odm merge`` (the installed command, Prefect's temporary server) of a project
     folder and an all.zip: report.md opens with the product summary and the STAC catalogue is
     written beside the products, before manifest.json, as a ``reconstruct`` run's are. The
-    all.zip's members were extracted into a working folder that is gone: it gets no Item."""
+    all.zip's members were extracted into a working folder that is gone: the manifest lists them
+    as the archive's members and the catalogue gives them no Item."""
     import json
     import zipfile
 
+    import fsspec
     import pystac
 
     task_a = _odm_project(tmp_path / "in" / "task-a", "a")
@@ -216,5 +218,14 @@ def test_merge_writes_the_report_and_stac_catalogue_a_reconstruct_run_writes(tmp
     assert "report" in collection.assets and "manifest" in collection.assets
     manifest = json.loads((run / "manifest.json").read_text())
     assert set(manifest["products"]) == {"orthophoto", "dsm"}
+    listed = {r["submodel_id"]: r["products"] for r in manifest["submodels"]}
+    # the all.zip's products as its members (the working folder they were read from is gone)
+    assert listed["task-b"] == {
+        "orthophoto": f"zip://odm_orthophoto/odm_orthophoto.tif::{archive}",
+        "dsm": f"zip://odm_dem/dsm.tif::{archive}",
+    }
+    with fsspec.open(listed["task-b"]["dsm"], "rb") as member:
+        assert member.read() == (b_project / "odm_dem" / "dsm.tif").read_bytes()
+    assert listed["task-a"]["dsm"] == str(task_a / "odm_dem" / "dsm.tif")
     written_last = (run / "manifest.json").stat().st_mtime_ns
     assert all(p.stat().st_mtime_ns <= written_last for p in (run / "stac").rglob("*.json"))

@@ -125,6 +125,34 @@ def extract_products(zip_url: str, dest: Path | None) -> dict[str, str]:
     return found
 
 
+def archived_product_urls(location: str, products: dict[str, str]) -> dict[str, str]:
+    """An output's products as a manifest lists them once the merge has ended.
+
+    A product extracted from an ``all.zip`` into the merge's working folder (deleted when the
+    merge ends) is given as the fsspec URL of its archive member, ``zip://MEMBER::ARCHIVE``
+    (the archive being ``location`` itself or ``location/all.zip``); the others as they are.
+
+    Args:
+        location: where the output was found (:attr:`ExistingOutput.location`).
+        products: product name -> the path or URL the merge read.
+
+    Returns:
+        Product name -> a URL that still opens the product.
+
+    Raises:
+        InputError: the archive is no longer a zip archive.
+    """
+    root = location.rstrip("/")
+    if all(url.startswith(root) for url in products.values()):
+        return dict(products)
+    archive = location if root.lower().endswith(".zip") else join(location, "all.zip")
+    members = extract_products(archive, None)
+    return {
+        product: f"zip://{members[product]}::{archive}" if product in members else url
+        for product, url in products.items()
+    }
+
+
 _Found = tuple[str, str, dict[str, str]]
 """One location's ``(name, url, product -> local path)``; an empty product map holds none."""
 
