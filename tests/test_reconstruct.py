@@ -7,8 +7,8 @@ import json
 import os
 import subprocess
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
+from uuid import uuid4
 
 import laspy
 import numpy as np
@@ -117,24 +117,36 @@ def test_changed_option_processes_again_and_renamed_inputs_change_nothing(
 
     out = tmp_path / "out"
     fast = ProcessingOptions(pipeline="direct")
-    since = datetime.now(UTC)
-    a = reconstruct(
-        images=str(brighton_images), output=str(out), split=10, split_overlap_m=20, options=fast
-    )
+    from prefect import tags
+
+    run_tag = f"renamed-inputs-{uuid4().hex}"  # this run's artifacts, whatever else runs
+    with tags(run_tag):
+        a = reconstruct(
+            images=str(brighton_images), output=str(out), split=10, split_overlap_m=20, options=fast
+        )
     assert {r.status for r in a.submodels} == {"completed"}
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.sorting import ArtifactSort
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        FlowRunFilter,
+        FlowRunFilterTags,
+    )
 
-    with get_client(sync_client=True) as client:  # the newest: the server serves the session
-        artifacts = client.read_artifacts(sort=ArtifactSort.CREATED_DESC, limit=200)
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(  # the flow's and its submodels' subflows
+            flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[run_tag]))
+        )
+        assert len(runs) == 1 + len(a.submodels)
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                flow_run_id=ArtifactFilterFlowRunId(any_=[r.id for r in runs])
+            )
+        )
     progress = [x for x in artifacts if x.type == "progress"]
     assert any((x.key or "").startswith("submodels-done-") and x.data == 100.0 for x in progress)
     assert any(str(x.description).startswith("submodel-000:") for x in progress)
-    tables = [
-        x
-        for x in artifacts
-        if x.type == "table" and (x.key or "").startswith("submodels-") and x.created >= since
-    ]
+    tables = [x for x in artifacts if x.type == "table" and (x.key or "").startswith("submodels-")]
     assert len(tables) == 1  # this run's live submodel table
     # Inline, each submodel had one flow run (one try of its run_submodel task).
     rows = json.loads(str(tables[0].data))
