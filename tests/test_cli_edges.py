@@ -414,6 +414,8 @@ def test_engine_help_lists_its_commands(capsys):
         (["--port", "99999"], "argument --port: a TCP port is 0 to 65535, not 99999"),
         (["--port", "web"], "argument --port: not a port number: 'web'"),
         (["--max-parallel-tasks", "0"], "argument --max-parallel-tasks: must be at least 1, not 0"),
+        (["--memory-gib", "0"], "argument --memory-gib: must be a positive number of GiB, not 0"),
+        (["--memory-gib", "lots"], "argument --memory-gib: not a number of GiB: 'lots'"),
     ],
 )
 def test_engine_serve_refuses_bad_numbers_in_one_line(argv, expected, capsys):
@@ -677,3 +679,33 @@ def test_the_python_api_reports_every_bad_extra_option():
         ProcessingOptions(extra={"bad name": 1, "crop": float("inf"), "dsm": True, "ok": 3})
     where = {tuple(map(str, e["loc"])) for e in caught.value.errors()}
     assert where == {("extra", "bad name", "[key]"), ("extra", "crop"), ("extra", "dsm", "[key]")}
+
+
+def test_a_submodel_larger_than_every_node_is_refused_before_prefect_starts(
+    brighton_images, tmp_path
+):
+    """A node of 1 GiB (a built-in engine reporting it, as one in a pod limited to 1 GiB
+    does): brighton's one submodel needs an estimated 1.9 GiB, and ``--split auto`` finds no
+    size that fits. Both are the flow's own lines, made at the edge from the node's ``/info``
+    before Prefect starts; nothing is uploaded or written."""
+    import httpx
+
+    from prefect_odm.engine.launch import start_engine
+
+    out = tmp_path / "out"
+    args = ["reconstruct", str(brighton_images), "--output", str(out)]
+    with start_engine(tmp_path / "node", memory_gib=1.0) as node:
+        assert httpx.get(f"{node.url}/info").json()["totalMemory"] == 2**30
+        line = _one_error_line(_run([*args, "--nodes", node.url], tmp_path))
+        assert line.startswith("prefect-odm: error: submodel-000 needs an estimated "), line
+        assert line.endswith(
+            "GiB for 18 images (0 of them overlap), more than the largest node (0.9 GiB); "
+            "lower the split (--split) or the split overlap (--split-overlap-m)"
+        ), line
+        line = _one_error_line(_run([*args, "--nodes", node.url, "--split", "auto"], tmp_path))
+        assert line.startswith(
+            "prefect-odm: error: no submodel fits in the largest node (0.9 GiB): even 1 image of"
+        ), line
+        tasks = httpx.get(f"{node.url}/task/list").json()
+    assert tasks == []
+    assert not out.exists() and not _prefect_started(tmp_path)

@@ -58,12 +58,12 @@ def connect(infos: dict[str, dict[str, Any]], **kw: Any):
 
 
 def test_clusterodm_placeholders_are_unknown_never_this_machines_memory(monkeypatch):
-    import prefect_odm.nodes.cluster as cluster_module
+    import psutil
 
     def no_psutil() -> None:
         raise AssertionError("the flow machine's memory must not stand in for a node's")
 
-    monkeypatch.setattr(cluster_module.psutil, "virtual_memory", no_psutil)
+    monkeypatch.setattr(psutil, "virtual_memory", no_psutil)
     url = "http://127.0.0.1:3000"
     cluster = connect({url: CLUSTERODM_INFO})
     (node,) = cluster.pool.nodes

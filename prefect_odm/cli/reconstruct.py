@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     from prefect_odm.clusters.records import RoutingOptions
     from prefect_odm.models import Manifest, MergeOptions, ProcessingOptions, SplitPlan, Survey
+    from prefect_odm.nodes.cluster import AnsweredNodes
 
 
 REJECTED_SHOWN = 5
@@ -272,6 +273,7 @@ def reconstruct_command(args: argparse.Namespace) -> int:
     # every bad option at once (the built-in engine's table among them when it runs them)
     on_engine = not args.nodes and not routed
     options = processing_options(args, embedded_option_errors if on_engine else None)
+    nodes: AnsweredNodes | None = None
     if on_engine:
         from prefect_odm.nodes.cluster import check_embedded_options
 
@@ -281,7 +283,7 @@ def reconstruct_command(args: argparse.Namespace) -> int:
         from prefect_odm.nodes.cluster import check_nodes_answer
 
         # a dead URL, an unreadable node file or an option a node refuses: before Prefect
-        check_nodes_answer(args.nodes, options=options.to_nodeodm())
+        nodes = check_nodes_answer(args.nodes, options=options.to_nodeodm())
     check_output_writable(args.output)
     embedded_api = prefect_environment()
 
@@ -299,37 +301,36 @@ def reconstruct_command(args: argparse.Namespace) -> int:
         )
         return 0
     if not routed and storage.is_local(args.images):
-        _check_plan(args, options)  # the planner's refusals before Prefect starts
+        _check_plan(args, options, nodes)  # the planner's refusals before Prefect starts
     manifest = _run_flow(args, options, embedded_api)
     _record_last_run(args.output, request, manifest)
     _print_summary(args.output, manifest)
     return 0
 
 
-def _check_plan(args: argparse.Namespace, options: ProcessingOptions) -> None:
+def _check_plan(
+    args: argparse.Namespace, options: ProcessingOptions, nodes: AnsweredNodes | None
+) -> None:
     """Scan the local images and plan them as the flow will, so that what the planner refuses
     (a survey too small; a split whose submodels are too small for structure from motion, or
-    that the merge could not align at the ``--split-overlap-m`` asked) is refused before
+    that the merge could not align at the ``--split-overlap-m`` asked; a submodel larger than
+    every node; ``--split auto`` with a node whose memory is unknown) is refused before
     Prefect's temporary server starts, with the flow's own one line. The plan is thrown away
     (the flow makes it again; a scan of local images takes about a second per thousand).
 
-    For the built-in engine the plan is the flow's (its identity and memory). With ``--nodes``
-    their memory is not known here: ``--split auto`` and a submodel larger than every node are
-    left to the flow.
+    The plan is made for the built-in engine (its identity and memory) or for the ``nodes``
+    that answered at the edge (their engines and memory, as the flow's cluster has them).
 
     Raises:
-        InputError: the survey is too small to reconstruct.
+        InputError: the survey is too small to reconstruct, or ``--split auto`` meets a node
+            whose memory is unknown.
         PlanningError: the planner refuses the split, or (built-in engine) the GPS altitudes
             are unusable (the plan files are written first, as the flow writes them).
     """
-    if args.nodes and args.split == "auto":
-        return
     from prefect_odm.plan.checks import plan_gps_refusal
     from prefect_odm.plan.picture import write_plan_files
 
-    survey, plan = plan_local_images(
-        args, options, on_nodes=bool(args.nodes), merge=merge_options(args)
-    )
+    survey, plan = plan_local_images(args, options, nodes=nodes, merge=merge_options(args))
     refusal = plan_gps_refusal(plan, survey)
     if refusal is not None and not args.nodes:
         # The built-in engine's plan is the flow's: written with its picture, as the flow would.
@@ -341,22 +342,31 @@ def plan_local_images(
     args: argparse.Namespace,
     options: ProcessingOptions,
     *,
-    on_nodes: bool = False,
+    nodes: AnsweredNodes | None = None,
     merge: MergeOptions | None = None,
 ) -> tuple[Survey, SplitPlan]:
     """Scan ``args.images`` and plan it with ``args.split`` and ``args.split_overlap_m`` as the
-    flow does: for the built-in engine (its identity and memory), or ``on_nodes`` for nodes
-    not known yet (no memory). ``prefect-odm plan`` and ``reconstruct``'s edge both call it.
+    flow does: for the built-in engine (its identity and memory), or for ``nodes`` (their
+    engines and memory; ``--split auto`` sized by every node's, as the flow's
+    ``_node_memory``). ``prefect-odm plan`` and ``reconstruct``'s edge both call it.
 
     Raises:
-        InputError: the images cannot be read or are too few to reconstruct.
-        PlanningError: the planner refuses the split.
+        InputError: the images cannot be read or are too few to reconstruct, or
+            ``--split auto`` meets a node whose memory is unknown.
+        PlanningError: the planner refuses the split (a submodel larger than every node
+            among its reasons).
     """
+    from prefect_odm.nodes.capacity import memory_for_auto_split
     from prefect_odm.nodes.cluster import EMBEDDED_ENGINE_IDENTITY, embedded_memory_gib
     from prefect_odm.plan.planning import plan_split
     from prefect_odm.run_policy import check_survey_size
     from prefect_odm.survey.scan import scan_images
 
+    identity, memory = EMBEDDED_ENGINE_IDENTITY, [embedded_memory_gib()]
+    if nodes is not None:
+        identity = nodes.engine_identity
+        auto = args.split == "auto"
+        memory = memory_for_auto_split(nodes.memory_by_node) if auto else nodes.node_memory_gib
     survey = scan_images(args.images)
     check_survey_size(survey, args.images)
     plan = plan_split(
@@ -364,8 +374,8 @@ def plan_local_images(
         split=args.split,
         split_overlap_m=args.split_overlap_m,
         options=options,
-        engine_identity="unknown" if on_nodes else EMBEDDED_ENGINE_IDENTITY,
-        node_memory_gib=[] if on_nodes else [embedded_memory_gib()],
+        engine_identity=identity,
+        node_memory_gib=memory,
         merge_options=merge,
     )
     return survey, plan

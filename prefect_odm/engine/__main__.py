@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,6 +40,16 @@ def _at_least_one(text: str) -> int:
     return value
 
 
+def _positive_gib(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of GiB: {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive number of GiB, not {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``python -m prefect_odm.engine``."""
     parser = argparse.ArgumentParser(
@@ -65,6 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--max-images", type=int, default=None, help="most images per task")
     serve.add_argument("--max-upload-mb", type=float, default=None, help="largest file, MiB")
+    serve.add_argument(
+        "--memory-gib",
+        type=_positive_gib,
+        default=None,
+        help="memory /info reports, GiB (default: the machine's, or its cgroup's limit in a "
+        "container when smaller)",
+    )
     serve.add_argument(
         "--cleanup-hours",
         type=float,
@@ -129,6 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         method=args.method,
         max_images=args.max_images,
         max_upload_mb=args.max_upload_mb,
+        memory_gib=args.memory_gib,
         cleanup_hours=args.cleanup_hours,
         faults=faults,
     )

@@ -310,6 +310,7 @@ def start_engine(
     max_images: int | None = None,
     max_upload_mb: float | None = None,
     cleanup_hours: float | None = None,
+    memory_gib: float | None = None,
 ) -> EngineProcess:
     """Start ``python -m prefect_odm.engine serve`` on 127.0.0.1 and wait until ``/info`` answers.
 
@@ -327,6 +328,7 @@ def start_engine(
         max_upload_mb: largest uploaded file in MiB (None: unlimited).
         cleanup_hours: delete finished tasks and uncommitted uploads after this many hours
             (None: the server's default of 48; 0: never).
+        memory_gib: the memory its ``/info`` reports, GiB (None: the machine's or its cgroup's).
 
     Returns:
         The running engine.
@@ -351,6 +353,8 @@ def start_engine(
             max_upload_mb=max_upload_mb,
             cleanup_hours=cleanup_hours,
         )
+        if memory_gib is not None:
+            args += ["--memory-gib", str(memory_gib)]
         env = dict(os.environ)
         env.update(extra_env or {})
         started = _start_once(args, chosen, data_dir, token, env, startup_timeout_seconds)

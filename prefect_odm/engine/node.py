@@ -38,6 +38,7 @@ from prefect_odm.engine.api_records import (
     UuidAnswer,
 )
 from prefect_odm.engine.faults import Faults
+from prefect_odm.engine.machine_memory import usable_memory_bytes
 from prefect_odm.engine.options import (
     OptionSpec,
     load_pipeline,
@@ -102,6 +103,9 @@ class EngineConfig:
     """Most images one task may have (None: unlimited)."""
     max_upload_mb: float | None = None
     """Largest single uploaded file in MiB (None: unlimited)."""
+    memory_gib: float | None = None
+    """The memory ``/info`` reports, GiB (None: the machine's, or its cgroup's limit when
+    smaller: :func:`~prefect_odm.engine.machine_memory.usable_memory_bytes`)."""
     cleanup_hours: float = DEFAULT_CLEANUP_HOURS
     """Uncommitted uploads and finished tasks are deleted after this many hours (0 or less:
     never)."""
@@ -244,14 +248,19 @@ class Engine:
 
     # -- routes ---------------------------------------------------------------------------
     def info(self) -> InfoAnswer:
-        """The ``/info`` answer (memory in bytes)."""
-        memory = psutil.virtual_memory()
+        """The ``/info`` answer (memory in bytes: what this node may use, see
+        :attr:`EngineConfig.memory_gib`)."""
+        total = (
+            usable_memory_bytes()
+            if self.config.memory_gib is None
+            else int(self.config.memory_gib * 2**30)
+        )
         queued = sum(1 for t in self.store.all() if t.status in (QUEUED, RUNNING))
         return {
             "version": NODEODM_API_VERSION,
             "taskQueueCount": queued,
-            "totalMemory": int(memory.total),
-            "availableMemory": int(memory.available),
+            "totalMemory": total,
+            "availableMemory": min(total, int(psutil.virtual_memory().available)),
             "cpuCores": psutil.cpu_count(logical=True) or 1,
             "maxImages": self.config.max_images,
             "maxParallelTasks": self.supervisor.max_parallel_tasks,

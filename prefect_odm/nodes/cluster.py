@@ -20,8 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-import psutil
-
 from prefect_odm import __version__
 from prefect_odm.errors import InputError, NodeError, TransientNodeError
 from prefect_odm.models import OptionValue
@@ -67,6 +65,7 @@ def token_for(url: str) -> str | None:
 
 __all__ = [
     "EMBEDDED_ENGINE_IDENTITY",
+    "AnsweredNodes",
     "Cluster",
     "NodeSettings",
     "check_embedded_options",
@@ -194,11 +193,29 @@ def connect_nodes(
     return cluster
 
 
+@dataclass(frozen=True)
+class AnsweredNodes:
+    """What the nodes that answered ``/info`` say, as :func:`connect_nodes` reads it.
+
+    Attributes:
+        engine_identity: their engines, ``" | "``-joined in sorted order (the plan's identity).
+        memory_by_node: node public URL -> planning memory, GiB (None: unknown).
+    """
+
+    engine_identity: str
+    memory_by_node: dict[str, float | None]
+
+    @property
+    def node_memory_gib(self) -> list[float]:
+        """The known memories, GiB (what a plan is checked against)."""
+        return [gib for gib in self.memory_by_node.values() if gib is not None]
+
+
 def check_nodes_answer(
     urls: Sequence[str],
     timeout_seconds: float = PROBE_TIMEOUT_SECONDS,
     options: Mapping[str, OptionValue] | None = None,
-) -> None:
+) -> AnsweredNodes:
     """Refuse, before anything starts, a list of node URLs of which none answers ``/info``.
 
     The command line calls it before Prefect starts, so a mistyped or dead ``--nodes`` URL, or a
@@ -209,6 +226,10 @@ def check_nodes_answer(
 
     With ``options``, each node that answers is asked for its ``/options`` and the run's
     options checked against them, as the flow does (:func:`check_node_options`).
+
+    Returns:
+        The answering nodes' engines and memory, as the flow's cluster will have them (so the
+        command line plans as the flow will: :func:`prefect_odm.cli.reconstruct.plan_local_images`).
 
     Raises:
         InputError: a source cannot be read, or no node answers (one line naming each node
@@ -229,6 +250,11 @@ def check_nodes_answer(
         raise InputError(f"no node answers: {'; '.join(said)}")
     if options is not None:
         check_node_options({p.url: p.client for p in probes if p.client and p.info}, options)
+    answered = [(p, p.info) for p in probes if p.info is not None]
+    return AnsweredNodes(
+        " | ".join(sorted({info.identity for _, info in answered})),
+        {p.url: pool_node(p.url, info, p.settings)[1] for p, info in answered},
+    )
 
 
 def _listed_now(sources: Sequence[NodeSource]) -> dict[str, list[str]]:
@@ -424,8 +450,11 @@ def embedded_option_errors(options: Mapping[str, Any]) -> list[OptionError]:
 
 
 def embedded_memory_gib() -> float:
-    """Memory the embedded engine may use: 80% of this machine's RAM."""
-    return round(psutil.virtual_memory().total / 2**30 * 0.8, 2)
+    """Memory the embedded engine may use: 80% of this machine's RAM, or of its cgroup's
+    limit when smaller (:func:`~prefect_odm.engine.machine_memory.usable_memory_bytes`)."""
+    from prefect_odm.engine.machine_memory import usable_memory_bytes
+
+    return round(usable_memory_bytes() / 2**30 * 0.8, 2)
 
 
 _embedded_lock = threading.Lock()
