@@ -120,6 +120,8 @@ def test_tokens_move_out_of_node_urls_into_the_environment(monkeypatch):
         "http://127.0.0.1:1": "s3cret",
         "http://127.0.0.1:2": "other",
     }
+    source = "dns+http://nodeodm.odm.svc:3000?memory_gib=8"  # a source keeps its memory
+    assert _tokens_out_of_urls([source]) == [source]
 
 
 @pytest.mark.parametrize(

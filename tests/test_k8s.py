@@ -37,6 +37,22 @@ def rendered(tmp_path_factory):
     return out
 
 
+def test_runs_on_the_fleet_are_given_each_pods_memory(tmp_path, capsys):
+    """NodeODM in a pod reports its host's memory: the rendered fleet's ``--nodes`` source
+    carries the pod's (90 % of ``--gib-per-pod``, as a plausible ``/info`` total is used), and
+    the DNS source reads it back."""
+    from prefect_odm.nodes.sources import source_for
+
+    assert main(["k8s", "render", "--out", str(tmp_path), "--gib-per-pod", "16"]) == 0
+    spec = "dns+http://nodeodm.prefect-odm.svc:3000?memory_gib=14.4"
+    assert (
+        capsys.readouterr().out.splitlines()[-1] == f'runs on the NodeODM fleet: --nodes "{spec}"'
+    )
+    fleet = (tmp_path / "base" / "nodeodm-fleet.yaml").read_text()
+    assert f'--nodes "{spec}"' in fleet
+    assert source_for(spec).memory_gib == 14.4
+
+
 def _documents(path: Path) -> list[dict]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 

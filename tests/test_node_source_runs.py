@@ -75,6 +75,34 @@ def test_a_dns_source_resolved_again_sets_its_node_aside_and_takes_it_back(tmp_p
         assert all(asked[0] == "nodeodm.odm.svc" for asked in resolver.asked)
 
 
+def test_a_dns_source_gives_its_nodes_the_memory_it_names(tmp_path):
+    """NodeODM in a pod reports its host's memory: ``?memory_gib=`` on the source stands for
+    the pod's limit, for the nodes it lists at the start and for one that joins later; the
+    edge's check reads it the same way."""
+    from prefect_odm.nodes.cluster import check_nodes_answer
+
+    with start_engine(tmp_path / "a") as a, start_engine(tmp_path / "b") as b:
+        resolver = Resolver(["127.0.0.1"])
+        spec = f"dns+http://nodeodm.odm.svc:{a.port}?memory_gib=6"
+        cluster = connect_nodes([spec], resolver=resolver)
+        assert cluster.memory_by_node == {a.url: 6.0}
+        assert [n.memory_gib for n in cluster.pool.nodes] == [6.0]
+        # without the query the engine's own /info figure (90 % of this machine's) is used
+        plain = connect_nodes([f"dns+http://nodeodm.odm.svc:{a.port}"], resolver=resolver)
+        assert plain.memory_by_node[a.url] not in (None, 6.0)
+        # a node that joins through the source later gets the same memory
+        later = Resolver([])
+        joined = connect_nodes([f"dns+http://nodeodm.odm.svc:{b.port}?memory_gib=6", a.url],
+                               resolver=later)  # fmt: skip
+        assert joined.membership is not None
+        later.answers = ["127.0.0.1"]
+        joined.membership.refresh(force=True)
+        by_key = {n.key: n.memory_gib for n in joined.pool.nodes}
+        assert by_key[b.url] == 6.0 and by_key[a.url] != 6.0
+        answered = check_nodes_answer([spec], resolver=resolver)
+        assert answered.memory_by_node == {a.url: 6.0}
+
+
 def _running_on(client: NodeClient) -> int:
     return sum(1 for u in client.task_list() if (s := client.task_state(u)) and s.status == RUNNING)
 

@@ -74,6 +74,17 @@ def test_malformed_dns_sources_are_refused_in_one_line(spec):
         source_for(spec)
 
 
+@pytest.mark.parametrize(
+    "query", ["memory_gib=0", "memory_gib=-2", "memory_gib=lots", "memory_gib=inf", "token=x",
+              "memory_gib=8&memory_gib=9", "memory_gib=8&slots=2"],
+)  # fmt: skip
+def test_a_dns_source_takes_only_a_positive_memory_in_its_query(query):
+    assert source_for("dns+http://fleet:3000?memory_gib=7.5").memory_gib == 7.5
+    assert source_for("dns+http://fleet:3000").memory_gib is None
+    with pytest.raises(InputError, match="takes one query field, memory_gib=G with G GiB"):
+        source_for(f"dns+http://fleet:3000?{query}")
+
+
 def test_what_is_a_source():
     assert is_source("dns+http://a:1") and is_source("file:///tmp/nodes.txt")
     assert not is_source("http://127.0.0.1:3000") and not is_source("scaleodm+http://s:31100")

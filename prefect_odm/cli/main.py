@@ -83,7 +83,7 @@ def _clusters(args: argparse.Namespace) -> int:
 
 def _k8s_render(args: argparse.Namespace) -> int:
     """``prefect-odm k8s render``: write the work-pool template and the manifests."""
-    from prefect_odm.k8s.render import RenderSettings, render
+    from prefect_odm.k8s.render import RenderSettings, fleet_nodes_source, render
 
     settings = RenderSettings(
         namespace=args.namespace,
@@ -98,6 +98,7 @@ def _k8s_render(args: argparse.Namespace) -> int:
     )
     for path in render(Path(args.out), settings):
         print(path)
+    print(f'runs on the NodeODM fleet: --nodes "{fleet_nodes_source(settings)}"')
     return 0
 
 

@@ -226,15 +226,21 @@ def _start_embedded_api_early() -> EmbeddedAPIStart:
 def _tokens_out_of_urls(urls: list[str]) -> list[str]:
     """The node URLs without ``?token=``; each token moves into ``PREFECT_ODM_NODE_TOKENS`` of
     this process, so it reaches its node but never a flow parameter, the last-run record or a log.
+    A node source is kept whole (its query is ``memory_gib``, never a token: a DNS source
+    refuses any other field).
 
     Raises:
         InputError: ``PREFECT_ODM_NODE_TOKENS`` is set but is not a JSON object.
     """
     from prefect_odm.nodes.cluster import split_token
+    from prefect_odm.nodes.sources import is_source
 
     public: list[str] = []
     tokens: dict[str, str] = {}
     for raw in urls:
+        if is_source(raw):
+            public.append(raw)
+            continue
         url, token = split_token(raw)
         public.append(url)
         if token:

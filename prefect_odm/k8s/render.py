@@ -21,6 +21,7 @@ from pathlib import Path
 from string import Template
 
 from prefect_odm.errors import InputError
+from prefect_odm.nodes.capacity import USABLE_MEMORY_FRACTION
 
 BASE_FILES = (
     "namespace.yaml",
@@ -121,6 +122,15 @@ def submodel_job_variables(
     }
 
 
+def fleet_nodes_source(s: RenderSettings) -> str:
+    """The ``--nodes`` entry of runs on the rendered NodeODM fleet: its headless Service as a
+    DNS source, with each pod's memory (NodeODM 2.2.4 reports its host's, not its limit):
+    :data:`~prefect_odm.nodes.capacity.USABLE_MEMORY_FRACTION` of ``gib_per_pod``, as a
+    plausible ``/info`` total is used."""
+    gib = round(s.gib_per_pod * USABLE_MEMORY_FRACTION, 2)
+    return f"dns+http://nodeodm.{s.namespace}.svc:3000?memory_gib={gib:g}"
+
+
 def _template(name: str) -> str:
     return (resources.files("prefect_odm.k8s") / "templates" / name).read_text(encoding="utf-8")
 
@@ -136,6 +146,7 @@ def _values(s: RenderSettings) -> dict[str, str]:
         overlay_max_replicas=str(s.max_replicas),
         node_image_name=image_name or s.node_image,
         node_image_tag=tag or "latest",
+        fleet_nodes=fleet_nodes_source(s),
     )
     return values
 

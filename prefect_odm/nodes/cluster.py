@@ -28,9 +28,21 @@ from prefect_odm.nodes.client import NodeClient, public_url
 from prefect_odm.nodes.membership import NodeClients, NodeMembership
 from prefect_odm.nodes.option_check import OptionError, check_options, format_option_errors
 from prefect_odm.nodes.pool import NodePool, PoolNode
-from prefect_odm.nodes.probes import NodeProbe, pool_node, probe_node, probe_nodes
+from prefect_odm.nodes.probes import (
+    AnsweredNodes,
+    NodeProbe,
+    pool_node,
+    probe_node,
+    probe_nodes,
+)
 from prefect_odm.nodes.scaleodm import ScaleODMClient, is_scaleodm_url
-from prefect_odm.nodes.sources import NodeSource, Resolver, is_source, source_for
+from prefect_odm.nodes.sources import (
+    NodeSource,
+    Resolver,
+    is_source,
+    source_for,
+    with_source_memory,
+)
 from prefect_odm.settings import get_settings, prefect_odm_home
 
 logger = logging.getLogger(__name__)
@@ -176,7 +188,7 @@ def connect_nodes(
     wanted = _wanted(plain, tokens, settings)
     fixed = {w[0] for w in wanted}
     from_sources = sorted({u for found in listed.values() for u in found} - fixed)
-    wanted += _wanted(from_sources, tokens, settings)
+    wanted += _wanted(from_sources, tokens, with_source_memory(sources, listed, settings))
     probes = probe_nodes(wanted, client_factory, probe_timeout_seconds)
     if all(p.info is None for p in probes):
         said = [f"{p.url} ({p.problem})" for p in probes]
@@ -193,28 +205,11 @@ def connect_nodes(
     return cluster
 
 
-@dataclass(frozen=True)
-class AnsweredNodes:
-    """What the nodes that answered ``/info`` say, as :func:`connect_nodes` reads it.
-
-    Attributes:
-        engine_identity: their engines, ``" | "``-joined in sorted order (the plan's identity).
-        memory_by_node: node public URL -> planning memory, GiB (None: unknown).
-    """
-
-    engine_identity: str
-    memory_by_node: dict[str, float | None]
-
-    @property
-    def node_memory_gib(self) -> list[float]:
-        """The known memories, GiB (what a plan is checked against)."""
-        return [gib for gib in self.memory_by_node.values() if gib is not None]
-
-
 def check_nodes_answer(
     urls: Sequence[str],
     timeout_seconds: float = PROBE_TIMEOUT_SECONDS,
     options: Mapping[str, OptionValue] | None = None,
+    resolver: Resolver | None = None,
 ) -> AnsweredNodes:
     """Refuse, before anything starts, a list of node URLs of which none answers ``/info``.
 
@@ -225,7 +220,8 @@ def check_nodes_answer(
     with the others.
 
     With ``options``, each node that answers is asked for its ``/options`` and the run's
-    options checked against them, as the flow does (:func:`check_node_options`).
+    options checked against them, as the flow does (:func:`check_node_options`). ``resolver``
+    resolves ``dns+`` sources (:func:`socket.getaddrinfo` by default).
 
     Returns:
         The answering nodes' engines and memory, as the flow's cluster will have them (so the
@@ -236,13 +232,13 @@ def check_nodes_answer(
             and its problem, and each source that lists no node); a node refuses an option
             (one line per bad option).
     """
-    sources = [source_for(u) for u in urls if is_source(u)]
+    sources = [source_for(u, resolver) for u in urls if is_source(u)]
     plain = [u for u in urls if not is_source(u)]
     listed = _listed_now(sources)  # a missing or malformed node file: its one line
     wanted = _wanted(plain, None, None)
     fixed = {w[0] for w in wanted}
     from_sources = sorted({u for found in listed.values() for u in found} - fixed)
-    wanted += _wanted(from_sources, None, None)
+    wanted += _wanted(from_sources, None, with_source_memory(sources, listed, None))
     probes = probe_nodes(wanted, node_backend, timeout_seconds)
     if all(p.info is None for p in probes):
         said = [f"{p.url} ({p.problem})" for p in probes]
@@ -250,11 +246,7 @@ def check_nodes_answer(
         raise InputError(f"no node answers: {'; '.join(said)}")
     if options is not None:
         check_node_options({p.url: p.client for p in probes if p.client and p.info}, options)
-    answered = [(p, p.info) for p in probes if p.info is not None]
-    return AnsweredNodes(
-        " | ".join(sorted({info.identity for _, info in answered})),
-        {p.url: pool_node(p.url, info, p.settings)[1] for p, info in answered},
-    )
+    return AnsweredNodes.of(probes)
 
 
 def _listed_now(sources: Sequence[NodeSource]) -> dict[str, list[str]]:
@@ -273,7 +265,9 @@ def _listed_now(sources: Sequence[NodeSource]) -> dict[str, list[str]]:
 
 
 def _wanted(
-    urls: Sequence[str], tokens: dict[str, str] | None, settings: dict[str, NodeSettings] | None
+    urls: Sequence[str],
+    tokens: dict[str, str] | None,
+    settings: Mapping[str, NodeSettings] | None,
 ) -> list[tuple[str, str | None, NodeSettings]]:
     """``(public URL, token, settings)`` of each node URL.
 
@@ -338,7 +332,9 @@ def _follow(
     answers ``/info`` with an engine the run already uses."""
 
     def probe(url: str) -> tuple[NodeBackend, PoolNode] | None:
-        ((_, token, given),) = _wanted([url], tokens, settings)
+        # membership.listed is this reading's (refresh updates it before it probes)
+        known = with_source_memory(sources, membership.listed, settings)
+        ((_, token, given),) = _wanted([url], tokens, known)
         answer = probe_node(url, token, given, client_factory)
         if answer.info is None or answer.client is None:
             return None

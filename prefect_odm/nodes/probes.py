@@ -127,3 +127,30 @@ def unusable(url: str, exc: Exception) -> str:
             "pool block, or PREFECT_ODM_NODE_TOKEN / PREFECT_ODM_NODE_TOKENS"
         )
     return f"node {url} is not usable: {first}"
+
+
+@dataclass(frozen=True)
+class AnsweredNodes:
+    """What the nodes that answered ``/info`` say, as :func:`~prefect_odm.nodes.cluster.connect_nodes` reads it.
+
+    Attributes:
+        engine_identity: their engines, ``" | "``-joined in sorted order (the plan's identity).
+        memory_by_node: node public URL -> planning memory, GiB (None: unknown).
+    """
+
+    engine_identity: str
+    memory_by_node: dict[str, float | None]
+
+    @classmethod
+    def of(cls, probes: Sequence[NodeProbe]) -> AnsweredNodes:
+        """What the probes that got an ``/info`` answer say (:func:`pool_node`'s memory)."""
+        answered = [(p, p.info) for p in probes if p.info is not None]
+        return cls(
+            " | ".join(sorted({info.identity for _, info in answered})),
+            {p.url: pool_node(p.url, info, p.settings)[1] for p, info in answered},
+        )
+
+    @property
+    def node_memory_gib(self) -> list[float]:
+        """The known memories, GiB (what a plan is checked against)."""
+        return [gib for gib in self.memory_by_node.values() if gib is not None]

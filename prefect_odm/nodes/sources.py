@@ -7,6 +7,8 @@ A run's ``--nodes`` may name, beside node URLs, a *source* that is read again du
     every address a DNS name resolves to is one node ``http://address:port``: the pods of a
     Kubernetes headless Service (``clusterIP: None``), whose DNS answer lists the addresses of
     its ready pods. Resolved with :func:`socket.getaddrinfo` (IPv4, as the Service's A records).
+    ``?memory_gib=G`` gives every node it lists that memory (a NodeODM pod's ``/info`` reports
+    its host's, not its limit).
 ``file:///path/nodes.txt``
     a text file of node URLs, one a line (``#`` starts a comment), read again when it changes
     (its size, modification time or inode): for a machine whose nodes another program starts
@@ -18,15 +20,17 @@ Each source is one small object with a ``spec`` and a ``resolve()``; nothing her
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import unquote, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 from prefect_odm.errors import InputError, TransientNodeError
+from prefect_odm.nodes.backend import NodeSettings
 from prefect_odm.nodes.refs import credential_in
 
 DNS_PREFIXES = ("dns+http://", "dns+https://")
@@ -61,6 +65,11 @@ class NodeSource(Protocol):
 
     spec: str
     refresh_seconds: float
+
+    @property
+    def memory_gib(self) -> float | None:
+        """The memory of every node it lists, GiB; None: each node's ``/info`` says."""
+        ...
 
     def resolve(self) -> list[str]:
         """The node URLs the source lists now, sorted, each once.
@@ -105,7 +114,8 @@ class DnsSource:
         refresh_seconds: see :data:`DNS_REFRESH_SECONDS`.
 
     Raises:
-        InputError: no host name or no port in ``spec``.
+        InputError: no host name or no port in ``spec``, or a query other than
+            ``?memory_gib=G`` with ``G`` a positive number.
     """
 
     spec: str
@@ -114,23 +124,30 @@ class DnsSource:
     scheme: str = field(init=False)
     host: str = field(init=False)
     port: int = field(init=False)
+    _memory_gib: float | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        """Read the scheme, host and port from ``spec``.
+        """Read the scheme, host, port and memory from ``spec``.
 
         Raises:
-            InputError: ``spec`` is not ``dns+http(s)://name:port``.
+            InputError: ``spec`` is not ``dns+http(s)://name:port[?memory_gib=G]``.
         """
         parts = urlparse(self.spec.removeprefix("dns+"))
         try:
             port = parts.port
         except ValueError:
             port = None
-        if not parts.hostname or port is None or parts.path.strip("/") or parts.query:
+        if not parts.hostname or port is None or parts.path.strip("/"):
             raise InputError(
                 f"{self.spec!r}: a DNS node source is dns+http://name:port (a port, no path)"
             )
         self.scheme, self.host, self.port = parts.scheme, parts.hostname, port
+        self._memory_gib = _memory_query(self.spec, parts.query)
+
+    @property
+    def memory_gib(self) -> float | None:
+        """``?memory_gib=``: the memory of every node it lists, GiB (None when not given)."""
+        return self._memory_gib
 
     def resolve(self) -> list[str]:
         """``scheme://address:port`` for each IPv4 address of the name, sorted by address; an
@@ -147,6 +164,28 @@ class DnsSource:
             raise TransientNodeError(f"{self.spec}: cannot resolve {self.host}: {exc}") from exc
         addresses = sorted({str(entry[4][0]) for entry in found}, key=ipaddress.ip_address)
         return [f"{self.scheme}://{address}:{self.port}" for address in addresses]
+
+
+def _memory_query(spec: str, query: str) -> float | None:
+    """The ``memory_gib`` of a DNS source's query; None without a query.
+
+    Raises:
+        InputError: another field, or a value that is not a positive finite number.
+    """
+    if not query:
+        return None
+    fields = parse_qs(query, keep_blank_values=True)
+    values = fields.pop("memory_gib", [])
+    try:
+        gib = float(values[0]) if len(values) == 1 and not fields else math.nan
+    except ValueError:
+        gib = math.nan
+    if not (gib > 0 and math.isfinite(gib)):
+        raise InputError(
+            f"{spec!r}: a DNS node source takes one query field, memory_gib=G with G GiB "
+            "(a positive number: the memory of each node it lists)"
+        )
+    return gib
 
 
 @dataclass
@@ -178,6 +217,11 @@ class FileSource:
         if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
             raise InputError(f"{self.spec!r}: a node file is file:///absolute/path")
         self.path = Path(unquote(parts.path))
+
+    @property
+    def memory_gib(self) -> None:
+        """None: each listed node's ``/info`` (or a pool block) gives its memory."""
+        return None
 
     def resolve(self) -> list[str]:
         """The URLs the file lists now, sorted, each once.
@@ -227,3 +271,18 @@ def parse_node_file(text: str, path: Path | str = "node file") -> list[str]:
             )
         urls.add(entry.rstrip("/"))
     return sorted(urls)
+
+
+def with_source_memory(
+    sources: Sequence[NodeSource],
+    listed: Mapping[str, Sequence[str]],
+    settings: Mapping[str, NodeSettings] | None,
+) -> dict[str, NodeSettings]:
+    """``settings`` with each source's ``memory_gib`` (``dns+http://name:port?memory_gib=G``)
+    for the nodes it lists; a node's own settings (a pool block's) win."""
+    merged = dict(settings or {})
+    for source in sources:
+        if source.memory_gib is not None:
+            for url in listed.get(source.spec, ()):
+                merged.setdefault(url, NodeSettings(memory_gib=source.memory_gib))
+    return merged
