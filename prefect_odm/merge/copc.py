@@ -33,7 +33,6 @@ from numpy.typing import NDArray
 from prefect_odm.errors import MergeError
 from prefect_odm.merge import spill
 from prefect_odm.merge.copc_file import CopcFileWriter, CopcHeader
-from prefect_odm.merge.copc_kernels import copy_rows, spill_order
 from prefect_odm.merge.las_points import (
     COPC_FORMAT,
     convert_points,
@@ -52,6 +51,7 @@ from prefect_odm.merge.octree import (
     cell_of,
     spill_depth,
 )
+from prefect_odm.merge.point_kernels import copy_rows, spill_order
 from prefect_odm.merge.spill import SpillStore
 
 log = logging.getLogger(__name__)

@@ -262,7 +262,7 @@ def _legacy_to_extended(src: NDArray[Any], out: NDArray[Any]) -> None:
 @dataclass(frozen=True)
 class RecordLayout:
     """How a record of one point format is written in format 6-8 byte by byte (for the
-    compiled copy, :func:`.copc_kernels.copy_rows`).
+    compiled copy, :func:`.point_kernels.copy_rows`).
 
     Attributes:
         byte_map: ``(itemsize,)`` the source byte of each output byte: every field both formats

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from prefect_odm.merge.copc_kernels import level_order, levels_of
+from prefect_odm.merge.point_kernels import key_order, level_order, levels_of
 
 GRID_BITS = 15
 """Bits per axis of a point's grid coordinates: level 8 nodes are 2**7 cells wide."""
@@ -200,21 +200,15 @@ class CellBuild:
 def _key_order(
     keys: NDArray[np.uint64], depth: int
 ) -> tuple[NDArray[np.int64], NDArray[np.uint64]]:
-    """The stable sort order of ``keys`` (all in one cell of ``depth``) and the sorted keys: the
-    cell-local key and the point's index packed into one 64-bit word and sorted (numpy's
-    vectorised sort; the sorted keys unpacked from it, with the cell's prefix), else a stable
-    argsort when they do not fit."""
+    """The stable sort order of ``keys`` (all in one cell of ``depth``) and the sorted keys: a
+    radix sort of their cell-local bits (:func:`.point_kernels.key_order`), the cell's prefix
+    put back."""
+    if keys.size == 0:
+        return np.zeros(0, dtype=np.int64), keys.copy()
     local_bits = 3 * (GRID_BITS - depth)
-    index_bits = max(1, int(keys.size - 1).bit_length())
-    if local_bits + index_bits > 64 or keys.size == 0:
-        order = np.argsort(keys, kind="stable")
-        return order, keys[order]
-    local = keys & np.uint64(2**local_bits - 1)
-    packed = (local << np.uint64(index_bits)) | np.arange(keys.size, dtype=np.uint64)
-    packed.sort()
+    order, local = key_order(keys, local_bits)
     prefix = (keys[0] >> np.uint64(local_bits)) << np.uint64(local_bits)
-    order = (packed & np.uint64(2**index_bits - 1)).astype(np.int64)
-    return order, (packed >> np.uint64(index_bits)) | prefix
+    return order, local | prefix
 
 
 def build_cell(keys: NDArray[np.uint64], depth: int) -> CellBuild:

@@ -1,4 +1,4 @@
-"""The COPC writer's compiled loops against the numpy passes they replace (same values)."""
+"""The point merge's compiled loops against the numpy passes they replace (same values)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from prefect_odm.merge.copc_kernels import copy_rows, level_order, spill_order
 from prefect_odm.merge.las_points import convert_points, record_layout
 from prefect_odm.merge.octree import (
     CELL_BITS,
@@ -19,6 +18,7 @@ from prefect_odm.merge.octree import (
     cell_of,
     morton,
 )
+from prefect_odm.merge.point_kernels import copy_rows, key_order, level_order, spill_order
 
 
 def _numpy_levels(keys: NDArray[np.uint64], depth: int) -> NDArray[np.int8]:
@@ -142,3 +142,32 @@ def test_level_order_is_the_stable_sort_by_level() -> None:
     assert np.array_equal(order, by_key[stable])
     assert np.array_equal(keys_out, keys[stable])
     assert np.array_equal(counts, np.bincount(level, minlength=MAX_DEPTH + 1))
+
+
+def test_key_order_is_the_stable_sort_of_the_cell_bits() -> None:
+    rng = np.random.default_rng(4)
+    prefix = np.uint64(5) << np.uint64(39)
+    local = rng.integers(0, 2**39, 40_000).astype(np.uint64)
+    local[::7] = local[0]  # ties: broken by the order given
+    order, sorted_local = key_order(local | prefix, 39)
+    assert np.array_equal(order, np.argsort(local, kind="stable"))
+    assert np.array_equal(sorted_local, np.sort(local))
+    empty, keys = key_order(np.zeros(0, dtype=np.uint64), 39)
+    assert empty.size == 0 and keys.size == 0
+
+
+def test_owners_from_integers_are_those_from_coordinates() -> None:
+    from prefect_odm.merge.cell_owners import CellOwners
+    from prefect_odm.ownership import Ownership
+
+    rng = np.random.default_rng(5)
+    cams = [(100.0 * i, 50.0 * (i % 3), f"s{i % 4}") for i in range(20)]
+    owners = CellOwners(Ownership.from_cameras(cams), (0.0, 0.0, 1_900.0, 100.0), 4_096)
+    n = 100_000
+    xy = (rng.integers(-50_000, 2_000_000, n).astype(np.int32),
+          rng.integers(-20_000, 150_000, n).astype(np.int32))  # fmt: skip
+    scales, offsets = np.array([0.001, 0.001, 0.001]), np.array([-10.0, -5.0, 0.0])
+    x, y = xy[0] * scales[0] + offsets[0], xy[1] * scales[1] + offsets[1]
+    want = owners.label_of_points(x, y)
+    assert np.array_equal(owners.label_of_integers(xy, scales, offsets), want)
+    assert len(np.unique(want)) == 4

@@ -1,18 +1,22 @@
-"""The COPC writer's per-point loops, compiled (numba): one pass where numpy needs several.
+"""The point merge's per-point loops, compiled (numba): one pass where numpy needs several.
 
-Three loops hold most of the writer's own work (issue 36's profile: format conversion, record
-gathers, Morton keys, the grid, level assignment, each a numpy pass over every point):
+These loops held most of the merge's own work besides LAZ decoding and encoding (issue 36's
+profile: ownership lookup, format conversion, record gathers, Morton keys, the grid, sorting,
+level assignment, each a numpy pass over every point):
 
+- :func:`table_labels`: the owner of each point from the ownership table, from the integer
+  coordinates (:class:`.cell_owners.CellOwners`);
 - :func:`spill_order`: the grid coordinates, Morton key and spill cell of each kept point of a
   chunk, and a stable counting sort by cell (the order ``np.argsort(cells, kind="stable")``);
 - :func:`copy_rows`: the kept records gathered in that order and written in the output point
   format in the same pass (byte runs, the 0-3 -> 6-8 bit fields repacked, X/Y/Z moved by whole
   steps), with the histogram of return numbers;
+- :func:`key_order`: a spill cell's points sorted by Morton key (a stable radix sort);
 - :func:`levels_of`: the octree level of each point of a spill cell (:func:`.octree.assign_levels`),
   and :func:`level_order`, the stable counting sort of a cell's points by level.
 
 Each computes exactly what the numpy passes it replaces computed (the same floating-point
-operations in the same order, the same stable orders), so the COPC file is the same, byte for
+operations in the same order, the same stable orders), so the merged file is the same, byte for
 byte. Compiled on first use and cached beside this module (``cache=True``); ``nogil``.
 """
 
@@ -319,3 +323,98 @@ def level_order(
     ``level`` (0 .. ``levels - 1``), ``by_key`` and ``sorted_keys`` are ``(n,)``."""
     out: tuple[Any, ...] = _level_order_jit(level, by_key, sorted_keys, levels)
     return out[0], out[1], out[2]
+
+
+_DIGIT_BITS = 11  # radix digits: 2,048 counters, four passes for a level-2 cell's 39 bits
+
+
+def _key_order(keys: Any, local_bits: int) -> Any:
+    n = keys.size
+    mask = np.uint64((1 << local_bits) - 1) if local_bits < 64 else ~np.uint64(0)
+    passes = max(1, (local_bits + _DIGIT_BITS - 1) // _DIGIT_BITS)
+    digit = np.uint64((1 << _DIGIT_BITS) - 1)
+    counts = np.zeros((passes, 1 << _DIGIT_BITS), dtype=np.int64)
+    key = np.empty(n, dtype=np.uint64)
+    for i in range(n):
+        k = keys[i] & mask
+        key[i] = k
+        for p in range(passes):
+            counts[p, np.int64((k >> np.uint64(p * _DIGIT_BITS)) & digit)] += 1
+    order = np.arange(n)
+    key_b = np.empty(n, dtype=np.uint64)
+    order_b = np.empty(n, dtype=np.int64)
+    for p in range(passes):  # least significant digit first: each pass stable
+        shift = np.uint64(p * _DIGIT_BITS)
+        if n == 0 or counts[p, np.int64((key[0] >> shift) & digit)] == n:
+            continue  # one digit value only: the order stays
+        at = np.empty(1 << _DIGIT_BITS, dtype=np.int64)
+        total = 0
+        for b in range(1 << _DIGIT_BITS):
+            at[b] = total
+            total += counts[p, b]
+        for i in range(n):
+            bucket = np.int64((key[i] >> shift) & digit)
+            j = at[bucket]
+            at[bucket] = j + 1
+            key_b[j] = key[i]
+            order_b[j] = order[i]
+        key, key_b = key_b, key
+        order, order_b = order_b, order
+    return order, key
+
+
+_key_order_jit = _jit(_key_order)
+
+
+def key_order(
+    keys: NDArray[np.uint64], local_bits: int
+) -> tuple[NDArray[np.int64], NDArray[np.uint64]]:
+    """The stable sort of ``keys`` ``(n,)`` by their low ``local_bits`` bits (a least
+    significant digit radix sort): the order ``(n,)`` (``np.argsort(keys & mask,
+    kind="stable")``) and those bits of the keys in that order ``(n,)``."""
+    out: tuple[Any, ...] = _key_order_jit(keys, local_bits)
+    return out[0], out[1]
+
+
+def _table_labels(x: Any, y: Any, scales: Any, offsets: Any, table_grid: Any, table: Any) -> Any:
+    x0, y0, cell, nx, ny = table_grid[0], table_grid[1], table_grid[2], table_grid[3], table_grid[4]
+    labels = np.empty(x.size, dtype=np.int32)
+    for i in range(x.size):
+        fx = np.floor(((np.float64(x[i]) * scales[0] + offsets[0]) - x0) / cell)
+        fy = np.floor(((np.float64(y[i]) * scales[1] + offsets[1]) - y0) / cell)
+        if fx >= 0 and fx < nx and fy >= 0 and fy < ny:
+            labels[i] = table[np.int64(fy * nx + fx)]
+        else:
+            labels[i] = -1
+    return labels
+
+
+_table_labels_jit = _jit(_table_labels)
+
+
+def table_labels(
+    xy: tuple[NDArray[np.int32], NDArray[np.int32]],
+    scales: NDArray[np.float64],
+    offsets: NDArray[np.float64],
+    table_grid: tuple[float, float, float, int, int],
+    table: NDArray[np.int32],
+) -> NDArray[np.int32]:
+    """The owners ``(n,)`` in ``table`` of points given by their integer ``X, Y`` ``(n,)`` each
+    (any stride) and their ``scales`` and ``offsets`` (``(3,)`` or more; the floats of laspy's
+    scaling), -1 where the table has none or the point is outside it.
+
+    Args:
+        xy: the integer coordinates.
+        scales: the chunk's scales; offsets: its offsets (CRS units).
+        table_grid: ``(x0, y0, cell, nx, ny)``: the table's lower corner and cell (CRS units)
+            and its columns and rows; ``table`` is ``(ny * nx,)``, row by row, -1: not sure.
+    """
+    labels: NDArray[np.int32] = _table_labels_jit(
+        xy[0],
+        xy[1],
+        np.asarray(scales, dtype=np.float64),
+        np.asarray(offsets, dtype=np.float64),
+        np.asarray(table_grid, dtype=np.float64),
+        table,
+    )
+    return labels
