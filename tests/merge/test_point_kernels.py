@@ -171,3 +171,15 @@ def test_owners_from_integers_are_those_from_coordinates() -> None:
     want = owners.label_of_points(x, y)
     assert np.array_equal(owners.label_of_integers(xy, scales, offsets), want)
     assert len(np.unique(want)) == 4
+
+
+def test_laspys_format_3_to_7_layout_takes_the_fixed_offset_copy() -> None:
+    from prefect_odm.merge.point_kernels import _is_3_to_7
+
+    f3, f7 = laspy.PointFormat(3), laspy.PointFormat(7)
+    layout = record_layout(f3, f3.dtype(), f7)
+    assert layout is not None
+    assert _is_3_to_7(f3.dtype().itemsize, f7.dtype().itemsize, layout.byte_map, layout.legacy)
+    other = record_layout(laspy.PointFormat(1), laspy.PointFormat(1).dtype(), laspy.PointFormat(6))
+    assert other is not None
+    assert not _is_3_to_7(28, 30, other.byte_map, other.legacy)
