@@ -9,6 +9,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.spatial import cKDTree
 
+from prefect_odm.merge.point_kernels import table_labels
 from prefect_odm.ownership import Ownership
 
 
@@ -71,5 +72,24 @@ class CellOwners:
         unsure = labels < 0
         if unsure.any():
             _, nearest = self._tree.query(np.column_stack([x[unsure], y[unsure]]), k=1)
+            labels[unsure] = self._labels[nearest]
+        return labels
+
+    def label_of_integers(
+        self,
+        xy: tuple[NDArray[np.int32], NDArray[np.int32]],
+        scales: NDArray[np.float64],
+        offsets: NDArray[np.float64],
+    ) -> NDArray[np.int32]:
+        """:meth:`label_of_points` of points given by their integer LAS ``X, Y`` ``(n,)`` each,
+        ``scales`` and ``offsets`` (laspy's scaling, in one compiled pass: no float arrays but
+        those of the points near seams)."""
+        grid = (self._x0, self._y0, self._cell, self._nx, self._ny)
+        labels = table_labels(xy, scales, offsets, grid, self._table)
+        unsure = np.flatnonzero(labels < 0)
+        if unsure.size:
+            x = xy[0][unsure] * scales[0] + offsets[0]
+            y = xy[1][unsure] * scales[1] + offsets[1]
+            _, nearest = self._tree.query(np.column_stack([x, y]), k=1)
             labels[unsure] = self._labels[nearest]
         return labels

@@ -36,6 +36,7 @@ from prefect_odm.merge.copc_file import CopcFileWriter, CopcHeader
 from prefect_odm.merge.las_points import (
     COPC_FORMAT,
     convert_points,
+    record_layout,
     select_points,
     take_records,
     whole_steps,
@@ -44,12 +45,13 @@ from prefect_odm.merge.octree import (
     CELL_POINTS,
     GRID_BITS,
     MAX_DEPTH,
+    MORTON_SPREAD,
     OctreeCube,
     build_cell,
     cell_of,
-    morton,
     spill_depth,
 )
+from prefect_odm.merge.point_kernels import copy_rows, spill_order
 from prefect_odm.merge.spill import SpillStore
 
 log = logging.getLogger(__name__)
@@ -134,83 +136,76 @@ class CopcBuilder:
         Raises:
             MergeError: a point outside the octree's cube.
         """
-        index = None if keep is None else np.flatnonzero(keep)
-        if len(points) == 0 or (index is not None and index.size == 0):
+        index = np.flatnonzero(keep) if keep is not None else np.arange(len(points))
+        if index.size == 0:
             return
         steps = whole_steps(points, self.header)
-        if steps is None:  # rescaled: convert (with its rounding) first, key the result
-            points = convert_points(
-                points if index is None else select_points(points, index), self.header
+        layout = None
+        if steps is not None:
+            layout = record_layout(
+                points.point_format, points.array.dtype, self.header.point_format
             )
-            index, steps = None, (0, 0, 0)
-        keys = morton(*self._grid(points.array, index, steps))
-        cells = cell_of(keys, self.depth).astype(np.uint16)  # < 2**15: depth <= 5
-        order = np.argsort(cells, kind="stable")  # radix sort: few distinct cells
-        taken = take_records(points.array, order if index is None else index[order])
-        records = self._in_format(taken, points, steps)
+        if steps is None or layout is None:  # rescaled, or not by bytes: convert first
+            points = convert_points(select_points(points, index), self.header)
+            index, steps = np.arange(len(points)), (0, 0, 0)
+            layout = record_layout(
+                points.point_format, points.array.dtype, self.header.point_format
+            )
+            assert layout is not None, "a record in the header's own format is copied by bytes"
+        array = points.array
+        s, o = self.header.scales, self.header.offsets
+        grid = (
+            self.cube.origin,
+            float(2**GRID_BITS) / self.cube.size_m,
+            2**GRID_BITS,
+            MORTON_SPREAD,
+        )
+        keys, dest, counts, lo, hi = spill_order(
+            (array["X"], array["Y"], array["Z"]), index, steps, (s, o), grid, self.depth
+        )
+        self._check_bounds(lo, hi)
+        records, returns = copy_rows(
+            array, index, dest, self._dtype, (layout.byte_map, layout.legacy), steps, layout.tables
+        )
         gps = records["gps_time"]
         self._gps = [min(self._gps[0], float(gps.min())), max(self._gps[1], float(gps.max()))]
-        self._returns += np.bincount(records["bit_fields"] & 0x0F, minlength=16)[:16]
-        self._append_sorted(self.depth, cells[order], records, keys[order])
+        self._returns += returns
+        cells = np.flatnonzero(counts)
+        stops = np.cumsum(counts)[cells]
+        self._append_runs(self.depth, cells, stops - counts[cells], records, keys)
         self.points += int(records.size)
 
-    def _grid(
-        self, records: NDArray[Any], index: NDArray[np.int64] | None, steps: tuple[int, int, int]
-    ) -> list[NDArray[np.int64]]:
-        """The octree grid coordinates ``[gx, gy, gz]`` of the records at ``index``, in the
-        header's offsets (``steps`` away): the same floats as laspy's scaling of the converted
-        records, then :meth:`.OctreeCube.grid`'s, computed in place; the bounds updated.
+    def _check_bounds(self, lo: NDArray[np.int64], hi: NDArray[np.int64]) -> None:
+        """Widen the bounds by a chunk's least and greatest integer ``X, Y, Z`` ``(3,)`` (the
+        header's offsets; the same floats as laspy's scaling).
 
         Raises:
             MergeError: a point outside the octree's cube.
         """
         per_m = float(2**GRID_BITS) / self.cube.size_m
-        out = []
-        for axis, name in enumerate(("X", "Y", "Z")):
-            ints = records[name] if index is None else records[name][index]
-            ints = ints.astype(np.int64) + steps[axis]
+        for axis in range(3):
             scale, offset = self.header.scales[axis], self.header.offsets[axis]
-            low = self.cube.origin[axis]
-            ends = np.array([ints.min(), ints.max()]) * scale + offset  # x is monotonic in X
+            ends = np.array([lo[axis], hi[axis]]) * scale + offset  # x is monotonic in X
             self._lo[axis] = min(self._lo[axis], float(ends[0]))
             self._hi[axis] = max(self._hi[axis], float(ends[1]))
-            cells = np.floor((ends - low) * per_m)
+            cells = np.floor((ends - self.cube.origin[axis]) * per_m)
             if cells[0] < 0 or cells[1] >= 2**GRID_BITS:
                 raise MergeError("a point lies outside the bounds of the input headers")
-            values = ints * scale
-            values += offset
-            values -= low
-            values *= per_m
-            out.append(np.floor(values, out=values).astype(np.int64))
-        return out
 
-    def _in_format(
+    def _append_runs(
         self,
+        depth: int,
+        cells: NDArray[np.int64],
+        starts: NDArray[np.int64],
         records: NDArray[Any],
-        source: laspy.ScaleAwarePointRecord,
-        steps: tuple[int, int, int],
-    ) -> NDArray[Any]:
-        """``records`` (of ``source``'s format, scales and offsets) in the header's format and
-        offsets (``steps`` whole steps away)."""
-        if source.point_format == self.header.point_format:
-            for name, step in zip(("X", "Y", "Z"), steps, strict=True):
-                if step:
-                    records[name] += np.int32(step)
-            return records
-        chunk = laspy.ScaleAwarePointRecord(
-            records, source.point_format, source.scales, source.offsets
-        )
-        return np.asarray(convert_points(chunk, self.header).array)
-
-    def _append_sorted(
-        self, depth: int, cells: NDArray[Any], records: NDArray[Any], keys: NDArray[np.uint64]
+        keys: NDArray[np.uint64],
     ) -> set[tuple[int, ...]]:
-        """Append points and keys, sorted by spill cell, to their cells ``(depth, cell)``;
-        returns those cells."""
-        starts = np.flatnonzero(np.r_[True, cells[1:] != cells[:-1]])
+        """Append the runs ``starts[i]`` .. ``starts[i + 1]`` (the last to the end) of points
+        and keys, sorted by spill cell, to their cells ``(depth, cells[i])``; returns those."""
         touched: set[tuple[int, ...]] = set()
-        for start, stop in zip(starts, np.r_[starts[1:], cells.size], strict=True):
-            key = (depth, int(cells[start]))
+        stops = np.r_[starts[1:], records.size]
+        for cell, start, stop in zip(cells.tolist(), starts.tolist(), stops.tolist(), strict=True):
+            key = (depth, int(cell))
             self._cells.append(key, records[start:stop])
             self._keys.append(key, keys[start:stop])
             touched.add(key)
@@ -221,7 +216,11 @@ class CopcBuilder:
     ) -> set[tuple[int, ...]]:
         """Append points and keys to the spill cells ``(depth, cell)``; returns those cells."""
         order = np.argsort(cells, kind="stable")
-        return self._append_sorted(depth, cells[order], take_records(records, order), keys[order])
+        cells = cells[order]
+        starts = np.flatnonzero(np.r_[True, cells[1:] != cells[:-1]])
+        return self._append_runs(
+            depth, cells[starts], starts, take_records(records, order), keys[order]
+        )
 
     def discard(self) -> None:
         """Remove the spilled points without writing a file (after a failure upstream)."""

@@ -259,6 +259,52 @@ def _legacy_to_extended(src: NDArray[Any], out: NDArray[Any]) -> None:
     out["scan_angle"] = _SCAN_RANK_TO_ANGLE[src["scan_angle_rank"].view(np.uint8)]
 
 
+@dataclass(frozen=True)
+class RecordLayout:
+    """How a record of one point format is written in format 6-8 byte by byte (for the
+    compiled copy, :func:`.point_kernels.copy_rows`).
+
+    Attributes:
+        byte_map: ``(itemsize,)`` the source byte of each output byte: every field both formats
+            have but the repacked ones; -1 where the output byte is zero or repacked.
+        legacy: ``(7,)`` for a format 0-3 source, the source offsets of ``bit_fields``,
+            ``raw_classification`` and ``scan_angle_rank`` and the output offsets of
+            ``bit_fields``, ``classification_flags``, ``classification`` and ``scan_angle``
+            (repacked as :func:`_legacy_to_extended` does); all -1 for a format 6-8 source.
+        tables: the ``bit_fields`` byte table ``(256,)`` and the scan angle table ``(256,)``.
+    """
+
+    byte_map: NDArray[np.int64]
+    legacy: NDArray[np.int64]
+    tables: tuple[NDArray[np.uint8], NDArray[np.int16]]
+
+
+def record_layout(
+    source: laspy.PointFormat, dtype: np.dtype, target: laspy.PointFormat
+) -> RecordLayout | None:
+    """The byte layout that writes records of ``source`` (whose records have ``dtype``) in
+    ``target`` (6-8), or None where the copy is not by bytes: extra bytes on either side, or a
+    source neither of ``target``'s format nor of format 0-3."""
+    plain = not source.num_extra_bytes and not target.num_extra_bytes
+    if not plain or target.id not in (6, 7, 8) or not (source == target or source.id <= 3):
+        return None
+    out = target.dtype()
+    names = [n for n in dtype.names or () if n in (out.names or ())]
+    if source.id <= 3:
+        names = [n for n in names if n != "bit_fields"]
+    byte_map = np.full(out.itemsize, -1, dtype=np.int64)
+    for s_off, d_off, size in _byte_runs(dtype, out, names):
+        byte_map[d_off : d_off + size] = np.arange(s_off, s_off + size)
+    offset = {n: int(f[1]) for n, f in (dtype.fields or {}).items()}
+    out_offset = {n: int(f[1]) for n, f in (out.fields or {}).items()}
+    legacy = np.full(7, -1, dtype=np.int64)
+    if source.id <= 3:
+        legacy[:3] = [offset[n] for n in ("bit_fields", "raw_classification", "scan_angle_rank")]
+        repacked = ("bit_fields", "classification_flags", "classification", "scan_angle")
+        legacy[3:] = [out_offset[n] for n in repacked]
+    return RecordLayout(byte_map, legacy, (_RETURNS_TO_EXTENDED, _SCAN_RANK_TO_ANGLE))
+
+
 def _copy_dimensions(chunk: laspy.ScaleAwarePointRecord, out: laspy.ScaleAwarePointRecord) -> None:
     """Copy every dimension but X, Y, Z from ``chunk`` into ``out`` (by name, through laspy)."""
     have = set(chunk.point_format.dimension_names)

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from prefect_odm.merge.point_kernels import key_order, level_order, levels_of
+
 GRID_BITS = 15
 """Bits per axis of a point's grid coordinates: level 8 nodes are 2**7 cells wide."""
 CELL_BITS = 7
@@ -43,8 +45,6 @@ CELL_POINTS = 2_000_000
 
 NodeKey = tuple[int, int, int, int]
 """A COPC voxel key ``(level, x, y, z)``; the root is ``(0, 0, 0, 0)``."""
-
-_HASH = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing (Knuth), to pick a point in a cell
 
 
 @dataclass(frozen=True)
@@ -133,9 +133,9 @@ def _compact1by2(u: NDArray[np.uint64]) -> NDArray[np.int64]:
     return v.astype(np.int64)
 
 
-_SPREAD = _part1by2(np.arange(256, dtype=np.int64))
+MORTON_SPREAD = _part1by2(np.arange(256, dtype=np.int64))
 """A byte's bits spread to every third bit (a table, for :func:`morton`)."""
-_SPREAD_XYZ = (_SPREAD << np.uint64(2), _SPREAD << np.uint64(1), _SPREAD)
+_SPREAD_XYZ = (MORTON_SPREAD << np.uint64(2), MORTON_SPREAD << np.uint64(1), MORTON_SPREAD)
 
 
 def morton(
@@ -177,26 +177,7 @@ def assign_levels(keys: NDArray[np.uint64], depth: int) -> NDArray[np.int8]:
     Returns:
         ``(n,)`` levels, 0 .. :data:`MAX_DEPTH`, in the order of ``keys``.
     """
-    level = np.full(keys.size, -1, dtype=np.int8)
-    alive = np.arange(keys.size)
-    for lv in range(MAX_DEPTH + 1):
-        if alive.size == 0:
-            break
-        if lv == MAX_DEPTH:
-            level[alive] = lv
-            break
-        k = keys[alive]
-        take = np.zeros(alive.size, dtype=bool)
-        if lv >= depth:
-            _, node_len = _runs(k >> np.uint64(3 * (GRID_BITS - lv)))
-            take |= np.repeat(node_len <= LEAF_POINTS, node_len)
-        cells = k >> np.uint64(3 * (GRID_BITS - CELL_BITS - lv))
-        starts, lengths = _runs(cells)
-        spread = (cells[starts] * _HASH) >> np.uint64(33)
-        take[starts + (spread % lengths.astype(np.uint64)).astype(np.int64)] = True
-        level[alive[take]] = lv
-        alive = alive[~take]
-    return level
+    return levels_of(keys, depth, (MAX_DEPTH, GRID_BITS, CELL_BITS, LEAF_POINTS))
 
 
 @dataclass(frozen=True)
@@ -219,21 +200,15 @@ class CellBuild:
 def _key_order(
     keys: NDArray[np.uint64], depth: int
 ) -> tuple[NDArray[np.int64], NDArray[np.uint64]]:
-    """The stable sort order of ``keys`` (all in one cell of ``depth``) and the sorted keys: the
-    cell-local key and the point's index packed into one 64-bit word and sorted (numpy's
-    vectorised sort; the sorted keys unpacked from it, with the cell's prefix), else a stable
-    argsort when they do not fit."""
+    """The stable sort order of ``keys`` (all in one cell of ``depth``) and the sorted keys: a
+    radix sort of their cell-local bits (:func:`.point_kernels.key_order`), the cell's prefix
+    put back."""
+    if keys.size == 0:
+        return np.zeros(0, dtype=np.int64), keys.copy()
     local_bits = 3 * (GRID_BITS - depth)
-    index_bits = max(1, int(keys.size - 1).bit_length())
-    if local_bits + index_bits > 64 or keys.size == 0:
-        order = np.argsort(keys, kind="stable")
-        return order, keys[order]
-    local = keys & np.uint64(2**local_bits - 1)
-    packed = (local << np.uint64(index_bits)) | np.arange(keys.size, dtype=np.uint64)
-    packed.sort()
+    order, local = key_order(keys, local_bits)
     prefix = (keys[0] >> np.uint64(local_bits)) << np.uint64(local_bits)
-    order = (packed & np.uint64(2**index_bits - 1)).astype(np.int64)
-    return order, (packed >> np.uint64(index_bits)) | prefix
+    return order, local | prefix
 
 
 def build_cell(keys: NDArray[np.uint64], depth: int) -> CellBuild:
@@ -249,11 +224,8 @@ def build_cell(keys: NDArray[np.uint64], depth: int) -> CellBuild:
     """
     by_key, sorted_keys = _key_order(keys, depth)
     level = assign_levels(sorted_keys, depth)
-    by_level = np.argsort(level, kind="stable")
-    order = by_key[by_level]
-    counts = np.bincount(level, minlength=MAX_DEPTH + 1)
-    levels = np.repeat(np.arange(MAX_DEPTH + 1, dtype=np.int8), counts)  # = level[by_level]
-    keys_out = sorted_keys[by_level]
+    order, keys_out, counts = level_order(level, by_key, sorted_keys, MAX_DEPTH + 1)
+    levels = np.repeat(np.arange(MAX_DEPTH + 1, dtype=np.int8), counts)  # level, sorted
     nodes: list[tuple[NodeKey, int, int]] = []
     ancestors: list[tuple[NodeKey, int, int]] = []
     lv_starts, lv_len = _runs(levels.astype(np.uint64))

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import laspy
 import numpy as np
 import pyproj
+from numpy.typing import NDArray
 
 from prefect_odm.align.report import AlignmentReport
 from prefect_odm.errors import MergeError
@@ -141,16 +142,12 @@ class _Streamer:
         """Write the points of one chunk that ``label`` owns (reprojected, then moved by the
         alignment's transform, when given); returns how many."""
         transformer, moved = moves
-        x, y = np.asarray(chunk.x), np.asarray(chunk.y)
         xyz = None
-        if transformer is not None or moved is not None:
-            z = np.asarray(chunk.z)
-            if transformer is not None:
-                x, y, z = transformer.transform(x, y, z)
-            if moved is not None:
-                x, y, z = moved(np.stack([x, y, z], axis=1)).T
-            xyz = (x, y, z)
-        keep = cells.label_of_points(x, y) == label
+        if transformer is None and moved is None and isinstance(cells, CellOwners):
+            ints = (chunk.array["X"], chunk.array["Y"])
+            keep = cells.label_of_integers(ints, chunk.scales, chunk.offsets) == label
+        else:
+            keep, xyz = self._owned(chunk, moves, cells, label)
         count = int(keep.sum())
         assert self.writer is not None, "the streamer writes only inside _write_all"
         if count:
@@ -164,6 +161,27 @@ class _Streamer:
                     convert_points(select_points(chunk, keep), self.header, sel)
                 )
         return count
+
+    @staticmethod
+    def _owned(
+        chunk: laspy.ScaleAwarePointRecord,
+        moves: tuple[pyproj.Transformer | None, PointMover | None],
+        cells: CellOwners | LabelOwners,
+        label: int,
+    ) -> tuple[NDArray[np.bool_], tuple[Any, Any, Any] | None]:
+        """Which points of ``chunk`` ``label`` owns, from their coordinates in the output CRS
+        (reprojected, then moved, when given); and those coordinates (None: not moved)."""
+        transformer, moved = moves
+        x, y = np.asarray(chunk.x), np.asarray(chunk.y)
+        xyz = None
+        if transformer is not None or moved is not None:
+            z = np.asarray(chunk.z)
+            if transformer is not None:
+                x, y, z = transformer.transform(x, y, z)
+            if moved is not None:
+                x, y, z = moved(np.stack([x, y, z], axis=1)).T
+            xyz = (x, y, z)
+        return cells.label_of_points(x, y) == label, xyz
 
 
 def _check_written(
