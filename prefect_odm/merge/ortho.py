@@ -59,13 +59,9 @@ from prefect_odm.merge.reports import OrthoMergeReport, SeamQuality
 from prefect_odm.merge.seamline_rasters import seams_for
 from prefect_odm.merge.seamlines import OwnerLabels
 from prefect_odm.merge.seams import SeamMethod
-from prefect_odm.merge.sources import (
-    GridPlan,
-    ThreadReaders,
-    placed_reads,
-    plan_grid,
-    sources_in,
-)
+from prefect_odm.merge.shared_readers import ThreadReaders
+from prefect_odm.merge.source_lifetimes import SourceLifetimes
+from prefect_odm.merge.sources import GridPlan, placed_reads, plan_grid, sources_in
 from prefect_odm.models import MergeOptions
 from prefect_odm.ownership import Ownership
 
@@ -165,6 +161,9 @@ class _OrthoBlocks:
             blended = weighted_sum(weights, raw)
         rgba, merged = to_rgba(blended, any_valid)
         return rgba, merged, union, sums
+
+    def retire(self, lifetimes: SourceLifetimes, item: int) -> None:
+        """Nothing to drop: the orthophoto holds nothing per source but its readers'."""
 
     def write(self, dst: Any, block: Block, result: _OrthoBlock) -> tuple[int, int]:
         rgba, merged, union, sums = result

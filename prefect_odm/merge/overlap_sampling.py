@@ -12,6 +12,7 @@ from rasterio.windows import Window
 
 from prefect_odm.align.stage_records import DsmSeam
 from prefect_odm.grid import intersect
+from prefect_odm.merge.source_lifetimes import SourceLifetimes
 from prefect_odm.merge.sources import GridPlan, RasterSource, SourceReader, Window4
 
 _STATS_MAX_PIXELS = 250_000
@@ -92,10 +93,15 @@ def overlap_samples(
     plan: GridPlan,
 ) -> Iterator[tuple[RasterSource, RasterSource, NDArray[np.float32], NDArray[np.float32]]]:
     """:func:`sample_overlap` of every overlapping pair (nearest resampling) that has common
-    data, in sorted id order: ``(a, b, values_a, values_b)`` with ``(bands, n)`` values."""
+    data, in sorted id order: ``(a, b, values_a, values_b)`` with ``(bands, n)`` values. A
+    source is closed after its last pair, so the reader holds those of the pairs around the
+    current one open, not every input."""
     reader = SourceReader(plan, Resampling.nearest)
+    pairs = list(overlap_pairs(plan))
+    lifetimes = SourceLifetimes.of_items((a.submodel_id, b.submodel_id) for a, b, _ in pairs)
     try:
-        for a, b, inter in overlap_pairs(plan):
+        for n, (a, b, inter) in enumerate(pairs):
+            reader.close_sources(lifetimes.finished(reader.open_ids, n))
             va, vb = sample_overlap(reader, a, b, inter)
             if va.shape[1] > 0:
                 yield a, b, va, vb
