@@ -27,7 +27,9 @@ from prefect_odm.errors import MergeError
 from prefect_odm.grid import Block, Grid, iter_blocks
 from prefect_odm.merge.cog import (
     DEFAULT_GDAL_CACHE_MB,
+    FINISH_GDAL_CACHE_MB,
     build_overviews,
+    gdal_cache_env,
     temporary_sibling,
     write_cog,
 )
@@ -277,8 +279,11 @@ def write_merged_raster(
             if blocks_done is not None:
                 blocks_done()
             check_union_coverage(out, totals[0], totals[1])
-            build_overviews(dst, run.workers)
-        write_cog(tmp_blocks, out, workers=run.workers, **cog_options)
+            finish_cache_mb = min(run.gdal_cache_mb, FINISH_GDAL_CACHE_MB)
+            with gdal_cache_env(finish_cache_mb):
+                build_overviews(dst, run.workers)
+        with gdal_cache_env(finish_cache_mb):
+            write_cog(tmp_blocks, out, workers=run.workers, **cog_options)
     finally:
         if tmp_blocks.exists():
             tmp_blocks.unlink()

@@ -96,6 +96,11 @@ the engine writes its DSMs. Heights are lossless at any level; level 1 wrote the
 52 Mpx merge's COG about twice as fast as GDAL's default 6 for a file 10 % larger
 (``benchmarks/bench_merge_dem.py``, RESULTS.md issue 35)."""
 
+_BLEND_ROWS = 128
+"""Rows of a block blended at a time: the blend holds about 40 bytes per pixel and source
+present, so a 512-pixel block crossed by 12 DSMs held 128 MiB at once; strips of 128 rows give
+the same pixels (each is blended on its own, as a block is) for a quarter of it."""
+
 _DemBlock = tuple[NDArray[np.float32], int, int, NDArray[np.float32] | None]
 """One block's ``(heights, pixels, union_pixels, measured band or None)``."""
 
@@ -245,18 +250,31 @@ class _DemBlocks:
         self._described = False
 
     def work(self, block: Block) -> _DemBlock:
-        present = sources_in(self.plan, block)
         h, w = block.height, block.width
         dem = np.full((h, w), DEM_NODATA, dtype=np.float32)
         measured = dem.copy() if self.measured else None
+        pixels = union = 0
+        for r in range(0, h, _BLEND_ROWS):
+            rows = slice(r, min(h, r + _BLEND_ROWS))
+            strip = Block(block.row_off + r, block.col_off, rows.stop - r, w)
+            done = self._blend(strip, dem[rows], None if measured is None else measured[rows])
+            pixels, union = pixels + done[0], union + done[1]
+        return dem, pixels, union, measured
+
+    def _blend(
+        self, strip: Block, dem: NDArray[np.float32], measured: NDArray[np.float32] | None
+    ) -> tuple[int, int]:
+        """Blend one strip of a block into ``dem`` and ``measured`` (its rows of the block's
+        arrays); returns ``(pixels, union_pixels)``."""
+        present = sources_in(self.plan, strip)
         if not present:
-            return dem, 0, 0, measured
-        k = len(present)
+            return 0, 0
+        k, h, w = len(present), strip.height, strip.width
         z = np.zeros((k, h, w), dtype=np.float32)
         valid = np.zeros((k, h, w), dtype=bool)
         edt = np.zeros((k, h, w), dtype=np.float32)
         flags = np.zeros((k, h, w), dtype=np.float32) if self.measured else None
-        for n, src, inter, sl, values, ok in placed_reads(self.readers.get(), present, block):
+        for n, src, inter, sl, values, ok in placed_reads(self.readers.get(), present, strip):
             z[n][sl] = values[0] - np.float32(self.offsets[src.submodel_id])
             if flags is not None:
                 flags[n][sl] = values[1]  # the measured band (no height correction on it)
@@ -266,13 +284,13 @@ class _DemBlocks:
         any_valid = valid.any(axis=0)
         union = int(any_valid.sum())
         if union == 0:
-            return dem, 0, 0, measured
+            return 0, 0
         if k == 1:
             dem[any_valid] = z[0][any_valid]
             if measured is not None and flags is not None:
                 measured[any_valid] = flags[0][any_valid] >= 0.5
-            return dem, union, union, measured
-        e = self.seams.seam_distance(block, [s.submodel_id for s, _ in present])
+            return union, union
+        e = self.seams.seam_distance(strip, [s.submodel_id for s, _ in present])
         taper = self.seams.weights(e, valid, self.feather_m)
         weights = height_weights(valid, edt, taper)
         if measured is not None and flags is not None:
@@ -281,7 +299,7 @@ class _DemBlocks:
             measured[any_valid] = blended_flags[any_valid] >= 0.5
         blended = weighted_heights(weights, z, valid)
         dem[any_valid] = blended[any_valid]
-        return dem, int(any_valid.sum()), union, measured
+        return int(any_valid.sum()), union
 
     def retire(self, lifetimes: SourceLifetimes, item: int) -> None:
         """Drop the edge distances of the sources no block from the ``item``-th on reads."""
