@@ -59,7 +59,7 @@ from prefect_odm.merge.reports import OrthoMergeReport, SeamQuality
 from prefect_odm.merge.seamline_rasters import seams_for
 from prefect_odm.merge.seamlines import OwnerLabels
 from prefect_odm.merge.seams import SeamMethod
-from prefect_odm.merge.shared_readers import ThreadReaders
+from prefect_odm.merge.shared_readers import SharedReaders, ThreadReaders
 from prefect_odm.merge.source_lifetimes import SourceLifetimes
 from prefect_odm.merge.sources import GridPlan, placed_reads, plan_grid, sources_in
 from prefect_odm.models import MergeOptions
@@ -279,7 +279,7 @@ def merge_orthophotos(
                       corrections=corrections if opts.colour_balance else None,
                       alignment=fixes)  # fmt: skip
     phases.done("seamlines")
-    readers = ThreadReaders(plan)
+    readers = SharedReaders(plan, run.workers)
     blocks = _OrthoBlocks(plan, readers, seams, corrections, opts.orthophoto_feather_m)
     cog: CogOptions = {
         "compress": compress,
