@@ -1,8 +1,8 @@
 """Block iteration of the raster merges (adapter: rasterio; threads).
 
 The output grid is cut into ``block_size`` blocks processed by a thread pool (:func:`run_blocks`);
-each thread opens its own datasets; at most ``workers + 1`` blocks are in flight, so memory does
-not depend on the mosaic size. Results are written in the calling thread, in block order, to a
+the threads read through the merge's readers (:mod:`.shared_readers`); at most ``workers + 1``
+blocks are in flight, so memory does not depend on the mosaic size. Results are written in the calling thread, in block order, to a
 tiled temporary GeoTIFF that becomes the COG (:func:`write_merged_raster`, :mod:`.cog`).
 
 The blocks run in bands across the grid's shorter side (:func:`block_order`: column by column
@@ -64,8 +64,9 @@ class RasterRun:
             the inputs already in the output CRS (of the warped ones only when none is).
         crs_epsg: output CRS; None: the CRS of the first input by sorted id.
         workers: threads reading and blending blocks (and compressing the COG).
-        block_size: block side in pixels; memory is about ``workers + 1`` blocks of
-            ``inputs_in_block * 40`` bytes per pixel plus ``gdal_cache_mb``.
+        block_size: block side in pixels; memory is about ``workers + 1`` blocks' results
+            plus, per worker, a strip of 128 rows of ``inputs_in_block * 40`` bytes per pixel
+            (the blend's), plus ``gdal_cache_mb``.
         progress: called with ``(blocks_done, blocks_total)`` from the calling thread.
         lattice_step_px: step of the exact seam-distance lattice (see :class:`.seams.SeamField`).
         gdal_cache_mb: GDAL block cache for this merge, MiB (``GDAL_CACHEMAX`` in a
