@@ -21,7 +21,11 @@ megapixels (points for the point cloud) and time per megapixel (per million poin
 per product, the ratio of the largest N to the smallest (the named baseline, same run).
 
 Usage: python benchmarks/bench_merge_city.py [--images 1800 10000] [--split 100]
-       [--ortho-res 0.5] [--dsm-res 1.0] [--points-per-m2 0.25] [--keep DIR]
+       [--ortho-res 0.5] [--dsm-res 1.0] [--points-per-m2 0.25] [--keep DIR [--reuse]]
+
+``--reuse`` merges the inputs an earlier ``--keep DIR`` run wrote there (same sizes and
+options) instead of writing them again: the before and after of a merge change on the same
+files (``benchmarks/compare_rasters.py`` then compares the outputs pixel by pixel).
 """
 
 from __future__ import annotations
@@ -135,6 +139,29 @@ def write_products(plan: Any, folder: Path, args: argparse.Namespace) -> dict[st
     return out
 
 
+def kept_inputs(work: Path) -> tuple[Any, dict[str, dict[str, Path]]]:
+    """The plan and per-product inputs an earlier ``--keep`` run left in ``work``.
+
+    Raises:
+        SystemExit: ``work`` holds no plan or misses a submodel's product.
+    """
+    from prefect_odm.models import SplitPlan
+
+    plan_json = work / "plan.json"
+    if not plan_json.is_file():
+        raise SystemExit(f"--reuse: {plan_json} not found (run with --keep first)")
+    plan = SplitPlan.model_validate_json(plan_json.read_text())
+    names = {"orthophoto": "orthophoto.tif", "dsm": "dsm.tif", "point_cloud": "point_cloud.laz"}
+    out: dict[str, dict[str, Path]] = {p: {} for p in PRODUCTS}
+    for sm in plan.submodels:
+        for product, name in names.items():
+            path = work / "submodels" / sm.id / name
+            if not path.is_file():
+                raise SystemExit(f"--reuse: {path} not found")
+            out[product][sm.id] = path
+    return plan, out
+
+
 def merge_child(
     product: str, inputs: dict[str, Path], plan_json: str, out: Path, queue: Any
 ) -> None:
@@ -180,7 +207,12 @@ def main() -> None:
     parser.add_argument("--points-per-m2", type=float, default=0.25)
     parser.add_argument("--products", nargs="+", default=list(PRODUCTS), choices=PRODUCTS)
     parser.add_argument("--keep", type=Path, default=None, help="keep inputs and outputs here")
+    parser.add_argument(
+        "--reuse", action="store_true", help="merge the inputs already kept in --keep DIR"
+    )
     args = parser.parse_args()
+    if args.reuse and args.keep is None:
+        parser.error("--reuse needs --keep DIR")
     from prefect_odm.plan.planning import plan_split
 
     print(
@@ -192,17 +224,21 @@ def main() -> None:
     figures: dict[tuple[int, str], tuple[float, float, float, float]] = {}
     with bench_folder(args.keep, "bench_merge_city_") as root:
         for n in args.images:
-            plan = plan_split(city_survey(n), split=args.split)
             work = root / f"n{n}"
             plan_json = work / "plan.json"
-            work.mkdir(parents=True, exist_ok=True)
-            plan_json.write_text(plan.model_dump_json())
             t0 = time.perf_counter()
-            inputs = write_products(plan, work / "submodels", args)
+            if args.reuse:
+                plan, inputs = kept_inputs(work)
+            else:
+                plan = plan_split(city_survey(n), split=args.split)
+                work.mkdir(parents=True, exist_ok=True)
+                plan_json.write_text(plan.model_dump_json())
+                inputs = write_products(plan, work / "submodels", args)
             megabytes = sum(p.stat().st_size for d in inputs.values() for p in d.values()) / 2**20
             print(
                 f"n={n}: {len(plan.submodels)} submodels, overlap {plan.split_overlap_m:g} m; "
-                f"inputs written in {time.perf_counter() - t0:.0f} s ({megabytes:.0f} MiB)",
+                f"inputs {'reused' if args.reuse else 'written'} in "
+                f"{time.perf_counter() - t0:.0f} s ({megabytes:.0f} MiB)",
                 flush=True,
             )
             for product in args.products:

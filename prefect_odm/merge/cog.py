@@ -25,6 +25,12 @@ from prefect_odm.errors import MergeError
 DEFAULT_GDAL_CACHE_MB = 64
 """GDAL block cache of a merge, MiB (see ``gdal_cache_mb``)."""
 
+FINISH_GDAL_CACHE_MB = 16
+"""GDAL block cache while the overviews are built and the COG is copied, MiB (at most the
+merge's): both pass over the tiled temporary GeoTIFF once, so a larger cache only held more
+tiles (64 MiB filled by a 8.5 Mpx DSM, 16 MiB in a 1.9 Mpx one) for the same CPU time
+(``benchmarks/bench_merge_city.py``, RESULTS.md issue 33)."""
+
 COG_BLOCK_SIZE = 512
 """Tile side of the written COGs, pixels."""
 
@@ -37,14 +43,18 @@ def temporary_sibling(out: Path, tag: str) -> Path:
     return out.with_name(f".{out.stem}.{tag}.{uuid.uuid4().hex[:8]}.tif")
 
 
+def gdal_cache_env(cache_mb: int) -> rasterio.Env:
+    """``rasterio.Env`` bounding GDAL's block cache to ``cache_mb`` MiB inside it."""
+    # in bytes: a small integer is not read as megabytes here
+    return rasterio.Env(GDAL_CACHEMAX=int(cache_mb) * 1024 * 1024)
+
+
 def with_gdal_cache(fn: Callable[_P, _R]) -> Callable[_P, _R]:
     """Run ``fn`` inside ``rasterio.Env(GDAL_CACHEMAX=gdal_cache_mb)`` (keyword, default 64)."""
 
     @functools.wraps(fn)
     def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        cache_mb = kwargs.get("gdal_cache_mb", DEFAULT_GDAL_CACHE_MB)
-        # in bytes: a small integer is not read as megabytes here
-        with rasterio.Env(GDAL_CACHEMAX=int(cache_mb) * 1024 * 1024):  # type: ignore[call-overload]
+        with gdal_cache_env(int(kwargs.get("gdal_cache_mb", DEFAULT_GDAL_CACHE_MB))):  # type: ignore[call-overload]
             return fn(*args, **kwargs)
 
     return wrapper

@@ -8,11 +8,12 @@ Heights are blended with weights
 where ``edt_k`` is the distance in metres from the pixel to the edge of submodel ``k``'s data
 (``scipy.ndimage.distance_transform_edt`` on its valid mask, computed once per input at a
 decimated resolution whose longer side is at most ``edt_max_side_px`` and interpolated
-bilinearly) and ``taper_k`` is the seam weight of the seam method (``ownership``: the feathering of
-:func:`.seams.blend_weights`) over a band
-``feather_m`` wide around the ownership seams. So the owner dominates its own cell, blending is
-smooth across seams, and a submodel fades out towards the edge of its own data. Where the
-weights vanish but some submodel has data, the one with data farthest from its edge is used.
+bilinearly; :mod:`.edge_distances`, when a block first needs it, dropped after the last) and
+``taper_k`` is the seam weight of the seam method (``ownership``: the feathering of
+:func:`.seams.blend_weights`) over a band ``feather_m`` wide around the ownership seams. So
+the owner dominates its own cell, blending is smooth across seams, and a submodel fades out
+towards the edge of its own data. Where the weights vanish but some submodel has data, the one
+with data farthest from its edge is used.
 
 Heights and tilts between submodels come from the alignment (:mod:`prefect_odm.align`): each
 input is placed with its corrected geotransform and its height plane is added to the values as
@@ -32,7 +33,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar, Unpack
 
@@ -40,7 +40,6 @@ import numpy as np
 from numpy.typing import NDArray
 from rasterio.enums import Resampling
 from rasterio.windows import Window
-from scipy.ndimage import distance_transform_edt
 
 from prefect_odm.align.report import AlignmentReport
 from prefect_odm.align.similarity import RasterCorrection
@@ -56,6 +55,7 @@ from prefect_odm.merge.blocks import (
     write_merged_raster,
 )
 from prefect_odm.merge.cog import with_gdal_cache
+from prefect_odm.merge.edge_distances import EdgeDistances
 from prefect_odm.merge.footprints import resolve_ownership
 from prefect_odm.merge.overlap_sampling import dsm_seam, overlap_pairs, sample_overlap
 from prefect_odm.merge.rasterio_options import CogOptions
@@ -63,12 +63,12 @@ from prefect_odm.merge.reports import DemMergeReport
 from prefect_odm.merge.seamline_rasters import seams_for
 from prefect_odm.merge.seamlines import OwnerLabels
 from prefect_odm.merge.seams import SeamMethod
-from prefect_odm.merge.shared_readers import SharedReaders
+from prefect_odm.merge.shared_readers import SharedReaders, ThreadReaders
+from prefect_odm.merge.source_lifetimes import SourceLifetimes
 from prefect_odm.merge.sources import (
     GridPlan,
     RasterSource,
     SourceReader,
-    ThreadReaders,
     Window4,
     placed_reads,
     plan_grid,
@@ -96,6 +96,11 @@ the engine writes its DSMs. Heights are lossless at any level; level 1 wrote the
 52 Mpx merge's COG about twice as fast as GDAL's default 6 for a file 10 % larger
 (``benchmarks/bench_merge_dem.py``, RESULTS.md issue 35)."""
 
+_BLEND_ROWS = 128
+"""Rows of a block blended at a time: the blend holds about 40 bytes per pixel and source
+present, so a 512-pixel block crossed by 12 DSMs held 128 MiB at once; strips of 128 rows give
+the same pixels (each is blended on its own, as a block is) for a quarter of it."""
+
 _DemBlock = tuple[NDArray[np.float32], int, int, NDArray[np.float32] | None]
 """One block's ``(heights, pixels, union_pixels, measured band or None)``."""
 
@@ -110,72 +115,6 @@ def has_measured_band(path: Path) -> bool:
             return bool(ds.count >= 2 and ds.descriptions[1] == MEASURED_DESCRIPTION)
     except rasterio.errors.RasterioIOError:
         return False
-
-
-@dataclass(frozen=True)
-class EdgeDistance:
-    """Distance to the data edge of one source, on a decimated copy of its window.
-
-    Attributes:
-        factor_rows, factor_cols: output-grid pixels per decimated pixel.
-        distance_m: ``(rows + 2, cols + 2)`` float32 (one padding cell each side), metres.
-    """
-
-    factor_rows: float
-    factor_cols: float
-    distance_m: NDArray[np.float32]
-
-    def sample(self, src: RasterSource, window: Window4) -> NDArray[np.float32]:
-        """Bilinear distance at the centres of a window of the output grid, ``(rows, cols)``.
-
-        The arithmetic of ``scipy.ndimage.map_coordinates(order=1)`` (the four corners'
-        ``value * w_row * w_col`` summed in float64 in the same order, so the same float32
-        results), on the grid's rows and columns separately: the weights and indexes are
-        per row and per column, and only the decimated cells under the window are read.
-        """
-        rows = np.arange(window[0], window[0] + window[2]) - src.row_off + 0.5
-        cols = np.arange(window[1], window[1] + window[3]) - src.col_off + 0.5
-        rr = rows / self.factor_rows - 0.5 + 1.0
-        cc = cols / self.factor_cols - 0.5 + 1.0
-        r0, c0 = np.floor(rr).astype(np.intp), np.floor(cc).astype(np.intp)
-        wr1, wc1 = (rr - r0)[:, None], (cc - c0)[None, :]
-        wr0, wc0 = 1.0 - wr1, 1.0 - wc1
-        sub = self.distance_m[r0[0] : r0[-1] + 2, c0[0] : c0[-1] + 2].astype(np.float64)
-        top, bottom = sub[r0 - r0[0]], sub[r0 - r0[0] + 1]
-        c0 -= c0[0]
-        out = top[:, c0] * wr0 * wc0
-        out += top[:, c0 + 1] * wr0 * wc1
-        out += bottom[:, c0] * wr1 * wc0
-        out += bottom[:, c0 + 1] * wr1 * wc1
-        result: NDArray[np.float32] = out.astype(np.float32)
-        return result
-
-
-def edge_distance(
-    reader: SourceReader, src: RasterSource, resolution_m: float, max_side_px: int
-) -> EdgeDistance:
-    """Distance transform of a source's valid mask (padded so the raster edge is a data edge),
-    the validity of its first value band (the heights; for a DSM with the measured band the
-    same cells, as the engine writes it).
-
-    Args:
-        reader: a reader of the grid plan (nearest resampling).
-        src: the source.
-        resolution_m: output pixel size, metres.
-        max_side_px: longest side of the decimated mask.
-    """
-    factor = max(1, -(-max(src.height, src.width) // max_side_px))
-    shape = (max(1, src.height // factor), max(1, src.width // factor))
-    # the heights' validity only: a decimated read of both bands of a pixel-interleaved
-    # GeoTIFF decodes every tile twice (0.49 against 0.27 s CPU for a 4000 x 4000 DSM)
-    heights = replace(src, value_bands=src.value_bands[:1])
-    _, valid = reader.read(heights, src.window, out_shape=shape if factor > 1 else None)
-    padded = np.zeros((shape[0] + 2, shape[1] + 2), dtype=bool)
-    padded[1:-1, 1:-1] = valid
-    fr = src.height / shape[0]
-    fc = src.width / shape[1]
-    dist = distance_transform_edt(padded, sampling=(fr * resolution_m, fc * resolution_m))
-    return EdgeDistance(fr, fc, np.asarray(dist, dtype=np.float32))
 
 
 def vertical_offsets(
@@ -231,38 +170,36 @@ def _worst_median(medians: Mapping[str, float], sid: str) -> float:
 
 
 def _on_threads(
-    plan: GridPlan, workers: int, items: Sequence[_T], fn: Callable[[SourceReader, _T], _U]
+    plan: GridPlan,
+    workers: int,
+    items: Sequence[_T],
+    fn: Callable[[SourceReader, _T], _U],
+    lifetimes: SourceLifetimes,
 ) -> list[_U]:
     """``fn(reader, item)`` for each item on ``workers`` threads, one nearest-resampling reader
-    per thread (GDAL decodes tiles outside the GIL), results in the order of ``items``."""
+    per thread (GDAL decodes tiles outside the GIL), results in the order of ``items``. Before
+    the ``n``-th item a thread closes its sources that no item from the ``n``-th on reads
+    (``lifetimes``), so its reader holds those of the items around it, not every input."""
     local = threading.local()
     readers: list[SourceReader] = []
     lock = threading.Lock()
 
-    def one(item: _T) -> _U:
+    def one(numbered: tuple[int, _T]) -> _U:
+        n, item = numbered
         reader = getattr(local, "reader", None)
         if reader is None:
             reader = local.reader = SourceReader(plan, Resampling.nearest)
             with lock:
                 readers.append(reader)
+        reader.close_sources(lifetimes.finished(reader.open_ids, n))
         return fn(reader, item)
 
     try:
         with ThreadPoolExecutor(max(1, workers), thread_name_prefix="dem-read") as pool:
-            return list(pool.map(one, items))
+            return list(pool.map(one, enumerate(items)))
     finally:
         for reader in readers:
             reader.close()
-
-
-def edge_distances(plan: GridPlan, max_side_px: int, workers: int = 1) -> dict[str, EdgeDistance]:
-    """:func:`edge_distance` of every source, by submodel id, on ``workers`` threads. Each
-    source's distances depend only on that source, so any number of threads gives the same."""
-    res = plan.grid.resolution_m
-    found = _on_threads(
-        plan, workers, plan.sources, lambda r, s: edge_distance(r, s, res, max_side_px)
-    )
-    return {s.submodel_id: e for s, e in zip(plan.sources, found, strict=True)}
 
 
 def _overlap_figures(
@@ -283,7 +220,8 @@ def _overlap_figures(
         return float(np.median(va[0] - vb[0])), int(va.shape[1]), dsm_seam(va, vb, measured)
 
     pairs = list(overlap_pairs(plan))
-    found = _on_threads(plan, workers, pairs, figures)
+    lifetimes = SourceLifetimes.of_items((a.submodel_id, b.submodel_id) for a, b, _ in pairs)
+    found = _on_threads(plan, workers, pairs, figures, lifetimes)
     return [
         (a, b, med, n, seam) for (a, b, _), (med, n, seam) in zip(pairs, found, strict=True) if n
     ]
@@ -298,7 +236,7 @@ class _DemBlocks:
         readers: ThreadReaders,
         seams: SeamMethod,
         offsets: Mapping[str, float],
-        edges: Mapping[str, EdgeDistance],
+        edges: EdgeDistances,
         feather_m: float,
         measured: bool = False,
     ) -> None:
@@ -312,34 +250,47 @@ class _DemBlocks:
         self._described = False
 
     def work(self, block: Block) -> _DemBlock:
-        present = sources_in(self.plan, block)
         h, w = block.height, block.width
         dem = np.full((h, w), DEM_NODATA, dtype=np.float32)
         measured = dem.copy() if self.measured else None
+        pixels = union = 0
+        for r in range(0, h, _BLEND_ROWS):
+            rows = slice(r, min(h, r + _BLEND_ROWS))
+            strip = Block(block.row_off + r, block.col_off, rows.stop - r, w)
+            done = self._blend(strip, dem[rows], None if measured is None else measured[rows])
+            pixels, union = pixels + done[0], union + done[1]
+        return dem, pixels, union, measured
+
+    def _blend(
+        self, strip: Block, dem: NDArray[np.float32], measured: NDArray[np.float32] | None
+    ) -> tuple[int, int]:
+        """Blend one strip of a block into ``dem`` and ``measured`` (its rows of the block's
+        arrays); returns ``(pixels, union_pixels)``."""
+        present = sources_in(self.plan, strip)
         if not present:
-            return dem, 0, 0, measured
-        k = len(present)
+            return 0, 0
+        k, h, w = len(present), strip.height, strip.width
         z = np.zeros((k, h, w), dtype=np.float32)
         valid = np.zeros((k, h, w), dtype=bool)
         edt = np.zeros((k, h, w), dtype=np.float32)
         flags = np.zeros((k, h, w), dtype=np.float32) if self.measured else None
-        for n, src, inter, sl, values, ok in placed_reads(self.readers.get(), present, block):
+        for n, src, inter, sl, values, ok in placed_reads(self.readers.get(), present, strip):
             z[n][sl] = values[0] - np.float32(self.offsets[src.submodel_id])
             if flags is not None:
                 flags[n][sl] = values[1]  # the measured band (no height correction on it)
             valid[n][sl] = ok
             if k > 1:
-                edt[n][sl] = self.edges[src.submodel_id].sample(src, inter)
+                edt[n][sl] = self.edges.of(src).sample(src, inter)
         any_valid = valid.any(axis=0)
         union = int(any_valid.sum())
         if union == 0:
-            return dem, 0, 0, measured
+            return 0, 0
         if k == 1:
             dem[any_valid] = z[0][any_valid]
             if measured is not None and flags is not None:
                 measured[any_valid] = flags[0][any_valid] >= 0.5
-            return dem, union, union, measured
-        e = self.seams.seam_distance(block, [s.submodel_id for s, _ in present])
+            return union, union
+        e = self.seams.seam_distance(strip, [s.submodel_id for s, _ in present])
         taper = self.seams.weights(e, valid, self.feather_m)
         weights = height_weights(valid, edt, taper)
         if measured is not None and flags is not None:
@@ -348,7 +299,11 @@ class _DemBlocks:
             measured[any_valid] = blended_flags[any_valid] >= 0.5
         blended = weighted_heights(weights, z, valid)
         dem[any_valid] = blended[any_valid]
-        return dem, int(any_valid.sum()), union, measured
+        return int(any_valid.sum()), union
+
+    def retire(self, lifetimes: SourceLifetimes, item: int) -> None:
+        """Drop the edge distances of the sources no block from the ``item``-th on reads."""
+        self.edges.retire(lifetimes, item)
 
     def write(self, dst: Any, block: Block, result: _DemBlock) -> tuple[int, int]:
         dem, pixels, union, measured = result
@@ -403,7 +358,7 @@ def merge_dems(
             overlaps' median differences are then residuals, reported, not removed. None, or
             identity transforms, leave the inputs as they are.
         edt_max_side_px: longest side of the decimated masks for the edge distances (memory:
-            about ``8 * edt_max_side_px**2`` bytes per input).
+            about ``8 * edt_max_side_px**2`` bytes per input the current blocks read).
         seamlines: the merge's owner labels for ``seam_method='least-cost'``; None computes
             them from ``inputs`` (:func:`.seamline_rasters.seams_for`).
         **raster: ``resolution_m``, ``crs_epsg``, ``workers``, ``block_size``, ``progress``,
@@ -426,7 +381,7 @@ def merge_dems(
     remove = opts.remove_vertical_offsets and alignment is None
     offsets, medians, seams_of = vertical_offsets(plan, remove, opts.max_dem_offset_m,
                                                   measured, run.workers)  # fmt: skip
-    edges = edge_distances(plan, edt_max_side_px, run.workers)
+    edges = EdgeDistances(plan, edt_max_side_px)
     seams = seams_for(opts.seam_method, owners, plan, run.lattice_step_px, seamlines=seamlines,
                       dsms={k: Path(v) for k, v in inputs.items()}, alignment=fixes)  # fmt: skip
     readers = SharedReaders(plan, run.workers)

@@ -35,6 +35,7 @@ def footprint_centres(plan: GridPlan) -> dict[str, tuple[float, float]]:
             factor = max(1, -(-max(src.height, src.width) // _FOOTPRINT_MAX_SIDE_PX))
             shape = (max(1, src.height // factor), max(1, src.width // factor))
             _, valid = reader.read(src, src.window, out_shape=shape)
+            reader.close_sources([src.submodel_id])  # read once: not every input held open
             rows, cols = np.nonzero(valid)
             if rows.size == 0:
                 raise MergeError(f"input {src.submodel_id} ({src.path}) holds no data")

@@ -59,13 +59,9 @@ from prefect_odm.merge.reports import OrthoMergeReport, SeamQuality
 from prefect_odm.merge.seamline_rasters import seams_for
 from prefect_odm.merge.seamlines import OwnerLabels
 from prefect_odm.merge.seams import SeamMethod
-from prefect_odm.merge.sources import (
-    GridPlan,
-    ThreadReaders,
-    placed_reads,
-    plan_grid,
-    sources_in,
-)
+from prefect_odm.merge.shared_readers import SharedReaders, ThreadReaders
+from prefect_odm.merge.source_lifetimes import SourceLifetimes
+from prefect_odm.merge.sources import GridPlan, placed_reads, plan_grid, sources_in
 from prefect_odm.models import MergeOptions
 from prefect_odm.ownership import Ownership
 
@@ -79,6 +75,11 @@ _RGBA_OPTIONS: GeoTiffOptions = {
     "ALPHA": "YES",
 }
 """GeoTIFF options of the merged orthophoto's blocks."""
+
+_BLEND_ROWS = 128
+"""Rows of a block blended at a time (about 30 bytes per pixel and orthophoto present: 80 MiB
+for a 512-pixel block under 10 of them); each strip is blended on its own, as a block is, so
+the pixels are the same for a quarter of the memory."""
 
 _OrthoBlock = tuple[NDArray[np.uint8], int, int, SeamSums]
 """One block's ``(rgba, pixels, union_pixels, seam sums)``."""
@@ -131,20 +132,35 @@ class _OrthoBlocks:
         self.seam_totals: SeamSums = {}
 
     def work(self, block: Block) -> _OrthoBlock:
-        present = sources_in(self.plan, block)
-        h, w = block.height, block.width
+        rgba = np.zeros((4, block.height, block.width), dtype=np.uint8)
+        merged = union = 0
+        sums: SeamSums = {}
+        for r in range(0, block.height, _BLEND_ROWS):
+            rows = slice(r, min(block.height, r + _BLEND_ROWS))
+            strip = Block(block.row_off + r, block.col_off, rows.stop - r, block.width)
+            done = self._blend(strip, rgba[:, rows])
+            merged, union = merged + done[0], union + done[1]
+            for key, val in done[2].items():
+                sums[key] = sums[key] + val if key in sums else val
+        return rgba, merged, union, sums
+
+    def _blend(self, strip: Block, rgba: NDArray[np.uint8]) -> tuple[int, int, SeamSums]:
+        """Read, balance and blend one strip of a block into ``rgba`` (its rows of the block's
+        array); returns ``(pixels, union_pixels, seam sums)``."""
+        present = sources_in(self.plan, strip)
+        h, w = strip.height, strip.width
         if not present:
-            return np.zeros((4, h, w), dtype=np.uint8), 0, 0, {}
+            return 0, 0, {}
         k = len(present)
         raw = np.zeros((k, 3, h, w), dtype=np.float32)
         valid = np.zeros((k, h, w), dtype=bool)
-        for n, _, _, (rows, cols), values, ok in placed_reads(self.readers.get(), present, block):
+        for n, _, _, (rows, cols), values, ok in placed_reads(self.readers.get(), present, strip):
             raw[n, :, rows, cols] = values[:3]
             valid[n, rows, cols] = ok
         any_valid = np.asarray(valid.any(axis=0))
         union = int(any_valid.sum())
         if union == 0:
-            return np.zeros((4, h, w), dtype=np.uint8), 0, 0, {}
+            return 0, 0, {}
         ids = [s.submodel_id for s, _ in present]
         sums: SeamSums = {}
         counts = valid.sum(axis=(1, 2))
@@ -153,18 +169,21 @@ class _OrthoBlocks:
             corr = self.corrections[ids[n]]
             blended = raw[n] * corr.gain + corr.offset
         else:
-            e = self.seams.seam_distance(block, ids)
+            e = self.seams.seam_distance(strip, ids)
             near = e <= self.band_m
             sums = balance_and_measure_seams(
                 raw, valid, near, ids, [self.corrections[sid] for sid in ids],
-                self.seams.colour_offsets(block, ids),
+                self.seams.colour_offsets(strip, ids),
             )  # fmt: skip
             del near
             weights = self.seams.weights(e, valid, self.feather_m)
             del e
             blended = weighted_sum(weights, raw)
-        rgba, merged = to_rgba(blended, any_valid)
-        return rgba, merged, union, sums
+        rgba[:], merged = to_rgba(blended, any_valid)
+        return merged, union, sums
+
+    def retire(self, lifetimes: SourceLifetimes, item: int) -> None:
+        """Nothing to drop: the orthophoto holds nothing per source but its readers'."""
 
     def write(self, dst: Any, block: Block, result: _OrthoBlock) -> tuple[int, int]:
         rgba, merged, union, sums = result
@@ -260,7 +279,7 @@ def merge_orthophotos(
                       corrections=corrections if opts.colour_balance else None,
                       alignment=fixes)  # fmt: skip
     phases.done("seamlines")
-    readers = ThreadReaders(plan)
+    readers = SharedReaders(plan, run.workers)
     blocks = _OrthoBlocks(plan, readers, seams, corrections, opts.orthophoto_feather_m)
     cog: CogOptions = {
         "compress": compress,

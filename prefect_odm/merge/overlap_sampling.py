@@ -12,6 +12,7 @@ from rasterio.windows import Window
 
 from prefect_odm.align.stage_records import DsmSeam
 from prefect_odm.grid import intersect
+from prefect_odm.merge.source_lifetimes import SourceLifetimes
 from prefect_odm.merge.sources import GridPlan, RasterSource, SourceReader, Window4
 
 _STATS_MAX_PIXELS = 250_000
@@ -25,10 +26,11 @@ of the window's width, every value band)."""
 def read_decimated_direct(
     reader: SourceReader, src: RasterSource, window: Window4, factor: int
 ) -> tuple[NDArray[np.float32], NDArray[np.bool_], Window4]:
-    """:meth:`SourceReader.read_decimated` of a source on the grid with a nodata value (no
-    warp, no correction, no alpha), by slicing full-resolution strips: the same cells (each
-    coarse pixel's centre falls on full-resolution pixel ``factor // 2`` of it), without
-    GDAL's warper. Other sources are read by :meth:`SourceReader.read_decimated`.
+    """:meth:`SourceReader.read_decimated` of a source on the grid with a nodata value or an
+    alpha band (no warp, no correction), by slicing full-resolution strips: the same cells
+    (each coarse pixel's centre falls on full-resolution pixel ``factor // 2`` of it), without
+    GDAL's warper and its coarse dataset's tiles. Other sources are read by
+    :meth:`SourceReader.read_decimated`.
 
     Returns:
         ``(values, valid, aligned)`` as :meth:`SourceReader.read_decimated` gives them.
@@ -37,20 +39,23 @@ def read_decimated_direct(
     rows = max(0, (window[0] + window[2]) // factor - r0)
     cols = max(0, (window[1] + window[3]) // factor - c0)
     direct = not src.warp and src.src_transform is None and src.heights is None
-    if not (direct and src.alpha_band is None and src.nodata is not None and rows and cols):
+    if not (direct and (src.alpha_band or src.nodata is not None) and rows and cols):
         return reader.read_decimated(src, window, factor)
     ds, half, bands = reader.dataset(src), factor // 2, list(src.value_bands)
-    values = np.empty((len(bands), rows, cols), dtype=np.float32)
+    read = bands + ([src.alpha_band] if src.alpha_band else [])
+    values = np.empty((len(read), rows, cols), dtype=np.float32)
     step = max(1, _STRIP_ROWS // factor)
     left = c0 * factor + half - src.col_off
     for i in range(0, rows, step):
         n = min(step, rows - i)
         top = (r0 + i) * factor + half - src.row_off
         win = Window(left, top, (cols - 1) * factor + 1, (n - 1) * factor + 1)
-        values[:, i : i + n] = ds.read(bands, window=win)[:, ::factor, ::factor]
+        values[:, i : i + n] = ds.read(read, window=win)[:, ::factor, ::factor]
+    aligned = (r0 * factor, c0 * factor, rows * factor, cols * factor)
+    if src.alpha_band:
+        return values[: len(bands)], values[len(bands)] > 0, aligned
     nd = np.float32(src.nodata)
-    valid = np.any((values != nd) & np.isfinite(values), axis=0)
-    return values, valid, (r0 * factor, c0 * factor, rows * factor, cols * factor)
+    return values, np.any((values != nd) & np.isfinite(values), axis=0), aligned
 
 
 def overlap_pairs(plan: GridPlan) -> Iterator[tuple[RasterSource, RasterSource, Window4]]:
@@ -92,10 +97,15 @@ def overlap_samples(
     plan: GridPlan,
 ) -> Iterator[tuple[RasterSource, RasterSource, NDArray[np.float32], NDArray[np.float32]]]:
     """:func:`sample_overlap` of every overlapping pair (nearest resampling) that has common
-    data, in sorted id order: ``(a, b, values_a, values_b)`` with ``(bands, n)`` values."""
+    data, in sorted id order: ``(a, b, values_a, values_b)`` with ``(bands, n)`` values. A
+    source is closed after its last pair, so the reader holds those of the pairs around the
+    current one open, not every input."""
     reader = SourceReader(plan, Resampling.nearest)
+    pairs = list(overlap_pairs(plan))
+    lifetimes = SourceLifetimes.of_items((a.submodel_id, b.submodel_id) for a, b, _ in pairs)
     try:
-        for a, b, inter in overlap_pairs(plan):
+        for n, (a, b, inter) in enumerate(pairs):
+            reader.close_sources(lifetimes.finished(reader.open_ids, n))
             va, vb = sample_overlap(reader, a, b, inter)
             if va.shape[1] > 0:
                 yield a, b, va, vb

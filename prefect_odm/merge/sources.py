@@ -4,16 +4,15 @@
 one grid snapped to the resolution (default: the finest input resolution in that CRS). An input
 on that grid is read directly; any other one (another CRS, resolution or pixel phase) is warped
 onto it with :class:`rasterio.vrt.WarpedVRT` (bilinear). :class:`SourceReader` reads a source's
-values and validity over any window of the output grid; :class:`ThreadReaders` keeps one reader
-per worker thread (datasets are not shared between threads). The pairs of sources that overlap
+values and validity over any window of the output grid (the block threads' readers are in
+:mod:`.shared_readers`). The pairs of sources that overlap
 and their co-located samples are in :mod:`prefect_odm.merge.overlap_sampling`.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -299,8 +298,8 @@ class SourceReader:
         """Nothing is opened until a source is first read."""
         self._plan = plan
         self._resampling = resampling
-        self._open: dict[str, Any] = {}
-        self._handles: list[Any] = []
+        self._open: dict[str, dict[int, Any]] = {}  # id -> {0: dataset, factor: (coarse, alpha)}
+        self._handles: dict[str, list[Any]] = {}
 
     def _warp_options(self, src: RasterSource, grid: Grid, resampling: Resampling) -> WarpOptions:
         """``WarpedVRT`` keywords that put ``src`` onto ``grid`` (in the plan CRS), its own alpha,
@@ -325,17 +324,17 @@ class SourceReader:
 
     def dataset(self, src: RasterSource) -> Any:
         """The (possibly warped) dataset of a source, opened on first use."""
-        ds = self._open.get(src.submodel_id)
+        opened = self._open.setdefault(src.submodel_id, {})
+        ds = opened.get(0)
         if ds is not None:
             return ds
-        raw = rasterio.open(src.path)
-        self._handles.append(raw)
+        handles = self._handles.setdefault(src.submodel_id, [])
+        ds = rasterio.open(src.path)
+        handles.append(ds)
         if src.warp:
-            ds = WarpedVRT(raw, **self._warp_options(src, src.grid, self._resampling))
-            self._handles.append(ds)
-        else:
-            ds = raw
-        self._open[src.submodel_id] = ds
+            ds = WarpedVRT(ds, **self._warp_options(src, src.grid, self._resampling))
+            handles.append(ds)
+        opened[0] = ds
         return ds
 
     def coarse_dataset(self, src: RasterSource, factor: int) -> tuple[Any, int | None]:
@@ -348,17 +347,16 @@ class SourceReader:
         of the full-resolution warp warped every output pixel first (283 of a 612 s merge at
         1,800 images).
         """
-        key = f"{src.submodel_id}@{factor}"
-        found = self._open.get(key)
+        opened = self._open.setdefault(src.submodel_id, {})
+        found = opened.get(factor)
         if found is None:
             coarse = self._plan.grid.coarsened(factor)
             options = self._warp_options(src, coarse, Resampling.nearest)
             raw = rasterio.open(src.path)
-            self._handles.append(raw)
             ds = WarpedVRT(raw, **options)
-            self._handles.append(ds)
+            self._handles.setdefault(src.submodel_id, []).extend([raw, ds])
             alpha = options.get("dst_alpha") or (ds.count if options.get("add_alpha") else None)
-            found = self._open[key] = (ds, alpha)
+            found = opened[factor] = (ds, alpha)
         return found
 
     def read_decimated(
@@ -435,40 +433,23 @@ class SourceReader:
             )
         return values, valid
 
+    @property
+    def open_ids(self) -> tuple[str, ...]:
+        """The submodel ids of the sources this reader holds open."""
+        return tuple(self._handles)
+
+    def close_sources(self, submodel_ids: Iterable[str]) -> None:
+        """Close the datasets of these sources (a later read opens them again). Each open
+        source holds a decoded tile and libtiff's buffers, about 0.6-0.9 MiB outside GDAL's
+        block cache, so a reader that keeps every source open grows with the merge's inputs."""
+        for sid in submodel_ids:
+            for handle in reversed(self._handles.pop(sid, [])):
+                handle.close()
+            self._open.pop(sid, None)
+
     def close(self) -> None:
         """Close every dataset this reader opened."""
-        for handle in reversed(self._handles):
-            handle.close()
-        self._handles.clear()
-        self._open.clear()
-
-
-class ThreadReaders:
-    """One :class:`SourceReader` per worker thread, all closed together."""
-
-    def __init__(self, plan: GridPlan) -> None:
-        """No reader exists until a thread asks for one (:meth:`get`)."""
-        self._plan = plan
-        self._local = threading.local()
-        self._lock = threading.Lock()
-        self._all: list[SourceReader] = []
-
-    def get(self) -> SourceReader:
-        """This thread's reader, made on first use."""
-        reader = getattr(self._local, "reader", None)
-        if reader is None:
-            reader = SourceReader(self._plan)
-            self._local.reader = reader
-            with self._lock:
-                self._all.append(reader)
-        return reader
-
-    def close(self) -> None:
-        """Close every thread's reader."""
-        with self._lock:
-            for reader in self._all:
-                reader.close()
-            self._all.clear()
+        self.close_sources(list(self._handles))
 
 
 def sources_in(plan: GridPlan, block: Block) -> list[tuple[RasterSource, Window4]]:

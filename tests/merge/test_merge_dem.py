@@ -86,8 +86,12 @@ def test_dem_is_deterministic_and_needs_data(two_dems, tmp_path: Path) -> None:
     merge_dems(tiles, tmp_path / "1.tif", ownership=own, block_size=64, workers=1)
     merge_dems(dict(reversed(tiles.items())), tmp_path / "2.tif", ownership=None, block_size=100)
     merge_dems(dict(reversed(tiles.items())), tmp_path / "3.tif", ownership=own, block_size=37)
+    # one block, blended in strips of 128 rows and 32
+    merge_dems(tiles, tmp_path / "4.tif", ownership=own, block_size=512)
     with rasterio.open(tmp_path / "1.tif") as d1, rasterio.open(tmp_path / "3.tif") as d3:
         assert np.array_equal(d1.read(), d3.read())
+        with rasterio.open(tmp_path / "4.tif") as d4:
+            assert np.array_equal(d1.read(), d4.read())
     empty = _write(tmp_path / "e.tif", np.full((10, 10), DEM_NODATA, np.float32), 0)
     with pytest.raises(MergeError):
         merge_dems({"e": empty}, tmp_path / "e_out.tif", ownership=None)

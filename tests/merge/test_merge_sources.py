@@ -70,3 +70,40 @@ def test_decimated_dem_reads_use_nodata(tmp_path: Path) -> None:
     assert aligned == (0, 0, 90, 120) and valid.shape == (30, 40)
     assert not valid[:10, :10].any() and valid[10:, :].all()
     assert np.all(values[0][valid] == 250.0)
+
+
+def test_direct_decimated_reads_of_rgba_sample_the_cells_gdals_warper_samples(
+    tmp_path: Path,
+) -> None:
+    """Orthophotos on the grid with an alpha band (a ragged edge, scattered holes) are
+    sliced from full-resolution strips too: the same values, validity and window as the warped
+    coarse read, so the colour balance solves the same corrections."""
+    from prefect_odm.merge.overlap_sampling import _STRIP_ROWS, read_decimated_direct
+
+    rng = np.random.default_rng(5)
+    rows, cols = _STRIP_ROWS + 61, 257
+    ground = ground_texture(rows, cols + 23)
+    alpha = rng.random((rows, cols)) < 0.9
+    alpha[:, :40] &= np.arange(rows)[:, None] % 7 > 2  # a ragged edge
+    inputs = {
+        "a": write_rgba(tmp_path / "a.tif", ground[:, :, :cols], LEFT, TOP, RES, alpha),
+        "b": write_rgba(
+            tmp_path / "b.tif", ground[:, :, 23:], LEFT + 23 * RES, TOP, RES, alpha[::-1]
+        ),
+    }
+    plan = plan_grid(inputs, resolution_m=None, crs_epsg=None, value_bands=3)
+    reader = SourceReader(plan, Resampling.nearest)
+    try:
+        for src in plan.sources:
+            assert not src.warp and src.alpha_band is not None
+            for factor in (2, 3, 4, 7):
+                for window in [src.window, (3, src.col_off + 5, rows - 10, 200), (51, 30, 99, 17)]:
+                    got = read_decimated_direct(reader, src, window, factor)
+                    want = reader.read_decimated(src, window, factor)
+                    assert got[2] == want[2], (factor, window)
+                    assert np.array_equal(got[1], want[1])
+                    if window == src.window:
+                        assert 0 < got[1].sum() < got[1].size
+                    assert np.array_equal(got[0][:, got[1]], want[0][:, want[1]])
+    finally:
+        reader.close()
