@@ -310,8 +310,9 @@ def _check_plan(args: argparse.Namespace, options: ProcessingOptions) -> None:
     """Scan the local images and plan them as the flow will, so that what the planner refuses
     (a survey too small; a split whose submodels are too small for structure from motion, or
     that the merge could not align at the ``--split-overlap-m`` asked) is refused before
-    Prefect's temporary server starts, with the flow's own one line. The plan is thrown away
-    (the flow makes it again; a scan of local images takes about a second per thousand).
+    Prefect's temporary server starts, with the flow's own one line. The flow's rescan is
+    answered by the identity cache and its plan is this one when nothing changed
+    (:func:`~prefect_odm.plan.cache.plan_split_once`).
 
     For the built-in engine the plan is the flow's (its identity and memory). With ``--nodes``
     their memory is not known here: ``--split auto`` and a submodel larger than every node are
@@ -347,19 +348,21 @@ def plan_local_images(
     """Scan ``args.images`` and plan it with ``args.split`` and ``args.split_overlap_m`` as the
     flow does: for the built-in engine (its identity and memory), or ``on_nodes`` for nodes
     not known yet (no memory). ``prefect-odm plan`` and ``reconstruct``'s edge both call it.
+    The flow's own scan then finds every image in the identity cache (no file read) and its
+    plan is this one (:func:`~prefect_odm.plan.cache.plan_split_once`).
 
     Raises:
         InputError: the images cannot be read or are too few to reconstruct.
         PlanningError: the planner refuses the split.
     """
     from prefect_odm.nodes.cluster import EMBEDDED_ENGINE_IDENTITY, embedded_memory_gib
-    from prefect_odm.plan.planning import plan_split
+    from prefect_odm.plan.cache import plan_split_once
     from prefect_odm.run_policy import check_survey_size
     from prefect_odm.survey.scan import scan_images
 
     survey = scan_images(args.images)
     check_survey_size(survey, args.images)
-    plan = plan_split(
+    plan = plan_split_once(
         survey,
         split=args.split,
         split_overlap_m=args.split_overlap_m,
