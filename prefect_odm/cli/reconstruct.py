@@ -8,10 +8,13 @@ the last run (``layout.LAST_RUN_FILE`` in the output root) without starting Pref
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Literal, TypedDict
 
 from prefect_odm import __version__, storage
@@ -360,18 +363,36 @@ def plan_local_images(
     from prefect_odm.run_policy import check_survey_size
     from prefect_odm.survey.scan import scan_images
 
-    survey = scan_images(args.images)
-    check_survey_size(survey, args.images)
-    plan = plan_split_once(
-        survey,
-        split=args.split,
-        split_overlap_m=args.split_overlap_m,
-        options=options,
-        engine_identity="unknown" if on_nodes else EMBEDDED_ENGINE_IDENTITY,
-        node_memory_gib=[] if on_nodes else [embedded_memory_gib()],
-        merge_options=merge,
-    )
+    with _records_kept():
+        survey = scan_images(args.images)
+        check_survey_size(survey, args.images)
+        plan = plan_split_once(
+            survey,
+            split=args.split,
+            split_overlap_m=args.split_overlap_m,
+            options=options,
+            engine_identity="unknown" if on_nodes else EMBEDDED_ENGINE_IDENTITY,
+            node_memory_gib=[] if on_nodes else [embedded_memory_gib()],
+            merge_options=merge,
+        )
     return survey, plan
+
+
+@contextmanager
+def _records_kept() -> Iterator[None]:
+    """Python's cyclic garbage collector paused while a survey is scanned and planned, then
+    what the command made frozen (kept out of later collections): the survey's and plan's
+    records live until the command ends, and every full collection walked all of them again
+    (2.5 of 8 CPU-s for a 50,000-image scan and plan; issue 33). Reference counting still
+    frees everything else."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+        gc.freeze()
 
 
 def _run_flow(args: argparse.Namespace, options: ProcessingOptions, embedded_api: bool) -> Manifest:

@@ -1,11 +1,12 @@
 """Scan a survey: list images, read their metadata, give every problem image a reason (adapter).
 
 Reads from a local folder (recursive) or any fsspec URL prefix (``s3://bucket/prefix`` with
-``storage_options``, e.g. an ``endpoint_url``). Per file it reads only the header bytes
-(:mod:`prefect_odm.survey.exif`) plus a short tail read that tells whether a JPEG is complete. Content
-identity: ``sha256:<hex>`` of the whole file for local files (remembered by path and stat in
-:mod:`prefect_odm.survey.identity_cache`, so an unchanged file is not read again); for object stores
-``etag:<etag>:<size>`` (no full read), falling back to sha256 when the store gives no ETag.
+``storage_options``, e.g. an ``endpoint_url``). Local folders: :mod:`prefect_odm.survey.local_scan`
+(an unchanged image is answered by :mod:`prefect_odm.survey.identity_cache` with no file opened;
+any other is read once, whole: ``sha256:<hex>`` identity, header, decode). Object stores: per
+file only the header bytes (:mod:`prefect_odm.survey.exif`) plus a short tail read that tells
+whether a JPEG is complete; identity ``etag:<etag>:<size>`` (no full read), falling back to
+sha256 when the store gives no ETag.
 
 Rejection rules (each rejected file keeps its reason, :data:`prefect_odm.models.RejectReason`):
 
