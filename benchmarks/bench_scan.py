@@ -55,14 +55,14 @@ def best_of(repeat: int, fn):
 def decode_cost(args: argparse.Namespace, n: int, t_scan: float, ours_local) -> None:
     """The whole-image decode's share of a first scan: the same scan with the decode skipped
     (the named baseline, same process), and a repeat that the identity cache answers."""
-    import prefect_odm.survey.scan as scan
+    import prefect_odm.survey.local_scan as local_scan
 
-    real = scan._decode_whole
-    scan._decode_whole = lambda res, path: None
+    real = local_scan.decode_whole
+    local_scan.decode_whole = lambda res, path, *data: None
     try:
         t_skip, _ = best_of(args.repeat, lambda: ours_local(False))
     finally:
-        scan._decode_whole = real
+        local_scan.decode_whole = real
     print(
         f"local  decode whole: first scan {t_scan:.2f} s, the same without decoding {t_skip:.2f} s"
         f" (baseline): decode {1000 * (t_scan - t_skip) / n:.1f} ms/image, ratio"

@@ -34,13 +34,15 @@ def plan_submodels(
     Each of the plan's warnings (wasteful overlap, merged duplicates, GPS problems seen before
     compute) is sent as a ``warning`` progress event, which the command line prints as
     ``warning: ...`` before any submodel runs (the flow logs them to the run). ``split_overlap_m``
-    None lets the planner widen the default overlap; a split the merge's alignment
+    None lets the planner widen the default overlap. The plan of ``prefect-odm reconstruct``'s
+    edge is reused when it planned the same survey the same way (:func:`plan_split_once`). A
+    split the merge's alignment
     (``merge_options``) could not tie raises ``PlanningError`` before anything is uploaded.
     """
     from prefect_odm import progress
-    from prefect_odm.plan.planning import plan_split
+    from prefect_odm.plan.cache import plan_split_once
 
-    plan = plan_split(
+    plan = plan_split_once(
         survey,
         split=split,
         split_overlap_m=split_overlap_m,

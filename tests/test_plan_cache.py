@@ -51,3 +51,34 @@ def test_missing_plan_raises_and_cache_stays_bounded(brighton_images, tmp_path):
         (copy / "survey.json").write_bytes(Path(url).with_name("survey.json").read_bytes())
         load_plan_and_survey(str(copy / "plan.json"))
     assert len(_cache) == MAX_PLANS
+
+
+def test_the_same_survey_planned_the_same_way_is_planned_once(brighton_images, tmp_path):
+    """reconstruct's edge plans, then its flow plans the same survey again: one plan."""
+    from prefect_odm.models import ProcessingOptions
+    from prefect_odm.plan.cache import plan_split_once
+
+    survey = scan_images(str(brighton_images))
+    asked = dict(
+        split=5,
+        split_overlap_m=10.0,
+        options=ProcessingOptions(),
+        engine_identity="unknown",
+        node_memory_gib=[],
+        merge_options=None,
+    )
+    first = plan_split_once(survey, **asked)
+    assert first == plan_split(survey, split=5, split_overlap_m=10.0)
+    # A rescan's survey (an equal copy, another object) gets the same plan object.
+    assert plan_split_once(scan_images(str(brighton_images)), **asked) is first
+    assert plan_split_once(survey, **{**asked, "node_memory_gib": ()}) is first
+    # Another argument, or a survey that differs in one image, is planned again.
+    other = plan_split_once(survey, **{**asked, "split": 9})
+    assert other is not first and len(other.submodels) < len(first.submodels)
+    moved = survey.model_copy(
+        update={
+            "images": [survey.images[0].model_copy(update={"name": "x.jpg"})] + survey.images[1:]
+        }
+    )
+    replanned = plan_split_once(moved, **asked)
+    assert replanned is not first and "x.jpg" in {c.name for c in replanned.cameras}

@@ -266,7 +266,7 @@ def test_a_photo_that_does_not_decode_whole_is_set_aside_once_decoded_ok_ones_ar
     """Intact header, GPS and end marker, a stray start-of-frame marker inside the entropy-coded
     data: Pillow raises ``OSError: broken data stream`` on ``load()``. The scan names the file;
     a repeat scan decodes again only what it did not see decode whole."""
-    import prefect_odm.survey.scan as scan
+    import prefect_odm.survey.local_scan as local_scan
 
     monkeypatch.setenv("PREFECT_ODM_HOME", str(tmp_path / "home"))
     root = tmp_path / "survey"
@@ -283,9 +283,11 @@ def test_a_photo_that_does_not_decode_whole_is_set_aside_once_decoded_ok_ones_ar
         image.load()
 
     decoded: list[str] = []
-    real = scan._decode_whole
+    real = local_scan.decode_whole
     monkeypatch.setattr(
-        scan, "_decode_whole", lambda res, path: (decoded.append(path.name), real(res, path))
+        local_scan,
+        "decode_whole",
+        lambda res, path, *data: (decoded.append(Path(path).name), real(res, path, *data)),
     )
     survey = scan_images(str(root))
     assert [(r.name, r.reason) for r in survey.rejected] == [("DJI_0020.JPG", "unreadable")]

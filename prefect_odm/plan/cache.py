@@ -1,4 +1,4 @@
-"""A run's plan and survey, read and validated once per process.
+"""A run's plan and survey, read and validated once per process; a survey planned once.
 
 Every submodel's flow needs the plan and the survey (image URLs). Read from storage and
 validated for each submodel, that work grew with images x submodels: 0.5 s of CPU per submodel at
@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Literal
 
 from prefect_odm import storage
 from prefect_odm.errors import StorageError
 from prefect_odm.layout import plan_file
-from prefect_odm.models import SplitPlan, Survey
+from prefect_odm.models import MergeOptions, ProcessingOptions, SplitPlan, Survey
 
 MAX_PLANS = 4
 """Plans kept per process (one per survey a long-lived worker has seen lately)."""
@@ -67,3 +68,48 @@ def load_plan_and_survey(plan_url: str) -> tuple[SplitPlan, Survey]:
         while len(_cache) > MAX_PLANS:
             _cache.popitem(last=False)
     return plan, survey
+
+
+_last_split: list[tuple[tuple[Any, ...], Survey, SplitPlan]] = []
+
+
+def plan_split_once(
+    survey: Survey,
+    *,
+    split: int | Literal["auto"],
+    split_overlap_m: float | None,
+    options: ProcessingOptions | None,
+    engine_identity: str,
+    node_memory_gib: Sequence[float],
+    merge_options: MergeOptions | None,
+) -> SplitPlan:
+    """:func:`~prefect_odm.plan.planning.plan_split` of ``survey``, or the plan of the last
+    call in this process when that call planned an equal survey with equal arguments.
+
+    ``prefect-odm reconstruct`` plans local images at its edge (the planner's refusals before
+    Prefect starts), then its flow plans the same survey again: 10 CPU-s at 50,000 images
+    (issue 33). The planner is deterministic, so the second plan is the first. The plan is
+    shared by both callers: treat it as read-only.
+
+    Raises:
+        PlanningError: see :func:`~prefect_odm.plan.planning.plan_split`.
+    """
+    from prefect_odm.plan.planning import plan_split
+
+    key = (split, split_overlap_m, options, engine_identity, tuple(node_memory_gib), merge_options)
+    with _lock:
+        last = _last_split[0] if _last_split else None
+    if last is not None and last[0] == key and (last[1] is survey or last[1] == survey):
+        return last[2]
+    plan = plan_split(
+        survey,
+        split=split,
+        split_overlap_m=split_overlap_m,
+        options=options,
+        engine_identity=engine_identity,
+        node_memory_gib=node_memory_gib,
+        merge_options=merge_options,
+    )
+    with _lock:
+        _last_split[:] = [(key, survey, plan)]
+    return plan

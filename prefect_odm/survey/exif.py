@@ -59,6 +59,7 @@ from prefect_odm.survey.tiff_ifd import (
 __all__ = [
     "HEADER_READ_BYTES",
     "MAX_HEADER_BYTES",
+    "METADATA_READER_VERSION",
     "TAIL_READ_BYTES",
     "HeaderProblem",
     "ImageFormat",
@@ -83,6 +84,10 @@ logger = logging.getLogger(__name__)
 #: Bytes read first from each file: the EXIF APP1 segment is at most 64 KiB (EXIF 2.32 4.5.4);
 #: longer headers (XMP, ICC) are read on demand.
 HEADER_READ_BYTES = 65_536
+#: The version of what :func:`parse_metadata` reads from a header: raise it when a header would
+#: read differently (the identity cache keeps metadata per reader version and reads again
+#: files stored by another one). The fields of ImageMetadata are part of the version.
+METADATA_READER_VERSION = "1:" + ",".join(ImageMetadata.model_fields)
 #: Bytes read from the end of a JPEG to find its end-of-image marker.
 TAIL_READ_BYTES = 1_024
 #: A JPEG header longer than this is treated as unreadable (guards against runaway reads).

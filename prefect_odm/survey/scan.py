@@ -1,11 +1,12 @@
 """Scan a survey: list images, read their metadata, give every problem image a reason (adapter).
 
 Reads from a local folder (recursive) or any fsspec URL prefix (``s3://bucket/prefix`` with
-``storage_options``, e.g. an ``endpoint_url``). Per file it reads only the header bytes
-(:mod:`prefect_odm.survey.exif`) plus a short tail read that tells whether a JPEG is complete. Content
-identity: ``sha256:<hex>`` of the whole file for local files (remembered by path and stat in
-:mod:`prefect_odm.survey.identity_cache`, so an unchanged file is not read again); for object stores
-``etag:<etag>:<size>`` (no full read), falling back to sha256 when the store gives no ETag.
+``storage_options``, e.g. an ``endpoint_url``). Local folders: :mod:`prefect_odm.survey.local_scan`
+(an unchanged image is answered by :mod:`prefect_odm.survey.identity_cache` with no file opened;
+any other is read once, whole: ``sha256:<hex>`` identity, header, decode). Object stores: per
+file only the header bytes (:mod:`prefect_odm.survey.exif`) plus a short tail read that tells
+whether a JPEG is complete; identity ``etag:<etag>:<size>`` (no full read), falling back to
+sha256 when the store gives no ETag.
 
 Rejection rules (each rejected file keeps its reason, :data:`prefect_odm.models.RejectReason`):
 
@@ -23,32 +24,39 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import numpy as np
 
-from prefect_odm.errors import ImageHeaderError, InputError, NoImagesError, StorageError
+from prefect_odm.errors import InputError, NoImagesError, StorageError
 from prefect_odm.fingerprints import survey_fingerprint
 from prefect_odm.geo import project_lonlat, survey_utm_epsg
-from prefect_odm.models import ImageMetadata, ImageRecord, RejectedImage, RejectReason, Survey
+from prefect_odm.models import ImageMetadata, ImageRecord, RejectedImage, Survey
 from prefect_odm.settings import prefect_odm_home
 from prefect_odm.storage import StorageOptions, file_size_bytes, filesystem, is_local, local_path
-from prefect_odm.survey.exif import RangeReader, file_range_reader, read_metadata
+from prefect_odm.survey.exif import METADATA_READER_VERSION
 from prefect_odm.survey.flight_checks import low_altitude_mask, position_outlier_mask
-from prefect_odm.survey.identity_cache import IdentityCache, open_default_cache
+from prefect_odm.survey.identity_cache import open_default_cache
+from prefect_odm.survey.local_scan import (
+    IMAGE_SUFFIXES as IMAGE_SUFFIXES,  # re-exported
+)
+from prefect_odm.survey.local_scan import (
+    FileResult,
+    is_image_name,
+    is_stray_name,
+    local_folder,
+    map_in_threads,
+    no_images_error,
+    read_header_into,
+    scan_local,
+    stray_result,
+)
 
 logger = logging.getLogger(__name__)
-
-#: File name endings scanned as images (case-insensitive).
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".tif", ".tiff", ".png")
-_HASH_CHUNK = 1 << 20
 
 
 @dataclass
@@ -71,103 +79,19 @@ class ScanStats:
         return self.files / self.seconds if self.seconds else 0.0
 
 
-@dataclass
-class _FileResult:
-    name: str
-    url: str
-    size_bytes: int
-    identity: str = ""
-    meta: ImageMetadata | None = None
-    reason: RejectReason | None = None
-    detail: str = ""
-    metadata_bytes: int = 0
-    identity_bytes: int = 0
-
-
-def _is_image_name(name: str) -> bool:
-    return name.lower().endswith(IMAGE_SUFFIXES) and not os.path.basename(name).startswith(".")
-
-
-def _is_stray_name(name: str) -> bool:
-    """A visible file that is not an image by its name (``README.txt``): listed as skipped."""
-    return not _is_image_name(name) and not any(part.startswith(".") for part in name.split("/"))
-
-
-def _stray(name: str, url: str, size: int) -> _FileResult:
-    detail = f"not an image file name (expected {', '.join(IMAGE_SUFFIXES)}); skipped"
-    return _FileResult(name=name, url=url, size_bytes=size, reason="not_an_image", detail=detail)
-
-
-_T = TypeVar("_T")
-
-
-def _scan_all(
-    scan: Callable[[_T], _FileResult], items: Sequence[_T], max_workers: int
-) -> list[_FileResult]:
-    with ThreadPoolExecutor(max_workers=max(1, max_workers)) as pool:
-        return list(pool.map(scan, items))
-
-
-def _read_header_into(res: _FileResult, read: RangeReader) -> None:
-    """Fill ``res.meta`` from the file's header, or its rejection reason."""
-    try:
-        res.meta, res.metadata_bytes = read_metadata(read, res.size_bytes)
-    except ImageHeaderError as exc:
-        res.reason, res.detail = exc.reason, exc.detail
-
-
-def _scan_local_file(root: Path, path: Path, cache: IdentityCache | None) -> _FileResult:
-    name = path.relative_to(root).as_posix()
-    st = path.stat()
-    res = _FileResult(name=name, url=str(path), size_bytes=st.st_size)
-    with path.open("rb") as fh:
-        _read_header_into(res, file_range_reader(fh))
-        known = cache.get(path, st) if cache is not None else None
-        if known is not None:
-            res.identity = known
-            return res
-        digest = hashlib.sha256()
-        fh.seek(0)
-        while chunk := fh.read(_HASH_CHUNK):
-            digest.update(chunk)
-            res.identity_bytes += len(chunk)
-    res.identity = f"sha256:{digest.hexdigest()}"
-    if res.reason is None:
-        _decode_whole(res, path)
-    if cache is not None and res.reason is None:  # only images that decoded whole are remembered
-        cache.put(path, st, res.identity)
-    return res
-
-
-def _decode_whole(res: _FileResult, path: Path) -> None:
-    """Decode every pixel of the image (Pillow): a file with an intact header, GPS and end
-    marker but scrambled data inside gets ``unreadable`` here, not in an engine stage later.
-
-    Run once per file content: an image that decoded whole is remembered in the identity cache
-    and not decoded again by a repeat scan.
-    """
-    from PIL import Image
-
-    try:
-        with Image.open(path) as image:
-            image.load()
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
-        res.reason, res.detail = "unreadable", f"does not decode whole ({exc})"
-
-
 def _scan_remote_file(
     fs: Any, root: str, path: str, info: Mapping[str, object], protocol: str
-) -> _FileResult:
+) -> FileResult:
     name = path[len(root) :].lstrip("/")
     size = file_size_bytes(info)
-    res = _FileResult(name=name, url=f"{protocol}://{path}", size_bytes=size)
+    res = FileResult(name=name, url=f"{protocol}://{path}", size_bytes=size)
 
     def read(offset: int, length: int) -> bytes:
         if length <= 0:
             return b""
         return bytes(fs.cat_file(path, start=offset, end=offset + length))
 
-    _read_header_into(res, read)
+    read_header_into(res, read)
     etag = info.get("ETag") or info.get("etag")
     if etag:
         res.identity = f"etag:{str(etag).strip(chr(34))}:{size}"
@@ -176,10 +100,6 @@ def _scan_remote_file(
         res.identity_bytes = len(data)
         res.identity = f"sha256:{hashlib.sha256(data).hexdigest()}"
     return res
-
-
-def _no_images(images: str) -> NoImagesError:
-    return NoImagesError(f"{images}: no image files ({', '.join(IMAGE_SUFFIXES)}) found")
 
 
 def check_local_images(images: str) -> None:
@@ -193,11 +113,11 @@ def check_local_images(images: str) -> None:
     """
     if "://" in images and not images.startswith("file://"):
         return
-    root = _local_folder(images)
+    root = local_folder(images)
     for path in root.rglob("*"):
-        if _is_image_name(path.relative_to(root).as_posix()) and path.is_file():
+        if is_image_name(path.relative_to(root).as_posix()) and path.is_file():
             return
-    raise _no_images(images)
+    raise no_images_error(images)
 
 
 def check_output_outside_images(images: str, output: str) -> None:
@@ -227,37 +147,9 @@ def check_output_outside_images(images: str, output: str) -> None:
         )
 
 
-def _local_folder(images: str) -> Path:
-    """The folder of a local images location (a path or ``file://`` URL).
-
-    Raises:
-        InputError: it does not exist or is not a folder.
-    """
-    root = Path(images[len("file://") :] if images.startswith("file://") else images)
-    if not root.exists():
-        raise InputError(f"{images}: does not exist")
-    if not root.is_dir():
-        raise InputError(f"{images}: is not a folder")
-    return root
-
-
-def _scan_local(images: str, max_workers: int, cache: IdentityCache | None) -> list[_FileResult]:
-    root = _local_folder(images)
-    files = sorted(p for p in root.rglob("*") if p.is_file())
-    paths = [p for p in files if _is_image_name(p.relative_to(root).as_posix())]
-    if not paths:
-        raise _no_images(images)
-    strays = [
-        _stray(p.relative_to(root).as_posix(), str(p), p.stat().st_size)
-        for p in files
-        if _is_stray_name(p.relative_to(root).as_posix())
-    ]
-    return _scan_all(lambda p: _scan_local_file(root, p, cache), paths, max_workers) + strays
-
-
 def _scan_remote(
     images: str, storage_options: StorageOptions | None, max_workers: int
-) -> list[_FileResult]:
+) -> list[FileResult]:
     fs, root_path = filesystem(images, storage_options)
     protocol = images.split("://", 1)[0]
     root_path = root_path.rstrip("/")
@@ -270,23 +162,21 @@ def _scan_remote(
     entries = sorted(
         (p, info)
         for p, info in found.items()
-        if info.get("type", "file") == "file" and _is_image_name(p[len(root_path) :].lstrip("/"))
+        if info.get("type", "file") == "file" and is_image_name(p[len(root_path) :].lstrip("/"))
     )
     if not entries:
         if not found and not fs.exists(root_path):
             raise InputError(f"{images}: does not exist")
-        raise _no_images(images)
+        raise no_images_error(images)
     strays = [
-        _stray(p[len(root_path) :].lstrip("/"), f"{protocol}://{p}", file_size_bytes(info))
+        stray_result(p[len(root_path) :].lstrip("/"), f"{protocol}://{p}", file_size_bytes(info))
         for p, info in sorted(found.items())
-        if info.get("type", "file") == "file" and _is_stray_name(p[len(root_path) :].lstrip("/"))
+        if info.get("type", "file") == "file" and is_stray_name(p[len(root_path) :].lstrip("/"))
     ]
-    return (
-        _scan_all(
-            lambda e: _scan_remote_file(fs, root_path, e[0], e[1], protocol), entries, max_workers
-        )
-        + strays
+    scanned = map_in_threads(
+        lambda e: _scan_remote_file(fs, root_path, e[0], e[1], protocol), entries, max_workers
     )
+    return [*scanned, *strays]
 
 
 def _list_and_scan(
@@ -294,18 +184,22 @@ def _list_and_scan(
     storage_options: StorageOptions | None,
     max_workers: int,
     use_identity_cache: bool,
-) -> list[_FileResult]:
+) -> list[FileResult]:
     if "://" not in images or images.startswith("file://"):
-        cache = open_default_cache(prefect_odm_home()) if use_identity_cache else None
+        cache = (
+            open_default_cache(prefect_odm_home(), METADATA_READER_VERSION)
+            if use_identity_cache
+            else None
+        )
         try:
-            return _scan_local(images, max_workers, cache)
+            return scan_local(images, max_workers, cache)
         finally:
             if cache is not None:
                 cache.close()
     return _scan_remote(images, storage_options, max_workers)
 
 
-def _mark_duplicates(readable: list[_FileResult]) -> None:
+def _mark_duplicates(readable: list[FileResult]) -> None:
     """Reject every image with the identity of one earlier in name order."""
     seen: dict[str, str] = {}
     for r in readable:
@@ -315,7 +209,7 @@ def _mark_duplicates(readable: list[_FileResult]) -> None:
             seen[r.identity] = r.name
 
 
-def _mark_without_gps(readable: list[_FileResult]) -> None:
+def _mark_without_gps(readable: list[FileResult]) -> None:
     """Reject the images without a GPS position, or with GPS at exactly (0, 0)."""
     for r in readable:
         if r.reason is not None:
@@ -327,7 +221,7 @@ def _mark_without_gps(readable: list[_FileResult]) -> None:
             r.reason, r.detail = "gps_zero", "GPS position is (0, 0)"
 
 
-def _metas(results: list[_FileResult]) -> list[ImageMetadata]:
+def _metas(results: list[FileResult]) -> list[ImageMetadata]:
     """The metadata of files whose header was read."""
     metas: list[ImageMetadata] = []
     for r in results:
@@ -336,7 +230,7 @@ def _metas(results: list[_FileResult]) -> list[ImageMetadata]:
     return metas
 
 
-def _mark_position_outliers(located: list[_FileResult]) -> None:
+def _mark_position_outliers(located: list[FileResult]) -> None:
     """Reject the images far from the rest (:func:`position_outlier_mask`)."""
     metas = _metas(located)
     lat = np.array([m.latitude for m in metas], dtype=np.float64)
@@ -352,7 +246,7 @@ def _mark_position_outliers(located: list[_FileResult]) -> None:
             r.detail = f"{np.hypot(xi - cx, yi - cy):.0f} m from the survey's median position"
 
 
-def _mark_low_altitude(kept: list[_FileResult]) -> None:
+def _mark_low_altitude(kept: list[FileResult]) -> None:
     """Reject the images far below the flight height (:func:`low_altitude_mask`)."""
     metas = _metas(kept)
     low = low_altitude_mask([m.altitude_m for m in metas], [m.relative_altitude_m for m in metas])
@@ -366,7 +260,7 @@ def _mark_low_altitude(kept: list[_FileResult]) -> None:
             )
 
 
-def _apply_rejection_rules(images: str, results: list[_FileResult]) -> None:
+def _apply_rejection_rules(images: str, results: list[FileResult]) -> None:
     """Give every problem file its reason, in rule order (see the module docstring).
 
     Raises:
@@ -397,7 +291,7 @@ def _apply_rejection_rules(images: str, results: list[_FileResult]) -> None:
     _mark_low_altitude([r for r in located if r.reason is None])
 
 
-def _survey(images: str, accepted: list[_FileResult], rejected: list[_FileResult]) -> Survey:
+def _survey(images: str, accepted: list[FileResult], rejected: list[FileResult]) -> Survey:
     records = [_record(r) for r in accepted]
     crs = survey_utm_epsg([im.latitude for im in records], [im.longitude for im in records])
     return Survey(
@@ -486,7 +380,7 @@ def scan_images(
     )[0]
 
 
-def _record(r: _FileResult) -> ImageRecord:
+def _record(r: FileResult) -> ImageRecord:
     m = r.meta
     assert m is not None and m.latitude is not None and m.longitude is not None
     return ImageRecord(

@@ -65,18 +65,30 @@ class TiffReader:
         (self.ifd0,) = struct.unpack_from(self.endian + "I", data, 4)
 
     def entries(self, offset: int) -> dict[int, tuple[int, int, int]]:
-        """Tag -> (type, count, offset of the value bytes) for the IFD at ``offset``."""
+        """Tag -> (type, count, offset of the value bytes) for the IFD at ``offset``.
+
+        Raises:
+            ValueError: a tag's value lies past the available bytes.
+            struct.error: the IFD is cut short.
+        """
         data, e = self.data, self.endian
         (count,) = struct.unpack_from(e + "H", data, offset)
+        whole = max(0, min(count, (len(data) - offset - 2) // 12))  # entries inside the data
+        end, sizes = len(data), TYPE_SIZES
         out: dict[int, tuple[int, int, int]] = {}
-        for i in range(count):
+        block = data[offset + 2 : offset + 2 + 12 * whole]
+        for i, (tag, typ, n, word) in enumerate(struct.iter_unpack(e + "HHII", block)):
+            size = sizes.get(typ, 1) * n
+            where = word if size > 4 else offset + 10 + 12 * i
+            if where + size > end:
+                raise ValueError(f"tag {tag:#x} points past the available bytes")
+            out[tag] = (typ, n, where)
+        for i in range(whole, count):  # an entry cut short: read as far as it goes, then fail
             pos = offset + 2 + 12 * i
             tag, typ, n = struct.unpack_from(e + "HHI", data, pos)
-            size = TYPE_SIZES.get(typ, 1) * n
-            where = pos + 8
-            if size > 4:
-                (where,) = struct.unpack_from(e + "I", data, pos + 8)
-            if where + size > len(data):
+            size = sizes.get(typ, 1) * n
+            where = struct.unpack_from(e + "I", data, pos + 8)[0] if size > 4 else pos + 8
+            if where + size > end:
                 raise ValueError(f"tag {tag:#x} points past the available bytes")
             out[tag] = (typ, n, where)
         return out
