@@ -90,7 +90,7 @@ MEASURED_DESCRIPTION = DSM_MEASURED_DESCRIPTION
 (:data:`prefect_odm.registry.DSM_MEASURED_BAND`): 1 measured, 0 gap-filled, nodata outside. The
 merge carries it when every input has it."""
 
-_COG_OPTIONS: CogOptions = {"compress": "DEFLATE", "predictor": True, "compress_level": 1}
+DEM_COG_OPTIONS: CogOptions = {"compress": "DEFLATE", "predictor": True, "compress_level": 1}
 """How the merged DEM's COG is compressed: DEFLATE level 1 with the floating-point predictor, as
 the engine writes its DSMs. Heights are lossless at any level; level 1 wrote the benchmark's
 52 Mpx merge's COG about twice as fast as GDAL's default 6 for a file 10 % larger
@@ -392,7 +392,7 @@ def merge_dems(
         _DemBlocks(plan, readers, seams, offsets, edges, opts.dem_feather_m, measured),
         readers,
         run,
-        cog_options=_COG_OPTIONS,
+        cog_options=DEM_COG_OPTIONS,
     )
     grid = raster_report(out, plan, pixels, union_pixels, ownership_from_footprints=ownership is None,
                          elapsed_seconds=time.perf_counter() - started)  # fmt: skip
