@@ -14,7 +14,8 @@ blending, no offsets, the whole mosaic in memory, one thread) and ours:
   predictor 3, GDAL's default level (6), no overviews, not a COG (the issue's baseline);
 - ``level1``: the same at DEFLATE level 1, ours' level (the same compression, no overviews);
 - ``cog``: the same product as ours: ``rasterio.merge`` into an uncompressed tiled GeoTIFF, its
-  average overviews built there and copied into a validated DEFLATE level 1 COG with
+  average overviews built there and copied into a validated COG compressed as ours
+  (:data:`prefect_odm.merge.dem.DEM_COG_OPTIONS`: DEFLATE level 1, predictor 3) with
   ``--workers`` compression threads (:mod:`prefect_odm.merge.cog`, ours' own steps);
 - ours: :func:`prefect_odm.merge.merge_dems` with ``--workers`` threads (vertical offsets, seams,
   edge-distance blending of heights and of the measured band, DEFLATE level 1 COG with
@@ -123,7 +124,7 @@ def _cpu_seconds() -> float:
 BASELINES = {
     "plain": "rasterio.merge -> tiled DEFLATE GTiff, level 6 (GDAL's default), no overviews",
     "level1": "rasterio.merge -> tiled DEFLATE GTiff, level 1 (ours'), no overviews",
-    "cog": "rasterio.merge -> DEFLATE level 1 COG with average overviews (ours' product)",
+    "cog": "rasterio.merge -> COG with average overviews compressed as ours (ours' product)",
 }
 """The baselines by name, with what each writes."""
 
@@ -135,6 +136,7 @@ def _run_baseline(
     from rasterio.merge import merge
 
     from prefect_odm.merge.cog import build_overviews, temporary_sibling, write_cog
+    from prefect_odm.merge.dem import DEM_COG_OPTIONS
 
     t, cpu = time.perf_counter(), _cpu_seconds()
     paths = [str(inputs[k]) for k in sorted(inputs)]
@@ -149,9 +151,7 @@ def _run_baseline(
             )
             with rasterio.open(tmp, "r+") as ds:
                 build_overviews(ds)
-            write_cog(
-                tmp, out, workers=workers, compress="DEFLATE", predictor=True, compress_level=1
-            )
+            write_cog(tmp, out, workers=workers, **DEM_COG_OPTIONS)
         finally:
             tmp.unlink(missing_ok=True)
     else:
@@ -224,6 +224,12 @@ def run(size: int, overlap: float, workers: int, folder: Path, repeat: int) -> d
     print(
         _line("merge_dems", ours)
         + f"  (workers={workers}; offsets {offsets} m; DEFLATE level 1 COG with overviews)"
+    )
+    sizes = {k: (folder / f"baseline_{k}.tif").stat().st_size / 2**20 for k in BASELINES}
+    print(
+        "  file sizes: "
+        + ", ".join(f"{k} {v:.1f} MiB" for k, v in sizes.items())
+        + f", merge_dems {(folder / 'ours.tif').stat().st_size / 2**20:.1f} MiB"
     )
     ours_s, ours_mib, ours_cpu = (float(np.median(v)) for v in zip(*ours, strict=True))
     for k in BASELINES:

@@ -90,7 +90,7 @@ MEASURED_DESCRIPTION = DSM_MEASURED_DESCRIPTION
 (:data:`prefect_odm.registry.DSM_MEASURED_BAND`): 1 measured, 0 gap-filled, nodata outside. The
 merge carries it when every input has it."""
 
-_COG_OPTIONS: CogOptions = {"compress": "DEFLATE", "predictor": True, "compress_level": 1}
+DEM_COG_OPTIONS: CogOptions = {"compress": "DEFLATE", "predictor": True, "compress_level": 1}
 """How the merged DEM's COG is compressed: DEFLATE level 1 with the floating-point predictor, as
 the engine writes its DSMs. Heights are lossless at any level; level 1 wrote the benchmark's
 52 Mpx merge's COG about twice as fast as GDAL's default 6 for a file 10 % larger
@@ -101,8 +101,9 @@ _BLEND_ROWS = 128
 present, so a 512-pixel block crossed by 12 DSMs held 128 MiB at once; strips of 128 rows give
 the same pixels (each is blended on its own, as a block is) for a quarter of it."""
 
-_DemBlock = tuple[NDArray[np.float32], int, int, NDArray[np.float32] | None]
-"""One block's ``(heights, pixels, union_pixels, measured band or None)``."""
+_DemBlock = tuple[NDArray[np.float32], int, int]
+"""One block's ``(bands, pixels, union_pixels)``: ``(1 or 2, rows, cols)`` float32, the heights
+and, with the measured band, the measured flags."""
 
 
 def has_measured_band(path: Path) -> bool:
@@ -251,24 +252,24 @@ class _DemBlocks:
 
     def work(self, block: Block) -> _DemBlock:
         h, w = block.height, block.width
-        dem = np.full((h, w), DEM_NODATA, dtype=np.float32)
-        measured = dem.copy() if self.measured else None
+        out = np.full((2 if self.measured else 1, h, w), DEM_NODATA, dtype=np.float32)
         pixels = union = 0
         for r in range(0, h, _BLEND_ROWS):
             rows = slice(r, min(h, r + _BLEND_ROWS))
             strip = Block(block.row_off + r, block.col_off, rows.stop - r, w)
-            done = self._blend(strip, dem[rows], None if measured is None else measured[rows])
+            done = self._blend(strip, out[:, rows])
             pixels, union = pixels + done[0], union + done[1]
-        return dem, pixels, union, measured
+        return out, pixels, union
 
-    def _blend(
-        self, strip: Block, dem: NDArray[np.float32], measured: NDArray[np.float32] | None
-    ) -> tuple[int, int]:
-        """Blend one strip of a block into ``dem`` and ``measured`` (its rows of the block's
-        arrays); returns ``(pixels, union_pixels)``."""
+    def _blend(self, strip: Block, out: NDArray[np.float32]) -> tuple[int, int]:
+        """Blend one strip of a block into ``out`` (its rows of the block's ``(bands, rows,
+        cols)`` array); returns ``(pixels, union_pixels)``."""
         present = sources_in(self.plan, strip)
         if not present:
             return 0, 0
+        if len(present) == 1:
+            return self._copy(strip, out, present)
+        dem, measured = out[0], (out[1] if self.measured else None)
         k, h, w = len(present), strip.height, strip.width
         z = np.zeros((k, h, w), dtype=np.float32)
         valid = np.zeros((k, h, w), dtype=bool)
@@ -279,17 +280,11 @@ class _DemBlocks:
             if flags is not None:
                 flags[n][sl] = values[1]  # the measured band (no height correction on it)
             valid[n][sl] = ok
-            if k > 1:
-                edt[n][sl] = self.edges.of(src).sample(src, inter)
+            edt[n][sl] = self.edges.of(src).sample(src, inter)
         any_valid = valid.any(axis=0)
         union = int(any_valid.sum())
         if union == 0:
             return 0, 0
-        if k == 1:
-            dem[any_valid] = z[0][any_valid]
-            if measured is not None and flags is not None:
-                measured[any_valid] = flags[0][any_valid] >= 0.5
-            return union, union
         e = self.seams.seam_distance(strip, [s.submodel_id for s, _ in present])
         taper = self.seams.weights(e, valid, self.feather_m)
         weights = height_weights(valid, edt, taper)
@@ -301,20 +296,29 @@ class _DemBlocks:
         dem[any_valid] = blended[any_valid]
         return int(any_valid.sum()), union
 
+    def _copy(
+        self, strip: Block, out: NDArray[np.float32], present: list[tuple[RasterSource, Window4]]
+    ) -> tuple[int, int]:
+        """A strip one source covers: its heights (less its offset) and measured flags copied
+        where it has data, no blend arrays (the values the blend gives one source)."""
+        ((_, src, _, sl, values, ok),) = placed_reads(self.readers.get(), present, strip)
+        part = out[:, sl[0], sl[1]]
+        part[0] = np.where(ok, values[0] - np.float32(self.offsets[src.submodel_id]), DEM_NODATA)
+        if self.measured:
+            part[1] = np.where(ok, values[1] >= 0.5, DEM_NODATA)
+        union = int(ok.sum())
+        return union, union
+
     def retire(self, lifetimes: SourceLifetimes, item: int) -> None:
         """Drop the edge distances of the sources no block from the ``item``-th on reads."""
         self.edges.retire(lifetimes, item)
 
     def write(self, dst: Any, block: Block, result: _DemBlock) -> tuple[int, int]:
-        dem, pixels, union, measured = result
-        window = Window(block.col_off, block.row_off, block.width, block.height)
-        if measured is None:
-            dst.write(dem, 1, window=window)
-        else:
-            if not self._described:
-                dst.set_band_description(2, MEASURED_DESCRIPTION)
-                self._described = True
-            dst.write(np.stack([dem, measured]), window=window)
+        out, pixels, union = result
+        if self.measured and not self._described:
+            dst.set_band_description(2, MEASURED_DESCRIPTION)
+            self._described = True
+        dst.write(out, window=Window(block.col_off, block.row_off, block.width, block.height))
         return pixels, union
 
 
@@ -392,7 +396,7 @@ def merge_dems(
         _DemBlocks(plan, readers, seams, offsets, edges, opts.dem_feather_m, measured),
         readers,
         run,
-        cog_options=_COG_OPTIONS,
+        cog_options=DEM_COG_OPTIONS,
     )
     grid = raster_report(out, plan, pixels, union_pixels, ownership_from_footprints=ownership is None,
                          elapsed_seconds=time.perf_counter() - started)  # fmt: skip
