@@ -223,13 +223,17 @@ def test_stray_files_in_a_survey_are_listed_as_skipped(brighton_images, tmp_path
         (survey / image.name).symlink_to(image)
     (survey / "README.txt").write_text("flight notes")
     (survey / ".DS_Store").write_bytes(b"\0")  # hidden files are not part of a survey
+    (survey / "IMG_9999.JPG").symlink_to(tmp_path / "gone.JPG")  # a link that leads nowhere
     proc = _run(["plan", str(survey), "--output", str(tmp_path / "plan")], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "rejected README.txt: not an image file name" in proc.stdout
     assert "skipped (not_an_image)" in proc.stdout
     assert ".DS_Store" not in proc.stdout
+    assert f"IMG_9999.JPG: a symbolic link to {tmp_path / 'gone.JPG'}, which does not exist" in (
+        proc.stdout
+    )
     survey_json = json.loads((tmp_path / "plan" / "survey.json").read_text())
-    assert [r["name"] for r in survey_json["rejected"]] == ["README.txt"]
+    assert sorted(r["name"] for r in survey_json["rejected"]) == ["IMG_9999.JPG", "README.txt"]
 
 
 def test_merge_of_an_archive_with_escaping_entries_is_refused(tmp_path):

@@ -95,11 +95,13 @@ def local_folder(images: str) -> Path:
     return root
 
 
-def walk_files(root: Path) -> list[tuple[str, str, os.stat_result]]:
+def walk_files(root: Path) -> tuple[list[tuple[str, str, os.stat_result]], list[tuple[str, str]]]:
     """``(name, path, stat)`` of every file below ``root``, sorted by name (relative, with
     ``/``): symbolic links to files followed, links to folders not entered, unreadable folders
-    skipped (as :meth:`pathlib.Path.rglob` lists them), one stat per file."""
+    skipped (as :meth:`pathlib.Path.rglob` lists them), one stat per file; and ``(name, path)``
+    of each symbolic link whose target does not exist, sorted by name."""
     found: list[tuple[str, str, os.stat_result]] = []
+    broken: list[tuple[str, str]] = []
     folders = [("", str(root))]
     while folders:
         prefix, folder = folders.pop()
@@ -114,10 +116,19 @@ def walk_files(root: Path) -> list[tuple[str, str, os.stat_result]]:
                     folders.append((f"{prefix}{entry.name}/", entry.path))
                 elif entry.is_file():
                     found.append((prefix + entry.name, entry.path, entry.stat()))
+                elif entry.is_symlink() and not os.path.exists(entry.path):
+                    broken.append((prefix + entry.name, entry.path))
             except OSError:
                 continue
     found.sort(key=lambda item: item[0])
-    return found
+    broken.sort(key=lambda item: item[0])
+    return found, broken
+
+
+def broken_link_result(name: str, path: str) -> FileResult:
+    """The ``unreadable`` result of an image name whose symbolic link leads nowhere."""
+    detail = f"a symbolic link to {os.readlink(path)}, which does not exist; skipped"
+    return FileResult(name=name, url=path, size_bytes=0, reason="unreadable", detail=detail)
 
 
 class _PixelsOnlyJpeg(JpegImagePlugin.JpegImageFile):
@@ -198,8 +209,9 @@ def scan_local(images: str, max_workers: int, cache: IdentityCache | None) -> li
         NoImagesError: no file in it has an image name.
     """
     root = local_folder(images)
-    files = walk_files(root)
+    files, broken = walk_files(root)
     strays = [stray_result(n, p, st.st_size) for n, p, st in files if is_stray_name(n)]
+    strays += [broken_link_result(n, p) for n, p in broken if is_image_name(n)]
     files = [f for f in files if is_image_name(f[0])]
     if not files:
         raise no_images_error(images)
