@@ -36,8 +36,8 @@ def plan_submodels(
     ``warning: ...`` before any submodel runs (the flow logs them to the run). ``split_overlap_m``
     None lets the planner widen the default overlap. The plan of ``prefect-odm reconstruct``'s
     edge is reused when it planned the same survey the same way (:func:`plan_split_once`). A
-    split the merge's alignment
-    (``merge_options``) could not tie raises ``PlanningError`` before anything is uploaded.
+    split the merge's alignment (``merge_options``) could not tie raises ``PlanningError``
+    before anything is uploaded.
     """
     from prefect_odm import progress
     from prefect_odm.plan.cache import plan_split_once
