@@ -12,12 +12,15 @@ from pathlib import Path
 import pytest
 
 from prefect_odm.cli.reconstruct import _tokens_out_of_urls
+from prefect_odm.layout import PLAN_FILES
 
 PREFECT_ODM = Path(sys.executable).with_name("prefect-odm")
 """The installed command (the console script of the environment running the tests)."""
 
 
-def _run(args: list[str], tmp_path: Path, **env_vars: str) -> subprocess.CompletedProcess[str]:
+def _run(
+    args: list[str], tmp_path: Path, cwd: Path | None = None, **env_vars: str
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env.update(PREFECT_ODM_HOME=str(tmp_path / "home"), PREFECT_HOME=str(tmp_path / "ph"))
     env.update(env_vars)
@@ -27,6 +30,7 @@ def _run(args: list[str], tmp_path: Path, **env_vars: str) -> subprocess.Complet
         text=True,
         env=env,
         timeout=300,
+        cwd=cwd,
     )
 
 
@@ -715,3 +719,33 @@ def test_a_submodel_larger_than_every_node_is_refused_before_prefect_starts(
         tasks = httpx.get(f"{node.url}/task/list").json()
     assert tasks == []
     assert not out.exists() and not _prefect_started(tmp_path)
+
+
+def test_plan_keeps_a_folder_that_is_not_a_plan_and_a_runs_plan(brighton_images, tmp_path):
+    """``plan --output`` (default ``plan``) never replaces files it did not write, nor the plan a
+    run's reruns read; a folder an earlier ``plan`` wrote is planned again."""
+    notes = tmp_path / "plan"
+    notes.mkdir()
+    (notes / "notes.txt").write_text("the flight's notes")
+    proc = _run(["plan", str(brighton_images)], tmp_path, cwd=tmp_path)  # --output plan
+    line = _one_error_line(proc)
+    assert line == (
+        "prefect-odm: error: plan: holds files that are not a plan's (notes.txt); give --output an empty or new "
+        "folder, or a folder an earlier `prefect-odm plan` wrote"
+    ), line
+    assert sorted(p.name for p in notes.iterdir()) == ["notes.txt"]
+    run_plan = tmp_path / "out" / "0123456789abcdef" / "plan"
+    run_plan.mkdir(parents=True)
+    (run_plan.parent / "submodels").mkdir()
+    (run_plan / "plan.json").write_text('{"kept": true}')
+    proc = _run(["plan", str(brighton_images), "--output", str(run_plan)], tmp_path)
+    line = _one_error_line(proc)
+    assert line.startswith(
+        f"prefect-odm: error: {run_plan}: the plan of the run in {run_plan.parent}"
+    ), line
+    assert (run_plan / "plan.json").read_text() == '{"kept": true}'
+    again = tmp_path / "again"
+    for _ in range(2):
+        proc = _run(["plan", str(brighton_images), "--output", str(again)], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in again.iterdir()) == sorted(PLAN_FILES.values())

@@ -119,6 +119,7 @@ def _plan(args: argparse.Namespace) -> int:
     from prefect_odm.cli.reconstruct import check_output_writable
 
     check_output_writable(args.output)  # a file in the way, or a place no folder can be made
+    _check_plan_folder(Path(args.output))
     from rich.table import Table
 
     from prefect_odm.cli.console import table_console
@@ -155,6 +156,31 @@ def _plan(args: argparse.Namespace) -> int:
         console.print(f"warning: {warning}")
     console.print(f"plan written to {plan_file(str(out), 'plan')}, {written}")
     return 0
+
+
+def _check_plan_folder(folder: Path) -> None:
+    """Refuse, before the scan, a ``plan --output`` whose files another plan would replace and
+    lose: a folder holding anything but a plan's files (the default ``plan`` is a common folder
+    name), or a run's own ``<fingerprint>/plan/``, which the run's reruns read.
+
+    Raises:
+        InputError: one line naming the folder and what is in it.
+    """
+    if not folder.is_dir():
+        return
+    run = folder.absolute().parent
+    if folder.name == "plan" and ((run / "submodels").is_dir() or (run / "manifest.json").exists()):
+        raise InputError(
+            f"{folder}: the plan of the run in {run}, which its reruns read; give --output "
+            "another folder"
+        )
+    others = sorted(p.name for p in folder.iterdir() if p.name not in PLAN_FILES.values())
+    if others:
+        shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        raise InputError(
+            f"{folder}: holds files that are not a plan's ({shown}); give --output an empty or "
+            "new folder, or a folder an earlier `prefect-odm plan` wrote"
+        )
 
 
 def _check_plan_file(url: str) -> None:
