@@ -67,14 +67,19 @@ def test_the_same_survey_planned_the_same_way_is_planned_once(brighton_images, t
         node_memory_gib=[],
         merge_options=None,
     )
-    first = plan_split_once(survey, **asked)
+    first = plan_split_once(survey, **asked, keep=True)
     assert first == plan_split(survey, split=5, split_overlap_m=10.0)
-    # A rescan's survey (an equal copy, another object) gets the same plan object.
+    # A rescan's survey (an equal copy, another object) gets the same plan object, once: the
+    # flow takes what the edge kept, and nothing stays in the process after it.
     assert plan_split_once(scan_images(str(brighton_images)), **asked) is first
-    assert plan_split_once(survey, **{**asked, "node_memory_gib": ()}) is first
+    again = plan_split_once(survey, **asked)
+    assert again is not first and again == first
+    kept = plan_split_once(survey, **asked, keep=True)
+    assert plan_split_once(survey, **{**asked, "node_memory_gib": ()}) is kept
     # Another argument, or a survey that differs in one image, is planned again.
     other = plan_split_once(survey, **{**asked, "split": 9})
     assert other is not first and len(other.submodels) < len(first.submodels)
+    first = plan_split_once(survey, **asked, keep=True)
     moved = survey.model_copy(
         update={
             "images": [survey.images[0].model_copy(update={"name": "x.jpg"})] + survey.images[1:]

@@ -390,6 +390,7 @@ def plan_local_images(
             engine_identity=identity,
             node_memory_gib=memory,
             merge_options=merge,
+            keep=True,  # for the flow's own plan_split_once, in this process, to take
         )
     return survey, plan
 

@@ -82,14 +82,17 @@ def plan_split_once(
     engine_identity: str,
     node_memory_gib: Sequence[float],
     merge_options: MergeOptions | None,
+    keep: bool = False,
 ) -> SplitPlan:
-    """:func:`~prefect_odm.plan.planning.plan_split` of ``survey``, or the plan of the last
-    call in this process when that call planned an equal survey with equal arguments.
+    """:func:`~prefect_odm.plan.planning.plan_split` of ``survey``, or the plan a call with
+    ``keep`` left in this process when it planned an equal survey with equal arguments.
 
     ``prefect-odm reconstruct`` plans local images at its edge (the planner's refusals before
-    Prefect starts), then its flow plans the same survey again: 10 CPU-s at 50,000 images
-    (issue 33). The planner is deterministic, so the second plan is the first. The plan is
-    shared by both callers: treat it as read-only.
+    Prefect starts) with ``keep``, then its flow plans the same survey again: 10 CPU-s at 50,000
+    images (issue 33). The planner is deterministic, so the second plan is the first. The plan
+    is shared by both callers: treat it as read-only. Every call takes the kept plan away (one
+    entry at most, held from the edge to its flow), so a long-lived worker running many flows
+    holds no plan between them.
 
     Raises:
         PlanningError: see :func:`~prefect_odm.plan.planning.plan_split`.
@@ -99,6 +102,7 @@ def plan_split_once(
     key = (split, split_overlap_m, options, engine_identity, tuple(node_memory_gib), merge_options)
     with _lock:
         last = _last_split[0] if _last_split else None
+        _last_split.clear()
     if last is not None and last[0] == key and (last[1] is survey or last[1] == survey):
         return last[2]
     plan = plan_split(
@@ -110,6 +114,7 @@ def plan_split_once(
         node_memory_gib=node_memory_gib,
         merge_options=merge_options,
     )
-    with _lock:
-        _last_split[:] = [(key, survey, plan)]
+    if keep:
+        with _lock:
+            _last_split[:] = [(key, survey, plan)]
     return plan
