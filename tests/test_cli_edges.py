@@ -153,6 +153,19 @@ def test_plan_refuses_bad_values_in_one_line(flags, expected, brighton_images, t
     assert not out.exists()
 
 
+def test_a_mistyped_required_flag_is_named_not_reported_missing(brighton_images, tmp_path):
+    """``reconstruct IMAGES --outp x``: argparse checks required flags before unknown ones."""
+    proc = _run(["reconstruct", str(brighton_images), "--outp", str(tmp_path / "x")], tmp_path)
+    line = _one_error_line(proc)
+    assert line == (
+        "prefect-odm reconstruct: error: unrecognized arguments: --outp (did you mean "
+        "--output?) (see --help)"
+    ), line
+    assert not (tmp_path / "x").exists() and not _prefect_started(tmp_path)
+    proc = _run(["reconstruct", str(brighton_images)], tmp_path)
+    assert "the following arguments are required: --output/-o" in _one_error_line(proc)
+
+
 @pytest.mark.parametrize("command", ["plan", "reconstruct"])
 def test_an_empty_images_argument_is_refused(command, tmp_path):
     """``""`` was read as the current folder (and refused as holding the output)."""

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import math
+import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -279,9 +281,30 @@ class OneLineParser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        """argparse's, keeping the words for :meth:`error` (a subcommand's parser is given its
+        own words here)."""
+        self._words = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str) -> NoReturn:
         """Exit with status 2 and one line naming the subcommand and the problem (argparse's
-        hook)."""
+        hook). A flag this parser does not know is named before a missing required one
+        (argparse checks required flags first: ``--outp x`` was reported as "--output is
+        required"), with the nearest flag it knows."""
+        known = list(self._option_string_actions)
+        unknown = [
+            w.split("=", 1)[0]
+            for w in getattr(self, "_words", [])
+            if w.startswith("--") and w.split("=", 1)[0] not in known
+        ]
+        if unknown and message.startswith("the following arguments are required"):
+            close = difflib.get_close_matches(unknown[0], known, n=1)
+            message = f"unrecognized arguments: {' '.join(unknown)}" + (
+                f" (did you mean {close[0]}?)" if close else ""
+            )
         sub = self.prog.removeprefix("prefect-odm").strip()
         where = f" {sub}" if sub else ""
         self.exit(2, f"prefect-odm{where}: error: {message} (see --help)\n")
