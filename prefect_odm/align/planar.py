@@ -55,12 +55,17 @@ class HorizontalOffsets:
 
 
 def robust_linear(
-    a: csr_matrix, b: FloatArray, sigma: float, options: AlignmentOptions
+    a: csr_matrix,
+    b: FloatArray,
+    sigma: float,
+    options: AlignmentOptions,
+    prior: FloatArray | None = None,
 ) -> FloatArray:
     """Robust ``a @ x ~ b`` (``options.loss``, rows whitened by ``sigma``) with a vanishing
-    ridge (:data:`RIDGE`)."""
+    ridge (:data:`RIDGE`), or with ``prior``: per column the weight (1 / sigma, on whitened
+    rows) of a pseudo-observation ``x_k = 0``."""
     n = a.shape[1]
-    ridge = RIDGE * np.ones(n)
+    ridge = RIDGE * np.ones(n) if prior is None else np.asarray(prior, dtype=np.float64)
 
     def fun(x: FloatArray) -> FloatArray:
         return np.concatenate([(a @ x - b) / sigma, ridge * x])
@@ -107,14 +112,15 @@ def _design(
 
 
 def solve_rejecting(
-    a: csr_matrix, b: FloatArray, opts: AlignmentOptions
+    a: csr_matrix, b: FloatArray, opts: AlignmentOptions, prior: FloatArray | None = None
 ) -> tuple[FloatArray, NDArray[np.bool_]]:
-    """:func:`robust_linear`, then again without the rows far off the rest (beyond
-    ``outlier_mad_factor`` MADs and ``outlier_min_m``; at most 3 rounds): the planar and the
-    height refinements' one rejection rule. Returns the solution and the mask of the rows kept."""
+    """:func:`robust_linear` (with ``prior``), then again without the rows far off the rest
+    (beyond ``outlier_mad_factor`` MADs and ``outlier_min_m``; at most 3 rounds): the planar and
+    the height refinements' one rejection rule. Returns the solution and the mask of the rows
+    kept."""
     keep = np.ones(len(b), dtype=bool)
     for _ in range(3):
-        p = robust_linear(csr_matrix(a[keep]), b[keep], opts.camera_sigma_m, opts)
+        p = robust_linear(csr_matrix(a[keep]), b[keep], opts.camera_sigma_m, opts, prior)
         err = np.abs(a @ p - b)
         med = float(np.median(err[keep]))
         mad = float(np.median(np.abs(err[keep] - med)))
