@@ -77,10 +77,10 @@ def robust_linear(
 
     # with a prior, lsmr's default tolerances (1e-6) leave steps too rough for the 1e-12 stops
     # (brighton's zero-overlap refinement: 800 evaluations unconverged; 9 with 1e-14)
-    inner = {} if prior is None else {"tr_options": {"atol": 1e-14, "btol": 1e-14}}
+    inner: dict[str, float] = {} if prior is None else {"atol": 1e-14, "btol": 1e-14}
     fit = least_squares(
         fun, np.zeros(n), jac=jac, loss=options.loss, f_scale=options.loss_threshold_sigmas,
-        tr_solver="lsmr", method="trf", xtol=1e-12, ftol=1e-12, gtol=1e-12, **inner,
+        tr_solver="lsmr", method="trf", xtol=1e-12, ftol=1e-12, gtol=1e-12, tr_options=inner,
     )  # fmt: skip
     return np.asarray(fit.x, dtype=np.float64)
 
