@@ -10,10 +10,13 @@ a bowl, ``+ b_i ((x - cx_i)^2 + (y - cy_i)^2)``: the doming a nadir block's radi
 leaves (James and Robson, "Mitigating systematic error in topographic models derived from UAV
 and ground-based image networks", ESPL 2014). A bowl common to every submodel changes each
 overlap only by a plane, so it is the gauge's too: the block's mean bowl is held at zero (and
-the tilts that stand for it are moved with it). The problem is linear; the robust loss and the
-gauge (the sample-weighted mean plane and mean shift are zero per connected block: the block
-keeps its average height and slope, so a survey on a slope keeps its relief) are as in
-:mod:`prefect_odm.align.solve`.
+the tilts that stand for it are moved with it). The problem is linear; the robust loss is as in
+:mod:`prefect_odm.align.solve`. The gauge (:mod:`prefect_odm.align.observability`): per connected
+block the sample-weighted mean tilt, mean height change at the submodels' own centres and mean
+shift are zero, so the block keeps its average slope (a survey on a slope keeps its relief) and
+its height where its submodels are. An overlap whose samples spread less than
+``min_tilt_spread_m`` across is solved as samples on its centre line, and tilts and bowls the
+overlaps leave free are held at zero by a prior; :attr:`AlignmentResult.unsolved` says which.
 """
 
 from __future__ import annotations
