@@ -7,10 +7,10 @@ components of the relative tilt; spread along a thin seam (``--split-overlap-m 0
 at their footprints) they fix the relative height and the tilt *along* the seam, but the tilt
 *across* it only through the width of the band: a difference ``e`` between the two DSMs' last
 metres reads as a tilt ``e / width`` which each submodel carries to its centre. So an overlap
-whose samples spread less than :data:`~prefect_odm.align.options.AlignmentOptions` ``
-min_tilt_spread_m`` (a standard deviation, metres) across is given to the solve as samples on
-its centre line (:func:`observed_positions`): it then says nothing about the tilt across, and
-the tilt prior (:func:`prior_weights`) holds that at zero. A prior as weighted
+whose samples spread less than ``AlignmentOptions.min_tilt_spread_m`` (a standard deviation,
+metres) across is given to the solve as samples on its centre line (:func:`observed_positions`):
+it then says nothing about the tilt across, and the tilt prior (:func:`prior_weights`) holds
+that at zero. A prior as weighted
 pseudo-observations of zero tilt is the textbook way to give an adjustment what its
 observations leave free (Förstner and Wrobel, "Photogrammetric Computer Vision", Springer
 2016, ch. 4, estimation with prior information); its sigma is the ``max_rotation_deg`` gate, so
@@ -21,7 +21,7 @@ changes no overlap, so it is chosen to keep the block's sample-weighted mean til
 sample-weighted mean height change *at each submodel's own centre* zero. Holding the mean of
 the plane coefficients at the plan CRS origin zero instead (the gauge before) lowers both of two
 submodels at their own centres whenever their relative tilt slopes down from the seam to both
-(brighton ``--split 8 --split-overlap-m 0``: -0.28 and -0.45 m), though no overlap says where the
+(brighton ``--split 8 --split-overlap-m 0``: -0.23 and -0.42 m), though no overlap says where the
 block's absolute height is.
 """
 
