@@ -13,7 +13,7 @@ from typing import Any
 
 from prefect_odm.models import MergeOptions
 
-MERGE_VERSION = "7"
+MERGE_VERSION = "8"
 """Bumped when the merge changes its output for the same inputs (part of the merge fingerprint)."""
 
 

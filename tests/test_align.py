@@ -334,6 +334,14 @@ def test_any_similarity_within_bounds_is_recovered(v: tuple[float, ...]) -> None
 # --- height and tilt from DSM differences -----------------------------------------------------
 
 
+def _own_centre_gauge(planes: np.ndarray, centres: np.ndarray, weights: np.ndarray) -> None:
+    """Subtract (in place) from the planes ``(p0, px, py)`` the one plane that leaves their
+    ``weights``-weighted mean tilt and mean height at their own ``centres`` zero."""
+    planes[:, 1:] -= np.average(planes[:, 1:], axis=0, weights=weights)
+    at_centre = planes[:, 0] + (planes[:, 1:] * centres).sum(axis=1)
+    planes[:, 0] -= np.average(at_centre, weights=weights)
+
+
 def test_height_tilt_from_dsm_differences_keeps_the_slope() -> None:
     """A 2 x 3 grid on a 1-in-10 slope, each submodel's DSM off by its own plane."""
     rng = np.random.default_rng(5)
@@ -346,12 +354,13 @@ def test_height_tilt_from_dsm_differences_keeps_the_slope() -> None:
         if np.linalg.norm(centres[i] - centres[j]) < 201
     ]
     degree = np.bincount(np.ravel(near), minlength=6)
-    # Each DSM's error plane e0 + ex*x + ey*y; the truth obeys the gauge (sample-weighted mean 0).
+    # Each DSM's error plane e0 + ex*x + ey*y; the truth obeys the gauge (sample-weighted mean
+    # tilt 0, sample-weighted mean height at the submodels' own centres 0).
     errs = np.stack(
         [rng.normal(0, 1.5, 6), rng.normal(0, 0.005, 6), rng.normal(0, 0.005, 6)], axis=1
     )
     errs[:, 0] -= errs[:, 1] * centres[:, 0] + errs[:, 2] * centres[:, 1]
-    errs -= np.average(errs, axis=0, weights=degree)
+    _own_centre_gauge(errs, centres, degree)
 
     def err_at(i: int, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         return errs[i, 0] + errs[i, 1] * x + errs[i, 2] * y
@@ -397,13 +406,14 @@ def test_height_alignment_takes_out_each_submodels_bowl() -> None:
         [rng.normal(0, 1.0, 6), rng.normal(0, 0.003, 6), rng.normal(0, 0.003, 6)], axis=1
     )
     bowls = rng.normal(0, 5e-5, 6)  # 0.5 m at 100 m from the centre
-    # the truth in the solver's gauge: mean bowl 0 (moved into the planes), then mean plane 0
+    # the truth in the solver's gauge: mean bowl 0 (moved into the planes), then mean tilt and
+    # mean height at the submodels' own centres 0
     mean_bowl = np.average(bowls, weights=weights)
     bowls -= mean_bowl
     planes += mean_bowl * np.stack(
         [(centres**2).sum(axis=1), -2 * centres[:, 0], -2 * centres[:, 1]], axis=1
     )
-    planes -= np.average(planes, axis=0, weights=weights)
+    _own_centre_gauge(planes, centres, weights)
 
     def err_at(i: int, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         r2 = (x - centres[i, 0]) ** 2 + (y - centres[i, 1]) ** 2

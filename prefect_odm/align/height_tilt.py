@@ -10,17 +10,20 @@ a bowl, ``+ b_i ((x - cx_i)^2 + (y - cy_i)^2)``: the doming a nadir block's radi
 leaves (James and Robson, "Mitigating systematic error in topographic models derived from UAV
 and ground-based image networks", ESPL 2014). A bowl common to every submodel changes each
 overlap only by a plane, so it is the gauge's too: the block's mean bowl is held at zero (and
-the tilts that stand for it are moved with it). The problem is linear; the robust loss and the
-gauge (the sample-weighted mean plane and mean shift are zero per connected block: the block
-keeps its average height and slope, so a survey on a slope keeps its relief) are as in
-:mod:`prefect_odm.align.solve`.
+the tilts that stand for it are moved with it). The problem is linear; the robust loss is as in
+:mod:`prefect_odm.align.solve`. The gauge (:mod:`prefect_odm.align.observability`): per connected
+block the sample-weighted mean tilt, mean height change at the submodels' own centres and mean
+shift are zero, so the block keeps its average slope (a survey on a slope keeps its relief) and
+its height where its submodels are. An overlap whose samples spread less than
+``min_tilt_spread_m`` across is solved as samples on its centre line, and tilts and bowls the
+overlaps leave free are held at zero by a prior; :attr:`AlignmentResult.unsolved` says which.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numpy.typing import NDArray
@@ -28,6 +31,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 from scipy.spatial.transform import Rotation
 
+from prefect_odm.align.observability import observed_positions, own_height_gauge, prior_weights
 from prefect_odm.align.planar import robust_linear, solve_rejecting
 from prefect_odm.align.report import (
     AlignmentOptions,
@@ -121,11 +125,13 @@ def align_heights(
     live = [ov for ov in overlaps if len(ov.x)]
     n = len(submodel_ids)
     terms = 4 if opts.refine_bowl else 3
+    seen, unsolved = _observed(live, opts.min_tilt_spread_m)
     if live:
         xy = np.concatenate([np.stack([ov.x, ov.y], axis=1) for ov in live])
         length = float(max(xy.std(axis=0).max(), 1.0))
-        a = _design(live, index, c, length, terms)
-        p, keep = solve_rejecting(a, np.concatenate([ov.dz for ov in live]), opts)
+        a = _design(seen, index, c, length, terms)
+        prior = prior_weights(n, terms, length, float(np.tan(np.radians(opts.max_rotation_deg))))
+        p, keep = solve_rejecting(a, np.concatenate([ov.dz for ov in live]), opts, prior)
         p = p.reshape(n, terms) / [1.0, length, length, length * length][:terms]
     else:
         p, keep = np.zeros((n, terms)), np.zeros(0, dtype=bool)
@@ -139,7 +145,7 @@ def align_heights(
         counts[[index[ov.first], index[ov.second]]] += len(ov.x)
         adj[index[ov.first], index[ov.second]] = 1
     _, labels = connected_components(adj, directed=False)
-    for comp in np.unique(labels):  # gauge: sample-weighted mean plane and shift are zero
+    for comp in np.unique(labels):  # gauge: mean bowl, tilt, own-centre height, shift are zero
         m = labels == comp
         w = counts[m] if counts[m].sum() > 0 else np.ones(int(m.sum()))
         mean_bowl = float(np.average(bowls[m], weights=w))
@@ -149,7 +155,7 @@ def align_heights(
         planes[m] += mean_bowl * np.stack(
             [c[m, 0] ** 2 + c[m, 1] ** 2, -2.0 * c[m, 0], -2.0 * c[m, 1]], axis=1
         )
-        planes[m] -= np.average(planes[m], axis=0, weights=w)
+        own_height_gauge(planes, c, counts if counts[m].sum() > 0 else np.ones(n), m)
         shifts[m] -= np.average(shifts[m], axis=0, weights=w)
     splits = np.cumsum([len(ov.x) for ov in live])[:-1]
     overlaps_out = _overlap_records(live, index, planes, bowls, c, shifts, np.split(keep, splits))
@@ -167,7 +173,22 @@ def align_heights(
         submodels=submodel_residuals(list(submodel_ids), overlaps_out),
         solve_seconds=time.perf_counter() - started,
         iterations=1,
+        unsolved=unsolved,
     )
+
+
+def _observed(
+    live: Sequence[DemOverlap], min_spread_m: float
+) -> tuple[list[DemOverlap], list[str]]:
+    """The overlaps with their samples where the solve is to see them
+    (:func:`~prefect_odm.align.observability.observed_positions`), and what each leaves
+    unsolved (``'first|second: ...'``)."""
+    seen, unsolved = [], []
+    for ov in live:
+        x, y, notes = observed_positions(ov.x, ov.y, min_spread_m)
+        seen.append(replace(ov, x=x, y=y))
+        unsolved += [f"{ov.first}|{ov.second}: {note}: held at zero" for note in notes]
+    return seen, unsolved
 
 
 def _shifts(

@@ -102,6 +102,21 @@ class AlignmentOptions(BaseModel):
         "submodel's ground height; refused (all products) when that leaves more than this "
         "horizontal error at the DSM's 2nd or 98th height percentile, metres.",
     )
+    min_tilt_spread_m: float = Field(
+        2.0,
+        ge=0,
+        description="An overlap's DSM samples tell two submodels' relative tilt across the "
+        "overlap only when they spread (standard deviation) at least this across it, metres "
+        "(2 m: a 7 m wide band); narrower, that tilt is not solved but held at zero and the "
+        "report says so (prefect_odm.align.observability).",
+    )
+    max_block_height_change_m: float = Field(
+        0.05,
+        gt=0,
+        description="A refinement from the products is refused (even under accept_alignment) "
+        "when it moves a connected block's sample-weighted mean height at its submodels' own "
+        "centres by more than this, metres: overlaps tell only relative heights.",
+    )
     refine_bowl: bool = Field(
         True,
         description="In that refinement (and in an alignment from products alone) also solve a "

@@ -153,6 +153,11 @@ class AlignmentResult(BaseModel):
     rejected: list[OutlierCamera] = Field(default_factory=list)
     solve_seconds: float
     iterations: int
+    unsolved: list[str] = Field(
+        default_factory=list,
+        description="What the samples do not observe, so was not solved but held at zero, one "
+        "line each ('first|second: ...').",
+    )
 
     def transform(self, submodel_id: str) -> SubmodelTransform:
         """The transform of one submodel; raises ``KeyError`` when it was not aligned."""

@@ -18,7 +18,10 @@ Each stage's correction is judged before it is applied:
 * **confirmed** (:func:`worsened`): with ``check_stages``, a stage whose products show, in any
   overlap, a seam (the orthophoto median displacement and the DSM p90 ``|dz|`` as one
   distance, :func:`seam_m`) more than ``seam_tolerance_m`` above the applied stage before it
-  (the products as they are, first) is not applied, with the reason recorded.
+  (the products as they are, first) is not applied, with the reason recorded;
+* **relative** (:func:`block_height_refusals`): a correction from the products alone that moves
+  a connected block's mean height at its submodels' own centres beyond
+  ``max_block_height_change_m`` is refused (overlaps do not measure absolute height).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from prefect_odm.align.observability import block_height_changes
 from prefect_odm.align.options import AlignmentOptions
 from prefect_odm.align.report import AlignmentResult, GateFailure, check_alignment
 from prefect_odm.align.stage_records import OverlapSeam, StageCheck, StageName
@@ -60,6 +64,26 @@ def refusals(result: AlignmentResult, options: AlignmentOptions) -> list[GateFai
             text = "scale change beyond plausible"
             out.append(_refusal(sid, "plausible_scale_change", abs(t.scale_change),
                                 o.plausible_scale_change, text))  # fmt: skip
+    return out + block_height_refusals(result, options)
+
+
+def block_height_refusals(result: AlignmentResult, options: AlignmentOptions) -> list[GateFailure]:
+    """A correction solved from the products alone (``method='dem'``) that moves a connected
+    block's sample-weighted mean height at its submodels' own centres beyond
+    ``max_block_height_change_m``: overlaps tell relative heights only, so that move is no
+    measurement (the camera step, held on the GPS, is not judged here)."""
+    if result.method != "dem" or len(result.transforms) < 2:
+        return []
+    heights = {t.submodel_id: t.translation_m[2] for t in result.transforms}
+    weights = {t.submodel_id: float(t.n_samples) for t in result.transforms}
+    pairs = [(o.first, o.second) for o in result.overlaps if o.n_shared > 0]
+    out = []
+    for members, mean_m in block_height_changes(heights, weights, pairs):
+        if len(members) > 1 and abs(mean_m) > options.max_block_height_change_m:
+            subject = "block " + "+".join(members)
+            text = "mean height change m at the submodels' own centres (no overlap measures it)"
+            out.append(_refusal(subject, "max_block_height_change_m", abs(mean_m),
+                                options.max_block_height_change_m, text))  # fmt: skip
     return out
 
 

@@ -13,6 +13,7 @@ import io
 
 import numpy as np
 
+from prefect_odm.align.observability import block_height_changes
 from prefect_odm.align.report import AlignmentReport, AlignmentResult
 from prefect_odm.align.stage_records import OverlapSeam, StageCheck
 from prefect_odm.merge.reports import DemMergeReport
@@ -48,6 +49,19 @@ def _result_lines(title: str, result: AlignmentResult) -> list[str]:
         f"{o.rms_after_m:.3f} | {o.max_after_m:.3f} |"
         for o in result.overlaps
     ]
+    if result.method == "dem":
+        heights = {t.submodel_id: t.translation_m[2] for t in result.transforms}
+        weights = {t.submodel_id: float(t.n_samples) for t in result.transforms}
+        pairs = [(o.first, o.second) for o in result.overlaps if o.n_shared > 0]
+        lines += [""] + [
+            f"Block {', '.join(ids)}: mean height change at the submodels' own centres "
+            f"{mean_m:+.3f} m (overlaps measure relative heights only; the gauge holds it at 0)."
+            for ids, mean_m in block_height_changes(heights, weights, pairs)
+            if len(ids) > 1
+        ]
+    if result.unsolved:
+        lines += ["", "Not solved (the samples do not observe it):"]
+        lines += [f"* {line}" for line in result.unsolved]
     if result.camera_gps:
         lines += [
             "",
