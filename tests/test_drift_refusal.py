@@ -58,7 +58,44 @@ def test_drifting_altitude_stops_the_run_at_the_plan(drifted: Path, tmp_path: Pa
     lines = [ln for ln in proc.stderr.splitlines() if "GPS altitude unusable" in ln]
     assert len(lines) == 1 and "drifts +1.70 m per image" in lines[0], proc.stderr
     assert "priors slope 22.0 deg" in lines[0]
+    assert "the altitude follows the time, not the ground" in lines[0]
     assert not any((tmp_path / "ph").rglob("*.db"))  # Prefect's temporary API never started
     assert not list(out.rglob("submodels/*/*"))  # nothing processed
     assert [p.name for p in out.glob("*/plan/plan.png")] == ["plan.png"]
     assert list(out.glob("*/plan/plan.json"))
+
+
+@pytest.mark.parametrize("name", ["agung-2", "freetown-1"])
+def test_a_terrain_following_flight_is_not_taken_for_a_drift(data_dir: Path, name: str) -> None:
+    """The real DroneTM layouts (absolute altitude only, no relative altitude) follow the ground
+    up a volcano and a hillside: their altitude "trend" and 9.7 / 11.7 deg priors are the
+    ground's, and they were refused as a drift (a new user's trial). The same positions flown
+    at one height with the altitude drifting 0.1 m per image are refused."""
+    from prefect_odm.survey.layouts import layout_survey, read_layout
+
+    survey = layout_survey(read_layout(data_dir / "layouts" / name))
+    plan = plan_split(survey, split=100)
+    assert any(w.kind == "altitude_trend" for w in plan.gps_warnings)
+    assert plan_gps_refusal(plan, survey) is None
+    in_time = sorted(
+        (im for im in survey.images if im.capture_time is not None and im.altitude_m is not None),
+        key=lambda im: (im.capture_time, im.name),
+    )
+    drift = {im.name: 100.0 + 0.1 * k for k, im in enumerate(in_time)}
+    drifted = survey.model_copy(
+        update={
+            "images": [
+                im.model_copy(update={"altitude_m": drift.get(im.name, im.altitude_m)})
+                for im in survey.images
+            ]
+        }
+    )
+    plan = plan_split(drifted, split=100)
+    placed = [c for c in plan.cameras if c.z_m is not None]
+    tilt = altitude_prior_tilt_deg(
+        [c.x_m for c in placed], [c.y_m for c in placed], [c.z_m or 0.0 for c in placed]
+    )
+    assert tilt > 2.0  # measured: 4.0 (agung-2) and 7.6 deg (freetown-1)
+    refusal = plan_gps_refusal(plan, drifted)
+    assert refusal is not None and "drifts +0.10 m per image" in refusal, refusal
+    assert "leaves 0% of the altitude differences between neighbouring lines" in refusal
