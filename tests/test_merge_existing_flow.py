@@ -195,6 +195,11 @@ def test_merge_writes_the_report_and_stac_catalogue_a_reconstruct_run_writes(tmp
     [run] = out.iterdir()
     report = (run / "report" / "report.md").read_text()
     assert f"report: {run / 'report' / 'report.md'}" in proc.stdout
+    failed = (json.loads((run / "manifest.json").read_text()).get("alignment") or {}).get(
+        "failures"
+    )
+    # an accepted alignment says so on the console as reconstruct's does (a new user's trial)
+    assert ("ALIGNMENT ACCEPTED" in proc.stdout) == bool(failed), (failed, proc.stdout)
     sections = [line for line in report.splitlines() if line.startswith("## ")]
     assert report.startswith("# Merge of existing outputs")
     assert sections[:2] == ["## Product summary", "## Products"], sections

@@ -221,6 +221,10 @@ def _merge_existing(args: argparse.Namespace) -> int:
     )
     for name, url in sorted(manifest.products.items()):
         print(f"{name}: {url}")
+    from prefect_odm.cli.reconstruct import accepted_alignment_lines
+
+    for line in accepted_alignment_lines(manifest):  # as reconstruct says it
+        print(line)
     layout = OutputLayout(args.output, manifest.survey_fingerprint)
     print(f"report: {layout.report_md}")
     print(f"manifest: {layout.manifest}")
