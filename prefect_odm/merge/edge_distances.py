@@ -19,6 +19,7 @@ from numpy.typing import NDArray
 from rasterio.enums import Resampling
 from scipy.ndimage import distance_transform_edt
 
+from prefect_odm.merge.raster_kernels import bilinear_sample
 from prefect_odm.merge.source_lifetimes import SourceLifetimes
 from prefect_odm.merge.sources import GridPlan, RasterSource, SourceReader, Window4
 
@@ -49,17 +50,8 @@ class EdgeDistance:
         rr = rows / self.factor_rows - 0.5 + 1.0
         cc = cols / self.factor_cols - 0.5 + 1.0
         r0, c0 = np.floor(rr).astype(np.intp), np.floor(cc).astype(np.intp)
-        wr1, wc1 = (rr - r0)[:, None], (cc - c0)[None, :]
-        wr0, wc0 = 1.0 - wr1, 1.0 - wc1
-        sub = self.distance_m[r0[0] : r0[-1] + 2, c0[0] : c0[-1] + 2].astype(np.float64)
-        top, bottom = sub[r0 - r0[0]], sub[r0 - r0[0] + 1]
-        c0 -= c0[0]
-        out = top[:, c0] * wr0 * wc0
-        out += top[:, c0 + 1] * wr0 * wc1
-        out += bottom[:, c0] * wr1 * wc0
-        out += bottom[:, c0 + 1] * wr1 * wc1
-        result: NDArray[np.float32] = out.astype(np.float32)
-        return result
+        sub = self.distance_m[r0[0] : r0[-1] + 2, c0[0] : c0[-1] + 2]
+        return bilinear_sample(sub, r0 - r0[0], c0 - c0[0], rr - r0, cc - c0)
 
 
 def edge_distance(

@@ -1,0 +1,111 @@
+"""The compiled interpolations of :mod:`prefect_odm.merge.raster_kernels` against the numpy
+passes they replaced (kept here as the reference): the same float32 values, bit for bit."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from prefect_odm.grid import Block, Grid
+from prefect_odm.merge.edge_distances import EdgeDistance
+from prefect_odm.merge.raster_kernels import bilinear_sample, seam_columns
+from prefect_odm.merge.seams import SeamField
+from prefect_odm.ownership import Ownership
+
+
+def _numpy_seam(field: SeamField, block: Block, ids: list[str]) -> NDArray[np.float32]:
+    """:meth:`SeamField.seam_distance` as numpy computed it before the kernel."""
+    s, res, g = field.lattice_step_px, field.grid.resolution_m, field.grid
+    i0, j0 = block.row_off // s, block.col_off // s
+    i1 = (block.row_off + block.height - 1) // s + 1
+    j1 = (block.col_off + block.width - 1) // s + 1
+    ly = g.top - (np.arange(i0, i1 + 1, dtype=np.float64) * s + 0.5) * res
+    lx = g.left + (np.arange(j0, j1 + 1, dtype=np.float64) * s + 0.5) * res
+    gx, gy = np.meshgrid(lx, ly)
+    pts = np.column_stack([gx.ravel(), gy.ravel()])
+    rows = np.arange(block.row_off, block.row_off + block.height)
+    cols = np.arange(block.col_off, block.col_off + block.width)
+    ri, rf = rows // s - i0, ((rows % s) / s).astype(np.float64)[:, None]
+    ci, cf = cols // s - j0, ((cols % s) / s).astype(np.float64)[None, :]
+
+    def interp(values: NDArray[np.float64]) -> NDArray[np.float64]:
+        lat = values.reshape(gx.shape)
+        tmp = (1.0 - rf) * lat[ri, :] + rf * lat[ri + 1, :]
+        out: NDArray[np.float64] = (1.0 - cf) * tmp[:, ci] + cf * tmp[:, ci + 1]
+        return out
+
+    base = interp(np.asarray(field._all.query(pts, k=1)[0], dtype=np.float64))
+    return np.stack(
+        [
+            (0.5 * (interp(np.asarray(field._trees[sid].query(pts, k=1)[0])) - base)).astype(
+                np.float32
+            )
+            for sid in ids
+        ]
+    )
+
+
+def _numpy_sample(edge: EdgeDistance, row_off: int, col_off: int, window: tuple[int, ...]) -> Any:
+    """:meth:`EdgeDistance.sample` as numpy computed it before the kernel."""
+    rows = np.arange(window[0], window[0] + window[2]) - row_off + 0.5
+    cols = np.arange(window[1], window[1] + window[3]) - col_off + 0.5
+    rr = rows / edge.factor_rows - 0.5 + 1.0
+    cc = cols / edge.factor_cols - 0.5 + 1.0
+    r0, c0 = np.floor(rr).astype(np.intp), np.floor(cc).astype(np.intp)
+    wr1, wc1 = (rr - r0)[:, None], (cc - c0)[None, :]
+    wr0, wc0 = 1.0 - wr1, 1.0 - wc1
+    sub = edge.distance_m[r0[0] : r0[-1] + 2, c0[0] : c0[-1] + 2].astype(np.float64)
+    top, bottom = sub[r0 - r0[0]], sub[r0 - r0[0] + 1]
+    c0 -= c0[0]
+    out = top[:, c0] * wr0 * wc0
+    out += top[:, c0 + 1] * wr0 * wc1
+    out += bottom[:, c0] * wr1 * wc0
+    out += bottom[:, c0 + 1] * wr1 * wc1
+    return out.astype(np.float32)
+
+
+def _bits(a: NDArray[np.float32]) -> NDArray[np.uint32]:
+    return np.ascontiguousarray(a).view(np.uint32)
+
+
+def test_seam_distances_are_the_numpy_passes_bit_for_bit() -> None:
+    rng = np.random.default_rng(7)
+    grid = Grid(500_000.0, 5_000_000.0, 0.05, 3000, 2000)
+    cams = [
+        (500_000.0 + x, 5_000_000.0 - y, f"s{n % 4}")
+        for n, (x, y) in enumerate(rng.uniform(0, 150, size=(40, 2)))
+    ]
+    field = SeamField(Ownership.from_cameras(cams), grid, lattice_step_px=8)
+    ids = ["s0", "s1", "s2", "s3"]
+    for block in [Block(0, 0, 128, 512), Block(1037, 1541, 77, 459), Block(1992, 2999, 8, 1)]:
+        got = field.seam_distance(block, ids)
+        want = _numpy_seam(field, block, ids)
+        assert got.dtype == np.float32 and got.shape == want.shape
+        assert np.array_equal(_bits(got), _bits(want))
+        assert (got != 0).any()  # not a trivially equal field
+
+
+def test_edge_distance_samples_are_the_numpy_passes_bit_for_bit() -> None:
+    rng = np.random.default_rng(3)
+    distance = (rng.random((260, 190)) * 40).astype(np.float32)
+    edge = EdgeDistance(3000 / 258, 2100 / 188, distance)
+    src: Any = SimpleNamespace(row_off=100, col_off=-40)
+    for window in [(100, -40, 3000, 2100), (1100, 333, 128, 512), (3099, 2059, 1, 1)]:
+        got = edge.sample(src, window)
+        want = _numpy_sample(edge, 100, -40, window)
+        assert got.shape == (window[2], window[3])
+        assert np.array_equal(_bits(got), _bits(want))
+
+
+def test_the_kernels_take_their_inputs_as_documented() -> None:
+    values = np.arange(12, dtype=np.float32).reshape(3, 4)
+    cell = np.array([0, 1], dtype=np.intp)
+    half = np.array([0.5, 0.25])
+    got = bilinear_sample(values, cell, cell, half, half)
+    assert got.tolist() == [[2.5, 3.25], [5.5, 6.25]]
+    out = np.empty((2, 2), dtype=np.float32)
+    seam_columns(values[:2].astype(np.float64), np.zeros((2, 4)), cell, half, out)
+    assert out.tolist() == [[0.25, 0.625], [2.25, 2.625]]
