@@ -58,6 +58,7 @@ from prefect_odm.merge.cog import with_gdal_cache
 from prefect_odm.merge.edge_distances import EdgeDistances
 from prefect_odm.merge.footprints import resolve_ownership
 from prefect_odm.merge.overlap_sampling import dsm_seam, overlap_pairs, sample_overlap
+from prefect_odm.merge.raster_kernels import blend_heights
 from prefect_odm.merge.rasterio_options import CogOptions
 from prefect_odm.merge.reports import DemMergeReport
 from prefect_odm.merge.seamline_rasters import seams_for
@@ -281,11 +282,14 @@ class _DemBlocks:
                 flags[n][sl] = values[1]  # the measured band (no height correction on it)
             valid[n][sl] = ok
             edt[n][sl] = self.edges.of(src).sample(src, inter)
-        any_valid = valid.any(axis=0)
-        union = int(any_valid.sum())
-        if union == 0:
+        if not valid.any():
             return 0, 0
         e = self.seams.seam_distance(strip, [s.submodel_id for s, _ in present])
+        if getattr(self.seams, "linear_feather", False):  # weights: .seams.blend_weights
+            done = blend_heights(z, valid, edt, e, flags, self.feather_m, dem, measured)
+            return done, done
+        any_valid = valid.any(axis=0)
+        union = int(any_valid.sum())
         taper = self.seams.weights(e, valid, self.feather_m)
         weights = height_weights(valid, edt, taper)
         if measured is not None and flags is not None:

@@ -106,3 +106,103 @@ def bilinear_sample(
     out = np.empty((len(row_cell), len(col_cell)), dtype=np.float32)
     _bilinear_jit(values, row_cell, col_cell, row_frac, col_frac, out)
     return out
+
+
+def _blend_strip(  # noqa: C901 - one loop nest: per-pixel helper calls cost 3-4x here
+    z: Any, valid: Any, edt: Any, e: Any, flags: Any, scale: Any, dem: Any, measured: Any
+) -> int:  # pragma: no cover - compiled
+    k, rows, cols = z.shape
+    zero, one, floor = np.float32(0.0), np.float32(1.0), np.float32(1e-6)
+    w = np.empty(k, dtype=np.float32)
+    pixels = 0
+    for i in range(rows):
+        for j in range(cols):
+            present = False
+            for n in range(k):
+                present = present or valid[n, i, j]
+            if not present:
+                continue
+            pixels += 1
+            # the seam weights (.seams.blend_weights)
+            total = zero
+            for n in range(k):
+                t = zero
+                if scale > 0 and valid[n, i, j]:
+                    t = min(max(one - scale * e[n, i, j], zero), one)
+                w[n] = t
+                total = t if n == 0 else total + t
+            if total <= 0:  # no weight but data: the valid submodel of the smallest e (first)
+                pick, best = 0, np.float32(np.inf)
+                for n in range(k):
+                    v = e[n, i, j] if valid[n, i, j] else np.float32(np.inf)
+                    if n == 0 or v < best:
+                        pick, best = n, v
+                w[pick], total = one, one
+            if total > 0:
+                for n in range(k):
+                    w[n] = w[n] / total
+            # times the edge distances (.blend.height_weights)
+            total = zero
+            for n in range(k):
+                w[n] = w[n] * max(edt[n, i, j], floor)
+                total = w[n] if n == 0 else total + w[n]
+            if total <= 0:
+                for n in range(k):
+                    w[n] = max(edt[n, i, j], floor) if valid[n, i, j] else zero
+                    total = w[n] if n == 0 else total + w[n]
+            if total > 0:
+                for n in range(k):
+                    w[n] = w[n] / total
+            # the weighted sums (.blend.weighted_heights), 0 where a submodel has no data
+            height = flag = zero
+            for n in range(k):
+                zn = z[n, i, j] if valid[n, i, j] else zero
+                fn = flags[n, i, j] if valid[n, i, j] else zero
+                height = w[n] * zn if n == 0 else height + w[n] * zn
+                flag = w[n] * fn if n == 0 else flag + w[n] * fn
+            dem[i, j] = height
+            if measured.shape[0]:
+                measured[i, j] = one if flag >= 0.5 else zero
+    return pixels
+
+
+_blend_strip_jit = _jit(_blend_strip)
+
+
+def blend_heights(
+    z: NDArray[np.float32],
+    valid: NDArray[np.bool_],
+    edge_distance_m: NDArray[np.float32],
+    seam_distance_m: NDArray[np.float32],
+    flags: NDArray[np.float32] | None,
+    feather_m: float,
+    dem: NDArray[np.float32],
+    measured: NDArray[np.float32] | None,
+) -> int:
+    """Heights (and measured flags) of one strip blended as the DEM merge's numpy passes blend
+    them, in one pass per pixel: the linear feathering of :func:`.seams.blend_weights` times
+    the edge distances (:func:`.blend.height_weights`), the weighted sums of
+    :func:`.blend.weighted_heights` (the same float32 operations in the same order, so the
+    same bits).
+
+    Args:
+        z: ``(k, rows, cols)`` heights, metres (any value where not valid).
+        valid: ``(k, rows, cols)`` data masks.
+        edge_distance_m: ``(k, rows, cols)`` distance to each source's data edge, metres.
+        seam_distance_m: ``(k, rows, cols)`` seam distances ``e_k``, metres.
+        flags: ``(k, rows, cols)`` measured flags, or None.
+        feather_m: width of the blending band around the seams, metres (0: hard seams).
+        dem: ``(rows, cols)`` written where any source is valid.
+        measured: ``(rows, cols)`` written there (1 measured, 0 not) when ``flags`` is given.
+
+    Returns:
+        The pixels written (where any source is valid).
+    """
+    scale = np.float32(2.0 / feather_m) if feather_m > 1e-6 else np.float32(0.0)
+    if flags is None or measured is None:
+        flags = np.zeros((1, 1, 1), dtype=np.float32)
+        measured = np.zeros((0, 0), dtype=np.float32)
+        flags = np.broadcast_to(flags, z.shape)
+    return int(
+        _blend_strip_jit(z, valid, edge_distance_m, seam_distance_m, flags, scale, dem, measured)
+    )

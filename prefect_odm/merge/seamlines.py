@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -327,6 +328,9 @@ class LeastCostSeams:
     margin_m: float = 30.0
     _field: SeamField = field(init=False, repr=False)
     _distance: dict[str, _SignedDistance | None] = field(init=False, repr=False)
+    linear_feather: ClassVar[bool] = True
+    """Its :meth:`weights` are :func:`.seams.blend_weights` (see
+    :attr:`.seams.OwnershipSeams.linear_feather`)."""
 
     def __post_init__(self) -> None:
         """Build the seam field and each submodel's signed distance to its label's edge."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -220,6 +220,9 @@ class OwnershipSeams:
     grid: Grid
     lattice_step_px: int = 8
     _field: SeamField = field(init=False, repr=False)
+    linear_feather: ClassVar[bool] = True
+    """Its :meth:`weights` are :func:`blend_weights` (the DEM merge then blends in one compiled
+    pass, :func:`.raster_kernels.blend_heights`)."""
 
     def __post_init__(self) -> None:
         """Build the :class:`SeamField` the distances come from."""

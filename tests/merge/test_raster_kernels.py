@@ -10,9 +10,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from prefect_odm.grid import Block, Grid
+from prefect_odm.merge.blend import height_weights, weighted_heights
 from prefect_odm.merge.edge_distances import EdgeDistance
-from prefect_odm.merge.raster_kernels import bilinear_sample, seam_columns
-from prefect_odm.merge.seams import SeamField
+from prefect_odm.merge.raster_kernels import bilinear_sample, blend_heights, seam_columns
+from prefect_odm.merge.seams import SeamField, blend_weights
 from prefect_odm.ownership import Ownership
 
 
@@ -109,3 +110,53 @@ def test_the_kernels_take_their_inputs_as_documented() -> None:
     out = np.empty((2, 2), dtype=np.float32)
     seam_columns(values[:2].astype(np.float64), np.zeros((2, 4)), cell, half, out)
     assert out.tolist() == [[0.25, 0.625], [2.25, 2.625]]
+
+
+def _numpy_blend(
+    z: NDArray[np.float32],
+    valid: NDArray[np.bool_],
+    edt: NDArray[np.float32],
+    e: NDArray[np.float32],
+    flags: NDArray[np.float32],
+    feather_m: float,
+) -> tuple[NDArray[np.float32], NDArray[np.float32], NDArray[np.bool_]]:
+    """The DEM merge's numpy passes: blend_weights, height_weights, weighted_heights."""
+    any_valid = valid.any(axis=0)
+    weights = height_weights(valid, edt, blend_weights(e, valid, feather_m))
+    flag = weighted_heights(weights, flags.copy(), valid) >= 0.5
+    return weighted_heights(weights, z.copy(), valid), flag.astype(np.float32), any_valid
+
+
+def _strip_case(seed: int, k: int) -> tuple[NDArray[Any], ...]:
+    """Random heights, masks (holes in the owner, pixels of one source, of none), edge and
+    seam distances (zeros, ties, far beyond the feather) and measured flags."""
+    rng = np.random.default_rng(seed)
+    shape = (k, 64, 96)
+    z = rng.normal(30, 5, shape).astype(np.float32)
+    valid = rng.random(shape) > 0.3
+    valid[:, :4] = False  # no source
+    valid[1:, 4:8] = False  # one source
+    edt = (rng.random(shape) * 12).astype(np.float32)
+    edt[:, 10:12] = 0.0
+    e = (rng.random(shape) * 4).astype(np.float32)
+    e[0, 20:30] = 3.9  # every weight vanishes: the fallback on the smallest e
+    e[1:, 20:30] = 3.5
+    e[:, 30:32] = 1.0  # ties
+    flags = (rng.random(shape) > 0.5).astype(np.float32)
+    return z, valid, edt, e, flags
+
+
+def test_the_blend_is_the_numpy_passes_bit_for_bit() -> None:
+    for seed, k, feather in [(1, 2, 5.0), (2, 3, 2.0), (3, 4, 0.0), (4, 5, 7.5), (5, 1, 5.0)]:
+        z, valid, edt, e, flags = _strip_case(seed, k)
+        want_z, want_flag, any_valid = _numpy_blend(z, valid, edt, e, flags, feather)
+        dem = np.full(z.shape[1:], -9999.0, dtype=np.float32)
+        measured = np.full(z.shape[1:], -9999.0, dtype=np.float32)
+        done = blend_heights(z, valid, edt, e, flags, feather, dem, measured)
+        assert done == int(any_valid.sum())
+        assert np.array_equal(_bits(dem[any_valid]), _bits(want_z[any_valid]))
+        assert np.array_equal(measured[any_valid], want_flag[any_valid])
+        assert (dem[~any_valid] == -9999.0).all() and (measured[~any_valid] == -9999.0).all()
+        no_flags = np.full(z.shape[1:], -9999.0, dtype=np.float32)
+        assert blend_heights(z, valid, edt, e, None, feather, no_flags, None) == done
+        assert np.array_equal(_bits(no_flags), _bits(dem))
