@@ -264,7 +264,9 @@ class _DemBlocks:
 
     def _blend(self, strip: Block, out: NDArray[np.float32]) -> tuple[int, int]:
         """Blend one strip of a block into ``out`` (its rows of the block's ``(bands, rows,
-        cols)`` array); returns ``(pixels, union_pixels)``."""
+        cols)`` array); returns ``(pixels, union_pixels)``. With a seam method whose weights are
+        the linear feathering (``linear_feather``) in one compiled pass
+        (:func:`.raster_kernels.blend_heights`, the numpy passes' bits), else by those passes."""
         present = sources_in(self.plan, strip)
         if not present:
             return 0, 0

@@ -3,18 +3,25 @@ passes they replaced (kept here as the reference): the same float32 values, bit 
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import pytest
+import rasterio
 from numpy.typing import NDArray
 
 from prefect_odm.grid import Block, Grid
+from prefect_odm.merge import DEM_NODATA, merge_dems
 from prefect_odm.merge.blend import height_weights, weighted_heights
 from prefect_odm.merge.edge_distances import EdgeDistance
 from prefect_odm.merge.raster_kernels import bilinear_sample, blend_heights, seam_columns
-from prefect_odm.merge.seams import SeamField, blend_weights
+from prefect_odm.merge.seams import OwnershipSeams, SeamField, blend_weights
 from prefect_odm.ownership import Ownership
+
+from .conftest import LEFT, TOP
+from .test_merge_dem import RES, _surface, _write_measured
 
 
 def _numpy_seam(field: SeamField, block: Block, ids: list[str]) -> NDArray[np.float32]:
@@ -160,3 +167,37 @@ def test_the_blend_is_the_numpy_passes_bit_for_bit() -> None:
         no_flags = np.full(z.shape[1:], -9999.0, dtype=np.float32)
         assert blend_heights(z, valid, edt, e, None, feather, no_flags, None) == done
         assert np.array_equal(_bits(no_flags), _bits(dem))
+
+
+def test_a_merged_dsm_is_the_same_blended_by_the_kernel_or_by_the_numpy_passes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three DSMs with holes and filled cells, merged with the compiled blend and with the
+    numpy passes (a seam method without ``linear_feather``): the same heights and flags, bit for
+    bit, on every overview."""
+    surf = _surface()
+    cols = {"a": (0, 110), "b": (80, 190), "c": (160, 240)}
+    inputs = {}
+    for n, (sid, (c0, c1)) in enumerate(cols.items()):
+        z = surf[:, c0:c1] + np.float32(0.3 * n)
+        z[n * 20 : n * 20 + 15, 5:25] = DEM_NODATA
+        flags = np.ones(z.shape, dtype=bool)
+        flags[100:120, 10:30] = False
+        flags[:, -12:-6] = n % 2 == 0  # the overlaps disagree on what was measured
+        inputs[sid] = _write_measured(tmp_path / f"{sid}.tif", z, flags, c0)
+    own = Ownership.from_cameras(
+        [(LEFT + RES * (c0 + c1) / 2, TOP - 40, s) for s, (c0, c1) in cols.items()]
+    )
+    compiled = tmp_path / "compiled.tif"
+    merge_dems(inputs, compiled, ownership=own, block_size=64, workers=1)
+    monkeypatch.setattr(OwnershipSeams, "linear_feather", False)
+    passes = tmp_path / "numpy.tif"
+    merge_dems(inputs, passes, ownership=own, block_size=64, workers=1)
+    with rasterio.open(compiled) as a, rasterio.open(passes) as b:
+        assert a.count == 2 and a.overviews(1) == b.overviews(1)
+        za, zb = a.read(), b.read()
+        assert np.array_equal(_bits(za), _bits(zb))
+        assert ((za[1] == 0) & (za[0] != DEM_NODATA)).any()  # some cells filled, some measured
+        for f in a.overviews(1):
+            shape = (2, -(-a.height // f), -(-a.width // f))
+            assert np.array_equal(a.read(out_shape=shape), b.read(out_shape=shape))
