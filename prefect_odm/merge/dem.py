@@ -58,7 +58,6 @@ from prefect_odm.merge.cog import with_gdal_cache
 from prefect_odm.merge.edge_distances import EdgeDistances
 from prefect_odm.merge.footprints import resolve_ownership
 from prefect_odm.merge.overlap_sampling import dsm_seam, overlap_pairs, sample_overlap
-from prefect_odm.merge.raster_kernels import blend_heights
 from prefect_odm.merge.rasterio_options import CogOptions
 from prefect_odm.merge.reports import DemMergeReport
 from prefect_odm.merge.seamline_rasters import seams_for
@@ -101,6 +100,12 @@ _BLEND_ROWS = 128
 """Rows of a block blended at a time: the blend holds about 40 bytes per pixel and source
 present, so a 512-pixel block crossed by 12 DSMs held 128 MiB at once; strips of 128 rows give
 the same pixels (each is blended on its own, as a block is) for a quarter of it."""
+
+COMPILED_MIN_OVERLAP_PX = 8_000_000
+"""Pixels of the sources' pairwise overlaps from which the DEM merge blends with the compiled
+kernels (:mod:`.raster_kernels`: the same bits, about 0.1 s of CPU less per million overlap
+pixels at 52 Mpx) rather than numpy's passes: numba's first use costs a process about 0.75 s of
+CPU and 108 MiB (RESULTS.md, h39d), more than the kernels save on a smaller merge."""
 
 _DemBlock = tuple[NDArray[np.float32], int, int]
 """One block's ``(bands, pixels, union_pixels)``: ``(1 or 2, rows, cols)`` float32, the heights
@@ -241,8 +246,10 @@ class _DemBlocks:
         edges: EdgeDistances,
         feather_m: float,
         measured: bool = False,
+        compiled: bool = False,
     ) -> None:
         self.plan = plan
+        self.compiled = compiled and getattr(seams, "linear_feather", False)
         self.readers = readers
         self.seams = seams
         self.offsets = offsets
@@ -265,7 +272,7 @@ class _DemBlocks:
     def _blend(self, strip: Block, out: NDArray[np.float32]) -> tuple[int, int]:
         """Blend one strip of a block into ``out`` (its rows of the block's ``(bands, rows,
         cols)`` array); returns ``(pixels, union_pixels)``. With a seam method whose weights are
-        the linear feathering (``linear_feather``) in one compiled pass
+        the linear feathering (``linear_feather``) and ``compiled``, in one compiled pass
         (:func:`.raster_kernels.blend_heights`, the numpy passes' bits), else by those passes."""
         present = sources_in(self.plan, strip)
         if not present:
@@ -287,7 +294,9 @@ class _DemBlocks:
         if not valid.any():
             return 0, 0
         e = self.seams.seam_distance(strip, [s.submodel_id for s, _ in present])
-        if getattr(self.seams, "linear_feather", False):  # weights: .seams.blend_weights
+        if self.compiled:  # the seam method's weights are .seams.blend_weights
+            from prefect_odm.merge.raster_kernels import blend_heights
+
             done = blend_heights(z, valid, edt, e, flags, self.feather_m, dem, measured)
             return done, done
         any_valid = valid.any(axis=0)
@@ -326,6 +335,11 @@ class _DemBlocks:
             self._described = True
         dst.write(out, window=Window(block.col_off, block.row_off, block.width, block.height))
         return pixels, union
+
+
+def overlap_pixels(plan: GridPlan) -> int:
+    """Pixels of the sources' pairwise window overlaps, summed over the pairs."""
+    return sum(w[2] * w[3] for _, _, w in overlap_pairs(plan))
 
 
 def _dem_plan(
@@ -391,15 +405,17 @@ def merge_dems(
     remove = opts.remove_vertical_offsets and alignment is None
     offsets, medians, seams_of = vertical_offsets(plan, remove, opts.max_dem_offset_m,
                                                   measured, run.workers)  # fmt: skip
-    edges = EdgeDistances(plan, edt_max_side_px)
+    compiled = overlap_pixels(plan) >= COMPILED_MIN_OVERLAP_PX
+    edges = EdgeDistances(plan, edt_max_side_px, compiled)
     seams = seams_for(opts.seam_method, owners, plan, run.lattice_step_px, seamlines=seamlines,
-                      dsms={k: Path(v) for k, v in inputs.items()}, alignment=fixes)  # fmt: skip
+                      dsms={k: Path(v) for k, v in inputs.items()}, alignment=fixes,
+                      compiled=compiled)  # fmt: skip
     readers = SharedReaders(plan, run.workers)
     pixels, union_pixels = write_merged_raster(
         out,
         plan,
         {"count": 2 if measured else 1, "dtype": "float32", "nodata": DEM_NODATA},
-        _DemBlocks(plan, readers, seams, offsets, edges, opts.dem_feather_m, measured),
+        _DemBlocks(plan, readers, seams, offsets, edges, opts.dem_feather_m, measured, compiled),
         readers,
         run,
         cog_options=DEM_COG_OPTIONS,

@@ -326,6 +326,7 @@ class LeastCostSeams:
     grid: Grid
     lattice_step_px: int = 8
     margin_m: float = 30.0
+    compiled: bool = False
     _field: SeamField = field(init=False, repr=False)
     _distance: dict[str, _SignedDistance | None] = field(init=False, repr=False)
     linear_feather: ClassVar[bool] = True
@@ -335,7 +336,9 @@ class LeastCostSeams:
     def __post_init__(self) -> None:
         """Build the seam field and each submodel's signed distance to its label's edge."""
         object.__setattr__(
-            self, "_field", SeamField(self.ownership, self.grid, self.lattice_step_px)
+            self,
+            "_field",
+            SeamField(self.ownership, self.grid, self.lattice_step_px, self.compiled),
         )
         margin = int(np.ceil(self.margin_m / self.labels.grid.resolution_m)) + 2
         lab = self.labels.labels

@@ -3,6 +3,9 @@ passes they replaced (kept here as the reference): the same float32 values, bit 
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -13,7 +16,7 @@ import rasterio
 from numpy.typing import NDArray
 
 from prefect_odm.grid import Block, Grid
-from prefect_odm.merge import DEM_NODATA, merge_dems
+from prefect_odm.merge import DEM_NODATA, dem, merge_dems
 from prefect_odm.merge.blend import height_weights, weighted_heights
 from prefect_odm.merge.edge_distances import EdgeDistance
 from prefect_odm.merge.raster_kernels import bilinear_sample, blend_heights, seam_columns
@@ -86,26 +89,30 @@ def test_seam_distances_are_the_numpy_passes_bit_for_bit() -> None:
         (500_000.0 + x, 5_000_000.0 - y, f"s{n % 4}")
         for n, (x, y) in enumerate(rng.uniform(0, 150, size=(40, 2)))
     ]
-    field = SeamField(Ownership.from_cameras(cams), grid, lattice_step_px=8)
+    field = SeamField(Ownership.from_cameras(cams), grid, lattice_step_px=8, compiled=True)
     ids = ["s0", "s1", "s2", "s3"]
     for block in [Block(0, 0, 128, 512), Block(1037, 1541, 77, 459), Block(1992, 2999, 8, 1)]:
         got = field.seam_distance(block, ids)
         want = _numpy_seam(field, block, ids)
         assert got.dtype == np.float32 and got.shape == want.shape
         assert np.array_equal(_bits(got), _bits(want))
+        by_numpy = replace(field, compiled=False).seam_distance(block, ids)
+        assert np.array_equal(_bits(by_numpy), _bits(want))
         assert (got != 0).any()  # not a trivially equal field
 
 
 def test_edge_distance_samples_are_the_numpy_passes_bit_for_bit() -> None:
     rng = np.random.default_rng(3)
     distance = (rng.random((260, 190)) * 40).astype(np.float32)
-    edge = EdgeDistance(3000 / 258, 2100 / 188, distance)
+    edge = EdgeDistance(3000 / 258, 2100 / 188, distance, compiled=True)
     src: Any = SimpleNamespace(row_off=100, col_off=-40)
     for window in [(100, -40, 3000, 2100), (1100, 333, 128, 512), (3099, 2059, 1, 1)]:
         got = edge.sample(src, window)
         want = _numpy_sample(edge, 100, -40, window)
         assert got.shape == (window[2], window[3])
         assert np.array_equal(_bits(got), _bits(want))
+        by_numpy = replace(edge, compiled=False).sample(src, window)
+        assert np.array_equal(_bits(by_numpy), _bits(want))
 
 
 def test_the_kernels_take_their_inputs_as_documented() -> None:
@@ -172,9 +179,9 @@ def test_the_blend_is_the_numpy_passes_bit_for_bit() -> None:
 def test_a_merged_dsm_is_the_same_blended_by_the_kernel_or_by_the_numpy_passes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Three DSMs with holes and filled cells, merged with the compiled blend and with the
-    numpy passes (a seam method without ``linear_feather``): the same heights and flags, bit for
-    bit, on every overview."""
+    """Three DSMs with holes and filled cells, merged with the compiled kernels (the overlap
+    threshold at 0), with numpy's passes (the default threshold: a small merge) and with a seam
+    method without ``linear_feather``: the same heights and flags, bit for bit, every overview."""
     surf = _surface()
     cols = {"a": (0, 110), "b": (80, 190), "c": (160, 240)}
     inputs = {}
@@ -188,11 +195,15 @@ def test_a_merged_dsm_is_the_same_blended_by_the_kernel_or_by_the_numpy_passes(
     own = Ownership.from_cameras(
         [(LEFT + RES * (c0 + c1) / 2, TOP - 40, s) for s, (c0, c1) in cols.items()]
     )
+    passes = tmp_path / "numpy.tif"
+    merge_dems(inputs, passes, ownership=own, block_size=64, workers=1)
+    monkeypatch.setattr(dem, "COMPILED_MIN_OVERLAP_PX", 0)
     compiled = tmp_path / "compiled.tif"
     merge_dems(inputs, compiled, ownership=own, block_size=64, workers=1)
     monkeypatch.setattr(OwnershipSeams, "linear_feather", False)
-    passes = tmp_path / "numpy.tif"
-    merge_dems(inputs, passes, ownership=own, block_size=64, workers=1)
+    unfeathered = tmp_path / "unfeathered.tif"
+    merge_dems(inputs, unfeathered, ownership=own, block_size=64, workers=1)
+    assert unfeathered.read_bytes() == compiled.read_bytes()
     with rasterio.open(compiled) as a, rasterio.open(passes) as b:
         assert a.count == 2 and a.overviews(1) == b.overviews(1)
         za, zb = a.read(), b.read()
@@ -201,3 +212,21 @@ def test_a_merged_dsm_is_the_same_blended_by_the_kernel_or_by_the_numpy_passes(
         for f in a.overviews(1):
             shape = (2, -(-a.height // f), -(-a.width // f))
             assert np.array_equal(a.read(out_shape=shape), b.read(out_shape=shape))
+
+
+def test_a_small_dem_merge_does_not_load_numba(tmp_path: Path) -> None:
+    """Below :data:`.dem.COMPILED_MIN_OVERLAP_PX` the merge keeps numpy's passes and never
+    imports numba (its first use costs a process about 0.75 s and 108 MiB)."""
+    surf = _surface()
+    a = _write_measured(tmp_path / "a.tif", surf[:, :150].copy(), np.ones((160, 150), bool), 0)
+    b = _write_measured(tmp_path / "b.tif", surf[:, 90:].copy(), np.ones((160, 150), bool), 90)
+    script = (
+        "import sys; from pathlib import Path; from prefect_odm.merge import merge_dems; "
+        f"merge_dems({{'a': Path({str(a)!r}), 'b': Path({str(b)!r})}}, "
+        f"Path({str(tmp_path / 'dsm.tif')!r}), ownership=None, block_size=64); "
+        "print('numba' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+    assert (tmp_path / "dsm.tif").exists()
