@@ -45,7 +45,7 @@ from prefect_odm.align.report import AlignmentReport
 from prefect_odm.align.similarity import RasterCorrection
 from prefect_odm.align.stage_records import DsmSeam
 from prefect_odm.errors import MergeError
-from prefect_odm.grid import Block
+from prefect_odm.grid import Block, iter_blocks
 from prefect_odm.merge.balance import solve_vertical_offsets
 from prefect_odm.merge.blend import height_weights, weighted_heights
 from prefect_odm.merge.blocks import (
@@ -101,11 +101,12 @@ _BLEND_ROWS = 128
 present, so a 512-pixel block crossed by 12 DSMs held 128 MiB at once; strips of 128 rows give
 the same pixels (each is blended on its own, as a block is) for a quarter of it."""
 
-COMPILED_MIN_OVERLAP_PX = 8_000_000
-"""Pixels of the sources' pairwise overlaps from which the DEM merge blends with the compiled
-kernels (:mod:`.raster_kernels`: the same bits, about 0.1 s of CPU less per million overlap
-pixels at 52 Mpx) rather than numpy's passes: numba's first use costs a process about 0.75 s of
-CPU and 108 MiB (RESULTS.md, h39d), more than the kernels save on a smaller merge."""
+COMPILED_MIN_BLEND_PX = 12_000_000
+"""Pixels of the blocks that several sources cross (those the merge blends) from which the DEM
+merge blends with the compiled kernels (:mod:`.raster_kernels`: the same bits, about 0.075 s of
+CPU less per million such pixels at 52 Mpx) rather than numpy's passes: numba's first use costs
+a process about 0.75 s of CPU and 108 MiB (RESULTS.md, h39d), more than the kernels save on a
+smaller merge."""
 
 _DemBlock = tuple[NDArray[np.float32], int, int]
 """One block's ``(bands, pixels, union_pixels)``: ``(1 or 2, rows, cols)`` float32, the heights
@@ -337,9 +338,10 @@ class _DemBlocks:
         return pixels, union
 
 
-def overlap_pixels(plan: GridPlan) -> int:
-    """Pixels of the sources' pairwise window overlaps, summed over the pairs."""
-    return sum(w[2] * w[3] for _, _, w in overlap_pairs(plan))
+def blended_pixels(plan: GridPlan, block_size: int) -> int:
+    """Pixels of the grid's ``block_size`` blocks that the windows of two sources or more cross."""
+    blocks = iter_blocks(plan.grid, block_size)
+    return sum(b.height * b.width for b in blocks if len(sources_in(plan, b)) > 1)
 
 
 def _dem_plan(
@@ -405,7 +407,7 @@ def merge_dems(
     remove = opts.remove_vertical_offsets and alignment is None
     offsets, medians, seams_of = vertical_offsets(plan, remove, opts.max_dem_offset_m,
                                                   measured, run.workers)  # fmt: skip
-    compiled = overlap_pixels(plan) >= COMPILED_MIN_OVERLAP_PX
+    compiled = blended_pixels(plan, run.block_size) >= COMPILED_MIN_BLEND_PX
     edges = EdgeDistances(plan, edt_max_side_px, compiled)
     seams = seams_for(opts.seam_method, owners, plan, run.lattice_step_px, seamlines=seamlines,
                       dsms={k: Path(v) for k, v in inputs.items()}, alignment=fixes,

@@ -197,7 +197,7 @@ def test_a_merged_dsm_is_the_same_blended_by_the_kernel_or_by_the_numpy_passes(
     )
     passes = tmp_path / "numpy.tif"
     merge_dems(inputs, passes, ownership=own, block_size=64, workers=1)
-    monkeypatch.setattr(dem, "COMPILED_MIN_OVERLAP_PX", 0)
+    monkeypatch.setattr(dem, "COMPILED_MIN_BLEND_PX", 0)
     compiled = tmp_path / "compiled.tif"
     merge_dems(inputs, compiled, ownership=own, block_size=64, workers=1)
     monkeypatch.setattr(OwnershipSeams, "linear_feather", False)
@@ -215,7 +215,7 @@ def test_a_merged_dsm_is_the_same_blended_by_the_kernel_or_by_the_numpy_passes(
 
 
 def test_a_small_dem_merge_does_not_load_numba(tmp_path: Path) -> None:
-    """Below :data:`.dem.COMPILED_MIN_OVERLAP_PX` the merge keeps numpy's passes and never
+    """Below :data:`.dem.COMPILED_MIN_BLEND_PX` the merge keeps numpy's passes and never
     imports numba (its first use costs a process about 0.75 s and 108 MiB)."""
     surf = _surface()
     a = _write_measured(tmp_path / "a.tif", surf[:, :150].copy(), np.ones((160, 150), bool), 0)
