@@ -45,7 +45,7 @@ from prefect_odm.align.report import AlignmentReport
 from prefect_odm.align.similarity import RasterCorrection
 from prefect_odm.align.stage_records import DsmSeam
 from prefect_odm.errors import MergeError
-from prefect_odm.grid import Block
+from prefect_odm.grid import Block, iter_blocks
 from prefect_odm.merge.balance import solve_vertical_offsets
 from prefect_odm.merge.blend import height_weights, weighted_heights
 from prefect_odm.merge.blocks import (
@@ -100,6 +100,13 @@ _BLEND_ROWS = 128
 """Rows of a block blended at a time: the blend holds about 40 bytes per pixel and source
 present, so a 512-pixel block crossed by 12 DSMs held 128 MiB at once; strips of 128 rows give
 the same pixels (each is blended on its own, as a block is) for a quarter of it."""
+
+COMPILED_MIN_BLEND_PX = 12_000_000
+"""Pixels of the blocks that several sources cross (those the merge blends) from which the DEM
+merge blends with the compiled kernels (:mod:`.raster_kernels`: the same bits, about 0.075 s of
+CPU less per million such pixels at 52 Mpx) rather than numpy's passes: numba's first use costs
+a process about 0.75 s of CPU and 108 MiB (RESULTS.md, h39d), more than the kernels save on a
+smaller merge."""
 
 _DemBlock = tuple[NDArray[np.float32], int, int]
 """One block's ``(bands, pixels, union_pixels)``: ``(1 or 2, rows, cols)`` float32, the heights
@@ -240,8 +247,10 @@ class _DemBlocks:
         edges: EdgeDistances,
         feather_m: float,
         measured: bool = False,
+        compiled: bool = False,
     ) -> None:
         self.plan = plan
+        self.compiled = compiled and getattr(seams, "linear_feather", False)
         self.readers = readers
         self.seams = seams
         self.offsets = offsets
@@ -263,7 +272,9 @@ class _DemBlocks:
 
     def _blend(self, strip: Block, out: NDArray[np.float32]) -> tuple[int, int]:
         """Blend one strip of a block into ``out`` (its rows of the block's ``(bands, rows,
-        cols)`` array); returns ``(pixels, union_pixels)``."""
+        cols)`` array); returns ``(pixels, union_pixels)``. With a seam method whose weights are
+        the linear feathering (``linear_feather``) and ``compiled``, in one compiled pass
+        (:func:`.raster_kernels.blend_heights`, the numpy passes' bits), else by those passes."""
         present = sources_in(self.plan, strip)
         if not present:
             return 0, 0
@@ -281,11 +292,16 @@ class _DemBlocks:
                 flags[n][sl] = values[1]  # the measured band (no height correction on it)
             valid[n][sl] = ok
             edt[n][sl] = self.edges.of(src).sample(src, inter)
-        any_valid = valid.any(axis=0)
-        union = int(any_valid.sum())
-        if union == 0:
+        if not valid.any():
             return 0, 0
         e = self.seams.seam_distance(strip, [s.submodel_id for s, _ in present])
+        if self.compiled:  # the seam method's weights are .seams.blend_weights
+            from prefect_odm.merge.raster_kernels import blend_heights
+
+            done = blend_heights(z, valid, edt, e, flags, self.feather_m, dem, measured)
+            return done, done
+        any_valid = valid.any(axis=0)
+        union = int(any_valid.sum())
         taper = self.seams.weights(e, valid, self.feather_m)
         weights = height_weights(valid, edt, taper)
         if measured is not None and flags is not None:
@@ -320,6 +336,12 @@ class _DemBlocks:
             self._described = True
         dst.write(out, window=Window(block.col_off, block.row_off, block.width, block.height))
         return pixels, union
+
+
+def blended_pixels(plan: GridPlan, block_size: int) -> int:
+    """Pixels of the grid's ``block_size`` blocks that the windows of two sources or more cross."""
+    blocks = iter_blocks(plan.grid, block_size)
+    return sum(b.height * b.width for b in blocks if len(sources_in(plan, b)) > 1)
 
 
 def _dem_plan(
@@ -385,15 +407,17 @@ def merge_dems(
     remove = opts.remove_vertical_offsets and alignment is None
     offsets, medians, seams_of = vertical_offsets(plan, remove, opts.max_dem_offset_m,
                                                   measured, run.workers)  # fmt: skip
-    edges = EdgeDistances(plan, edt_max_side_px)
+    compiled = blended_pixels(plan, run.block_size) >= COMPILED_MIN_BLEND_PX
+    edges = EdgeDistances(plan, edt_max_side_px, compiled)
     seams = seams_for(opts.seam_method, owners, plan, run.lattice_step_px, seamlines=seamlines,
-                      dsms={k: Path(v) for k, v in inputs.items()}, alignment=fixes)  # fmt: skip
+                      dsms={k: Path(v) for k, v in inputs.items()}, alignment=fixes,
+                      compiled=compiled)  # fmt: skip
     readers = SharedReaders(plan, run.workers)
     pixels, union_pixels = write_merged_raster(
         out,
         plan,
         {"count": 2 if measured else 1, "dtype": "float32", "nodata": DEM_NODATA},
-        _DemBlocks(plan, readers, seams, offsets, edges, opts.dem_feather_m, measured),
+        _DemBlocks(plan, readers, seams, offsets, edges, opts.dem_feather_m, measured, compiled),
         readers,
         run,
         cog_options=DEM_COG_OPTIONS,

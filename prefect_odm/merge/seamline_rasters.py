@@ -235,12 +235,14 @@ def seams_for(
     dsms: Mapping[str, Path] | None = None,
     corrections: Mapping[str, GainOffset] | None = None,
     alignment: Mapping[str, RasterCorrection] | None = None,
+    compiled: bool = False,
 ) -> SeamMethod:
     """The seam method ``name`` of one raster merge (:func:`.seams.seam_method`).
 
     A label seam method (``least-cost``) follows ``seamlines`` when given (the merge's shared
     owner labels), else labels computed here from this merge's own inputs (with
-    ``corrections`` and ``alignment``, see :func:`seamlines_of`).
+    ``corrections`` and ``alignment``, see :func:`seamlines_of`); ``compiled``: see
+    :class:`.seams.SeamField`.
 
     Raises:
         InputError: an unknown seam method.
@@ -252,8 +254,9 @@ def seams_for(
             alignment=alignment,
         )  # fmt: skip
     return seam_method(
-        name, ownership, plan.grid, lattice_step_px=lattice_step_px, seamlines=seamlines
-    )
+        name, ownership, plan.grid, lattice_step_px=lattice_step_px, seamlines=seamlines,
+        compiled=compiled,
+    )  # fmt: skip
 
 
 def merge_seamlines(

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -325,13 +326,19 @@ class LeastCostSeams:
     grid: Grid
     lattice_step_px: int = 8
     margin_m: float = 30.0
+    compiled: bool = False
     _field: SeamField = field(init=False, repr=False)
     _distance: dict[str, _SignedDistance | None] = field(init=False, repr=False)
+    linear_feather: ClassVar[bool] = True
+    """Its :meth:`weights` are :func:`.seams.blend_weights` (see
+    :attr:`.seams.OwnershipSeams.linear_feather`)."""
 
     def __post_init__(self) -> None:
         """Build the seam field and each submodel's signed distance to its label's edge."""
         object.__setattr__(
-            self, "_field", SeamField(self.ownership, self.grid, self.lattice_step_px)
+            self,
+            "_field",
+            SeamField(self.ownership, self.grid, self.lattice_step_px, self.compiled),
         )
         margin = int(np.ceil(self.margin_m / self.labels.grid.resolution_m)) + 2
         lab = self.labels.labels
