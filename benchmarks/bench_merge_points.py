@@ -146,7 +146,7 @@ def _run_ours(
         ownership=Ownership.from_cameras(cams),
         chunk_points=chunk,
         point_cloud_format=fmt,  # type: ignore[arg-type]
-        decode_ahead=decode_ahead,
+        workers=decode_ahead,
     )
     queue.put(
         (

@@ -94,7 +94,7 @@ class _Streamer:
     transforms: Mapping[str, PointMover]
     done: int = 0
     seamlines: OwnerLabels | None = None
-    decode_ahead: bool | None = None
+    workers: bool = False
     decoder: DecodeAhead | None = None
     inputs_done: int = 0
 
@@ -238,8 +238,7 @@ def _stream_inputs(
     """Every input through the streamer's sink (decoded ahead in a worker process when the
     streamer says so, :func:`_decoder`): ``(per-submodel points, reprojected ids)``."""
     per, reprojected = [], []
-    wanted, chunk_points = streamer.decode_ahead, streamer.chunk_points
-    with _decoder(infos, chunk_points, wanted, streamer.total_in) as streamer.decoder:
+    with _decoder(infos, streamer.chunk_points, streamer.workers) as streamer.decoder:
         for inp in infos:
             points, warped = streamer.write_input(inp)
             per.append(points)
@@ -254,6 +253,7 @@ def _write_copc(
 ) -> tuple[list[SubmodelPoints], list[str]]:
     """Stream every input into a :class:`.copc.CopcBuilder` and write the COPC file ``tmp``."""
     builder = CopcBuilder(streamer.header, cube, streamer.total_in, work=tmp.parent)
+    builder.compress_in_worker = streamer.workers
     streamer.writer = builder
     try:
         per, reprojected = _stream_inputs(streamer, infos)
@@ -297,18 +297,23 @@ def _write_all(
     return per, reprojected, kept_total, bounds
 
 
-DECODE_AHEAD_MIN_POINTS = 4_000_000
-"""Input points from which ``decode_ahead=None`` decodes in a worker process (on more than one
-CPU): below it, starting the worker (about 0.3 s) costs more than the overlap saves."""
+WORKERS_MIN_POINTS = 4_000_000
+"""Input points from which ``workers=None`` decodes and compresses in worker processes (on more
+than one CPU): below it, starting them (about 0.3 CPU-s each) costs more than the overlap saves."""
+
+
+def _want_workers(workers: bool | None, total_in: int) -> bool:
+    """Whether to decode (and compress COPC nodes) in worker processes (None: by size)."""
+    if workers is None:
+        return total_in >= WORKERS_MIN_POINTS and (os.cpu_count() or 1) > 1
+    return workers
 
 
 @contextmanager
 def _decoder(
-    infos: list[InputCloud], chunk_points: int, wanted: bool | None, total_in: int
+    infos: list[InputCloud], chunk_points: int, wanted: bool
 ) -> Iterator[DecodeAhead | None]:
-    """A :class:`.decode_ahead.DecodeAhead` over ``infos`` when wanted (None: by size), or None."""
-    if wanted is None:
-        wanted = total_in >= DECODE_AHEAD_MIN_POINTS and (os.cpu_count() or 1) > 1
+    """A :class:`.decode_ahead.DecodeAhead` over ``infos`` when wanted, or None."""
     if not wanted:
         yield None
         return
@@ -339,7 +344,7 @@ def merge_point_clouds(
     alignment: AlignmentReport | None = None,
     seamlines: OwnerLabels | None = None,
     point_cloud_format: PointCloudFormat = "laz",
-    decode_ahead: bool | None = None,
+    workers: bool | None = None,
 ) -> PointCloudMergeReport:
     """Merge per-submodel LAS/LAZ point clouds into one LAZ or COPC file, each point kept once.
 
@@ -360,8 +365,8 @@ def merge_point_clouds(
         point_cloud_format: ``laz``: a plain LAS/LAZ (by ``out``'s suffix) in the inputs' point
             format; ``copc``: a COPC file (LAZ 1.4, point format 6/7/8: ODM's 3 becomes 7),
             its octree built from spill files beside ``out`` (memory bounded).
-        decode_ahead: decode in a worker process, a chunk ahead (:mod:`.decode_ahead`, the
-            same file); None: from :data:`DECODE_AHEAD_MIN_POINTS` points, on 2+ CPUs.
+        workers: decode the inputs and compress COPC nodes in worker processes (the same file,
+            :mod:`.decode_ahead`); None: from :data:`WORKERS_MIN_POINTS` points, on 2+ CPUs.
 
     Returns:
         A :class:`.reports.PointCloudMergeReport`.
@@ -385,7 +390,7 @@ def merge_point_clouds(
     cube = OctreeCube.around(*union_bounds(infos, crs, moving)) if copc else None
     total_in = sum(int(i.header.point_count) for i in infos)
     streamer = _Streamer(None, header, crs, owners, chunk_points, progress, total_in, moving)
-    streamer.seamlines, streamer.decode_ahead = seamlines, decode_ahead
+    streamer.seamlines, streamer.workers = seamlines, _want_workers(workers, total_in)
     per, reprojected, kept_total, (mins, maxs) = _write_all(streamer, infos, out, cube)
     elapsed = time.perf_counter() - started
     return PointCloudMergeReport(

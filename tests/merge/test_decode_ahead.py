@@ -1,13 +1,14 @@
-"""Decoding in a worker process (``merge/decode_ahead.py``): the chunks are laspy's own, the merged
-files (COPC and plain LAZ) are the same bytes as decoding in process, the COPC one read back
-complete by laspy's CopcReader; a broken input is a one-line error naming it, and no shared
-memory is left behind."""
+"""Worker processes (``merge/decode_ahead.py``, ``merge/encode_ahead.py``): the chunks are
+laspy's own, the merged files (COPC and plain LAZ) are the same bytes as in process, the COPC one
+read back complete by laspy's CopcReader; a broken input, or a file the compression worker cannot
+write, is a one-line error saying why, and no shared memory is left behind."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import laspy
+import lazrs
 import numpy as np
 import pyproj
 import pytest
@@ -15,6 +16,7 @@ import pytest
 from prefect_odm.errors import MergeError
 from prefect_odm.merge import merge_point_clouds
 from prefect_odm.merge.decode_ahead import DecodeAhead
+from prefect_odm.merge.encode_ahead import EncodeAhead
 from prefect_odm.ownership import Ownership
 
 TILE_M = 100.0
@@ -78,7 +80,7 @@ def test_the_merge_decoded_ahead_is_the_same_file(tmp_path, point_cloud_format):
             ownership=owners,
             chunk_points=7_000,
             point_cloud_format=point_cloud_format,  # type: ignore[arg-type]
-            decode_ahead=ahead,
+            workers=ahead,
         )
         files[ahead] = out.read_bytes()
     assert files[True] == files[False]
@@ -104,10 +106,21 @@ def test_a_broken_input_is_named_and_nothing_is_left(tmp_path):
             ownership=owners,
             chunk_points=6_000,
             point_cloud_format="copc",
-            decode_ahead=True,
+            workers=True,
         )
     message = str(err.value)
     assert "submodel_0002" in message and str(broken) in message and "\n" not in message
     assert not (tmp_path / "m.copc.laz").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith((".m.", "prefect-odm-spill"))]
+    assert _segments() == before
+
+
+def test_a_compression_worker_that_cannot_write_says_why(tmp_path):
+    vlr = lazrs.LazVlr.new_for_compression(7, 0, True)
+    before = _segments()
+    encoder = EncodeAhead(tmp_path / "missing" / "m.copc.laz", 375, vlr)
+    with pytest.raises(OSError, match="FileNotFoundError"):
+        encoder.compress_chunks([np.zeros(36 * 10, dtype=np.uint8)])
+        encoder.done()
+    encoder.close()
     assert _segments() == before
