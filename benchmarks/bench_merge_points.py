@@ -128,9 +128,10 @@ def _run_ours(
 ) -> None:
     from prefect_odm.merge import merge_point_clouds
     from prefect_odm.merge.decode_ahead import DecodeAhead
+    from prefect_odm.merge.encode_ahead import EncodeAhead
     from prefect_odm.ownership import Ownership
 
-    worker_mib = [0.0]
+    worker_mib = [0.0, 0.0]
     close = DecodeAhead.close
 
     def close_and_note(self: DecodeAhead) -> None:  # the worker's peak, for the figures
@@ -138,6 +139,13 @@ def _run_ours(
         worker_mib[0] = self.worker_peak_mib
 
     DecodeAhead.close = close_and_note  # type: ignore[method-assign]
+    done = EncodeAhead.done
+
+    def done_and_note(self: EncodeAhead) -> None:
+        done(self)
+        worker_mib[1] = self.worker_peak_mib
+
+    EncodeAhead.done = done_and_note  # type: ignore[method-assign]
     cams = [(x0 + TILE_M / 2, y0 + TILE_M / 2, sid) for sid, x0, y0 in _layout(overlap)]
     t, cpu = time.perf_counter(), _cpu_seconds()
     report = merge_point_clouds(
@@ -155,7 +163,7 @@ def _run_ours(
             peak_mib(),
             report.points_in,
             report.points_kept,
-            worker_mib[0],
+            tuple(worker_mib),
         )
     )
 
@@ -203,7 +211,8 @@ def main() -> None:
             print(
                 f"  merge_point_clouds {fmt:4s}: {o_s:7.1f} s  cpu {o_cpu:7.1f} s  "
                 f"{o_in / o_s / 1e6:6.2f} Mpts/s  peak {o_mib:6.0f} MiB "
-                f"(decoding worker {w_mib:4.0f} MiB)  {size_mb:7.1f} MB  "
+                f"(workers: decoding {w_mib[0]:.0f}, compressing {w_mib[1]:.0f} MiB)  "
+                f"{size_mb:7.1f} MB  "
                 f"(kept {o_kept:,} of {o_in:,})  throughput ratio ours/baseline = "
                 f"{(o_in / o_s) / (b_in / b_s):.2f} (wall), {b_cpu / o_cpu:.2f} (cpu)  "
                 f"(after: {_load()})"

@@ -36,7 +36,7 @@ def _buffer(memory: SharedMemory) -> memoryview:
     return memory.buf
 
 
-def _peak_mib() -> float:
+def peak_mib() -> float:
     """This process's peak resident memory (``VmHWM``), MiB; 0 where unknown."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -97,7 +97,7 @@ def _decode_inputs(paths: Sequence[str], chunk_points: int, slots: Sequence[str]
                 return
             out.write(f"end {number}\n")
             out.flush()
-        out.write(f"peak {_peak_mib()}\n")
+        out.write(f"peak {peak_mib()}\n")
         out.flush()
     finally:
         buffers.clear()

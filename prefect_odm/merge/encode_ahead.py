@@ -23,6 +23,8 @@ import lazrs
 import numpy as np
 from numpy.typing import NDArray
 
+from prefect_odm.merge.decode_ahead import peak_mib
+
 
 def _compress_batches(path: str, offset: int, vlr_data: bytes) -> None:
     """The worker: compress each batch named on stdin into ``path`` from ``offset`` on.
@@ -55,7 +57,7 @@ def _compress_batches(path: str, offset: int, vlr_data: bytes) -> None:
                 memory.close()
             sys.stdout.write("ok\n")
             sys.stdout.flush()
-    sys.stdout.write("closed\n")
+    sys.stdout.write(f"closed {peak_mib()}\n")
     sys.stdout.flush()
 
 
@@ -82,6 +84,8 @@ class EncodeAhead:
         )
         self._waiting: list[SharedMemory] = []
         self._spare: list[SharedMemory] = []
+        self.worker_peak_mib = 0.0
+        """The worker's peak resident memory, MiB (its shared segments included), once done."""
 
     def _say(self, line: str) -> None:
         assert self._proc.stdin is not None
@@ -145,8 +149,10 @@ class EncodeAhead:
         """
         self._settle(0)
         self._say("done")
-        if self._hear() != "closed":
+        word = self._hear().split()
+        if word[0] != "closed":
             raise OSError("the LAZ compression worker did not close the file")
+        self.worker_peak_mib = float(word[1])
         self._proc.wait()
         self.close()
 
