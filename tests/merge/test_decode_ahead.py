@@ -47,8 +47,9 @@ def _tiles(folder: Path, per_tile: int) -> tuple[dict[str, Path], Ownership]:
 
 
 def _segments() -> set[str]:
+    """Python's shared-memory segments (``psm_*``; other processes' semaphores left out)."""
     shm = Path("/dev/shm")
-    return {p.name for p in shm.iterdir()} if shm.is_dir() else set()
+    return {p.name for p in shm.glob("psm_*")} if shm.is_dir() else set()
 
 
 def test_the_chunks_are_laspys_own(tmp_path):
@@ -56,6 +57,7 @@ def test_the_chunks_are_laspys_own(tmp_path):
     paths = [inputs[k] for k in sorted(inputs)]
     before = _segments()
     with DecodeAhead(paths, 5_000, 34) as decoder:
+        assert len(_segments() - before) == 2  # its two slots
         for number, path in enumerate(paths):
             with laspy.open(path) as reader:
                 header = reader.header
