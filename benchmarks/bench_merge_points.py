@@ -17,12 +17,14 @@ laspy's default (its first available ``LazBackend``: ``LazrsParallel``, lazrs de
 chunks on every core); the baseline and the plain-LAZ merge write through the same, the COPC
 merge through ``lazrs.ParLasZipCompressor.compress_chunks`` (the nodes compressed on every core).
 The machine's load average is printed before and after each case. Inputs already in ``--keep``
-(same count) are used again.
+(same count) are used again. ``--workers on`` runs the merge with ``workers=True`` (decoding and
+node compression in worker processes); CPU time then counts the joined workers too, and their
+peaks are printed beside the merge's.
 
 Usage::
 
     python benchmarks/bench_merge_points.py --points 50000000 [--chunk 2000000] [--keep DIR]
-        [--formats laz,copc]
+        [--formats laz,copc] [--workers on|off]
 """
 
 from __future__ import annotations
@@ -123,7 +125,7 @@ def _run_ours(
     chunk: int,
     overlap: float,
     fmt: str,
-    decode_ahead: bool | None,
+    workers: bool,
     queue: Any,
 ) -> None:
     from prefect_odm.merge import merge_point_clouds
@@ -154,7 +156,7 @@ def _run_ours(
         ownership=Ownership.from_cameras(cams),
         chunk_points=chunk,
         point_cloud_format=fmt,  # type: ignore[arg-type]
-        workers=decode_ahead,
+        workers=workers,
     )
     queue.put(
         (
@@ -182,10 +184,10 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, default=None)
     parser.add_argument("--formats", default="laz,copc", help="merge outputs to time: laz,copc")
     parser.add_argument(
-        "--decode-ahead",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="the merge decodes in a worker process (on), in process (off), or by size (auto)",
+        "--workers",
+        choices=("on", "off"),
+        default="off",
+        help="the merge decodes and compresses in worker processes (on) or in process (off)",
     )
     args = parser.parse_args()
     with bench_folder(args.keep, "bench_merge_points_") as root:
@@ -201,7 +203,7 @@ def main() -> None:
             f"  laspy read+write       : {b_s:7.1f} s  cpu {b_cpu:7.1f} s  "
             f"{b_in / b_s / 1e6:6.2f} Mpts/s  peak {b_mib:6.0f} MiB  (after: {_load()})"
         )
-        ahead = {"auto": None, "on": True, "off": False}[args.decode_ahead]
+        ahead = args.workers == "on"
         for fmt in args.formats.split(","):
             name = "ours.copc.laz" if fmt == "copc" else "ours.laz"
             o_s, o_cpu, o_mib, o_in, o_kept, w_mib = run_in_child(

@@ -297,18 +297,6 @@ def _write_all(
     return per, reprojected, kept_total, bounds
 
 
-WORKERS_MIN_POINTS = 4_000_000
-"""Input points from which ``workers=None`` decodes and compresses in worker processes (on more
-than one CPU): below it, starting them (about 0.3 CPU-s each) costs more than the overlap saves."""
-
-
-def _want_workers(workers: bool | None, total_in: int) -> bool:
-    """Whether to decode (and compress COPC nodes) in worker processes (None: by size)."""
-    if workers is None:
-        return total_in >= WORKERS_MIN_POINTS and (os.cpu_count() or 1) > 1
-    return workers
-
-
 @contextmanager
 def _decoder(
     infos: list[InputCloud], chunk_points: int, wanted: bool
@@ -344,7 +332,7 @@ def merge_point_clouds(
     alignment: AlignmentReport | None = None,
     seamlines: OwnerLabels | None = None,
     point_cloud_format: PointCloudFormat = "laz",
-    workers: bool | None = None,
+    workers: bool = False,
 ) -> PointCloudMergeReport:
     """Merge per-submodel LAS/LAZ point clouds into one LAZ or COPC file, each point kept once.
 
@@ -366,7 +354,7 @@ def merge_point_clouds(
             format; ``copc``: a COPC file (LAZ 1.4, point format 6/7/8: ODM's 3 becomes 7),
             its octree built from spill files beside ``out`` (memory bounded).
         workers: decode the inputs and compress COPC nodes in worker processes (the same file,
-            :mod:`.decode_ahead`); None: from :data:`WORKERS_MIN_POINTS` points, on 2+ CPUs.
+            :mod:`.decode_ahead`); off by default: measured, it lowers wall time but costs CPU.
 
     Returns:
         A :class:`.reports.PointCloudMergeReport`.
@@ -390,7 +378,7 @@ def merge_point_clouds(
     cube = OctreeCube.around(*union_bounds(infos, crs, moving)) if copc else None
     total_in = sum(int(i.header.point_count) for i in infos)
     streamer = _Streamer(None, header, crs, owners, chunk_points, progress, total_in, moving)
-    streamer.seamlines, streamer.workers = seamlines, _want_workers(workers, total_in)
+    streamer.seamlines, streamer.workers = seamlines, workers
     per, reprojected, kept_total, (mins, maxs) = _write_all(streamer, infos, out, cube)
     elapsed = time.perf_counter() - started
     return PointCloudMergeReport(
