@@ -17,12 +17,14 @@ laspy's default (its first available ``LazBackend``: ``LazrsParallel``, lazrs de
 chunks on every core); the baseline and the plain-LAZ merge write through the same, the COPC
 merge through ``lazrs.ParLasZipCompressor.compress_chunks`` (the nodes compressed on every core).
 The machine's load average is printed before and after each case. Inputs already in ``--keep``
-(same count) are used again.
+(same count) are used again. ``--workers on`` runs the merge with ``workers=True`` (decoding and
+node compression in worker processes); CPU time then counts the joined workers too, and their
+peaks are printed beside the merge's.
 
 Usage::
 
     python benchmarks/bench_merge_points.py --points 50000000 [--chunk 2000000] [--keep DIR]
-        [--formats laz,copc]
+        [--formats laz,copc] [--workers on|off]
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ def _backends() -> str:
 def _run_baseline(inputs: dict[str, Path], out: Path, chunk: int, queue: Any) -> None:
     import laspy
 
-    t, cpu = time.perf_counter(), time.process_time()
+    t, cpu = time.perf_counter(), _cpu_seconds()
     ids = sorted(inputs)
     total = 0
     with laspy.open(inputs[ids[0]]) as first:
@@ -114,33 +116,64 @@ def _run_baseline(inputs: dict[str, Path], out: Path, chunk: int, queue: Any) ->
                 for pts in reader.chunk_iterator(chunk):
                     writer.write_points(pts)
                     total += len(pts)
-    queue.put((time.perf_counter() - t, time.process_time() - cpu, peak_mib(), total, total))
+    queue.put((time.perf_counter() - t, _cpu_seconds() - cpu, peak_mib(), total, total))
 
 
 def _run_ours(
-    inputs: dict[str, Path], out: Path, chunk: int, overlap: float, fmt: str, queue: Any
+    inputs: dict[str, Path],
+    out: Path,
+    chunk: int,
+    overlap: float,
+    fmt: str,
+    workers: bool,
+    queue: Any,
 ) -> None:
     from prefect_odm.merge import merge_point_clouds
+    from prefect_odm.merge.decode_ahead import DecodeAhead
+    from prefect_odm.merge.encode_ahead import EncodeAhead
     from prefect_odm.ownership import Ownership
 
+    worker_mib = [0.0, 0.0]
+    close = DecodeAhead.close
+
+    def close_and_note(self: DecodeAhead) -> None:  # the worker's peak, for the figures
+        close(self)
+        worker_mib[0] = self.worker_peak_mib
+
+    DecodeAhead.close = close_and_note  # type: ignore[method-assign]
+    done = EncodeAhead.done
+
+    def done_and_note(self: EncodeAhead) -> None:
+        done(self)
+        worker_mib[1] = self.worker_peak_mib
+
+    EncodeAhead.done = done_and_note  # type: ignore[method-assign]
     cams = [(x0 + TILE_M / 2, y0 + TILE_M / 2, sid) for sid, x0, y0 in _layout(overlap)]
-    t, cpu = time.perf_counter(), time.process_time()
+    t, cpu = time.perf_counter(), _cpu_seconds()
     report = merge_point_clouds(
         inputs,
         out,
         ownership=Ownership.from_cameras(cams),
         chunk_points=chunk,
         point_cloud_format=fmt,  # type: ignore[arg-type]
+        workers=workers,
     )
     queue.put(
         (
             time.perf_counter() - t,
-            time.process_time() - cpu,
+            _cpu_seconds() - cpu,
             peak_mib(),
             report.points_in,
             report.points_kept,
+            tuple(worker_mib),
         )
     )
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process (all threads) and of its joined children (the decoder)."""
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
 
 
 def main() -> None:
@@ -150,6 +183,12 @@ def main() -> None:
     parser.add_argument("--overlap", type=float, default=0.2)
     parser.add_argument("--keep", type=Path, default=None)
     parser.add_argument("--formats", default="laz,copc", help="merge outputs to time: laz,copc")
+    parser.add_argument(
+        "--workers",
+        choices=("on", "off"),
+        default="off",
+        help="the merge decodes and compresses in worker processes (on) or in process (off)",
+    )
     args = parser.parse_args()
     with bench_folder(args.keep, "bench_merge_points_") as root:
         t = time.perf_counter()
@@ -164,15 +203,18 @@ def main() -> None:
             f"  laspy read+write       : {b_s:7.1f} s  cpu {b_cpu:7.1f} s  "
             f"{b_in / b_s / 1e6:6.2f} Mpts/s  peak {b_mib:6.0f} MiB  (after: {_load()})"
         )
+        ahead = args.workers == "on"
         for fmt in args.formats.split(","):
             name = "ours.copc.laz" if fmt == "copc" else "ours.laz"
-            o_s, o_cpu, o_mib, o_in, o_kept = run_in_child(
-                _run_ours, inputs, root / name, args.chunk, args.overlap, fmt
+            o_s, o_cpu, o_mib, o_in, o_kept, w_mib = run_in_child(
+                _run_ours, inputs, root / name, args.chunk, args.overlap, fmt, ahead
             )
             size_mb = (root / name).stat().st_size / 1e6
             print(
                 f"  merge_point_clouds {fmt:4s}: {o_s:7.1f} s  cpu {o_cpu:7.1f} s  "
-                f"{o_in / o_s / 1e6:6.2f} Mpts/s  peak {o_mib:6.0f} MiB  {size_mb:7.1f} MB  "
+                f"{o_in / o_s / 1e6:6.2f} Mpts/s  peak {o_mib:6.0f} MiB "
+                f"(workers: decoding {w_mib[0]:.0f}, compressing {w_mib[1]:.0f} MiB)  "
+                f"{size_mb:7.1f} MB  "
                 f"(kept {o_kept:,} of {o_in:,})  throughput ratio ours/baseline = "
                 f"{(o_in / o_s) / (b_in / b_s):.2f} (wall), {b_cpu / o_cpu:.2f} (cpu)  "
                 f"(after: {_load()})"

@@ -118,6 +118,8 @@ class CopcBuilder:
         self._returns = np.zeros(16, dtype=np.int64)
         self._gps = [np.inf, -np.inf]
         self.points = 0
+        self.compress_in_worker = False
+        """Compress the nodes in a worker process (:mod:`.encode_ahead`; the same file)."""
 
     def write_points(
         self, points: laspy.ScaleAwarePointRecord, keep: NDArray[np.bool_] | None = None
@@ -251,7 +253,7 @@ class CopcBuilder:
         try:
             if self.points == 0:
                 raise MergeError(f"{destination}: no points to write as COPC")
-            writer = CopcFileWriter(destination, self._copc_header())
+            writer = CopcFileWriter(destination, self._copc_header(), self.compress_in_worker)
             try:
                 self._write_nodes(writer)
                 writer.close()

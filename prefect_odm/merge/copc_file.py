@@ -24,6 +24,7 @@ import numpy as np
 import pyproj
 from numpy.typing import NDArray
 
+from prefect_odm.merge.encode_ahead import EncodeAhead
 from prefect_odm.merge.octree import CELLS_PER_NODE_SIDE, NodeKey, OctreeCube
 
 BATCH_POINTS = 1_000_000
@@ -97,8 +98,11 @@ class CopcFileWriter:
         header: the header fields (:class:`CopcHeader`).
     """
 
-    def __init__(self, destination: Path, header: CopcHeader) -> None:
-        """Open ``<name>.partial`` and write the header; the chunk table's offset is reserved."""
+    def __init__(
+        self, destination: Path, header: CopcHeader, compress_in_worker: bool = False
+    ) -> None:
+        """Open ``<name>.partial`` and write the header; the chunk table's offset is reserved
+        (by the worker process that compresses the nodes, with ``compress_in_worker``)."""
         self.destination = destination
         self._header = header
         self._partial = destination.with_name(destination.name + ".partial")
@@ -107,8 +111,14 @@ class CopcFileWriter:
         self._las = _las_header(header, self._vlr.record_data())
         self._fh: BinaryIO = self._partial.open("w+b")
         self._las.write_to(self._fh)
-        self._compressor = lazrs.ParLasZipCompressor(self._fh, self._vlr)
-        self._compressor.reserve_offset_to_chunk_table()
+        self._compressor: lazrs.ParLasZipCompressor | EncodeAhead
+        if compress_in_worker:
+            offset = self._fh.tell()
+            self._fh.close()  # the worker writes the points; reopened by close()
+            self._compressor = EncodeAhead(self._partial, offset, self._vlr)
+        else:
+            self._compressor = lazrs.ParLasZipCompressor(self._fh, self._vlr)
+            self._compressor.reserve_offset_to_chunk_table()
         self._batch: list[NDArray[np.void]] = []
         self._batch_points = 0
         self._nodes: list[tuple[NodeKey, int]] = []
@@ -156,6 +166,8 @@ class CopcFileWriter:
         """Write what is queued, the chunk table, the hierarchy and the final header; rename."""
         self._flush()
         self._compressor.done()
+        if self._fh.closed:  # the worker wrote the points and closed the file
+            self._fh = self._partial.open("r+b")
         entries = self._hierarchy()
         self._fh.seek(0, io.SEEK_END)
         evlr_at = self._fh.tell()
@@ -177,6 +189,8 @@ class CopcFileWriter:
     def abort(self) -> None:
         """Close and remove the partial file (after a failure)."""
         try:
+            if isinstance(self._compressor, EncodeAhead):
+                self._compressor.close()
             self._fh.close()
         finally:
             self._partial.unlink(missing_ok=True)

@@ -20,7 +20,8 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -35,6 +36,7 @@ from prefect_odm.align.report import AlignmentReport
 from prefect_odm.errors import MergeError
 from prefect_odm.merge.cell_owners import CellOwners
 from prefect_odm.merge.copc import CopcBuilder
+from prefect_odm.merge.decode_ahead import DecodeAhead
 from prefect_odm.merge.las_points import (
     InputCloud,
     PointMover,
@@ -92,6 +94,9 @@ class _Streamer:
     transforms: Mapping[str, PointMover]
     done: int = 0
     seamlines: OwnerLabels | None = None
+    workers: bool = False
+    decoder: DecodeAhead | None = None
+    inputs_done: int = 0
 
     def write_input(self, inp: InputCloud) -> tuple[SubmodelPoints, bool]:
         """Write the points of ``inp`` that it owns.
@@ -115,8 +120,8 @@ class _Streamer:
             cells = LabelOwners(self.seamlines, self.owners)
         kept_n = 0
         read_n = 0
-        with laspy.open(inp.path) as reader:
-            for chunk in reader.chunk_iterator(self.chunk_points):
+        with self._chunks(inp) as chunks:
+            for chunk in chunks:
                 kept_n += self._write_chunk(chunk, (transformer, moved), shift, cells, label)
                 read_n += len(chunk)
                 self.done += len(chunk)
@@ -130,6 +135,25 @@ class _Streamer:
         log.info("point cloud %s: kept %d of %d points", inp.submodel_id, kept_n, read_n)
         points = SubmodelPoints(submodel_id=inp.submodel_id, points_in=read_n, points_kept=kept_n)
         return points, transformer is not None
+
+    @contextmanager
+    def _chunks(self, inp: InputCloud) -> Iterator[Iterator[laspy.ScaleAwarePointRecord]]:
+        """The chunks of ``inp``: from the decoding worker when there is one, else read here.
+
+        Raises:
+            MergeError: the worker could not read the input (naming it).
+        """
+        if self.decoder is None:
+            with laspy.open(inp.path) as reader:
+                yield reader.chunk_iterator(self.chunk_points)
+            return
+        try:
+            yield self.decoder.chunks(self.inputs_done, inp.header)
+        except OSError as exc:
+            raise MergeError(
+                f"input {inp.submodel_id} ({inp.path}) cannot be read: {exc}"
+            ) from None
+        self.inputs_done += 1
 
     def _write_chunk(
         self,
@@ -211,13 +235,16 @@ def _check_written(
 def _stream_inputs(
     streamer: _Streamer, infos: list[InputCloud]
 ) -> tuple[list[SubmodelPoints], list[str]]:
-    """Every input through the streamer's sink: ``(per-submodel points, reprojected ids)``."""
+    """Every input through the streamer's sink (decoded ahead in a worker process when the
+    streamer says so, :func:`_decoder`): ``(per-submodel points, reprojected ids)``."""
     per, reprojected = [], []
-    for inp in infos:
-        points, warped = streamer.write_input(inp)
-        per.append(points)
-        if warped:
-            reprojected.append(inp.submodel_id)
+    with _decoder(infos, streamer.chunk_points, streamer.workers) as streamer.decoder:
+        for inp in infos:
+            points, warped = streamer.write_input(inp)
+            per.append(points)
+            if warped:
+                reprojected.append(inp.submodel_id)
+    streamer.decoder = None
     return per, reprojected
 
 
@@ -226,6 +253,7 @@ def _write_copc(
 ) -> tuple[list[SubmodelPoints], list[str]]:
     """Stream every input into a :class:`.copc.CopcBuilder` and write the COPC file ``tmp``."""
     builder = CopcBuilder(streamer.header, cube, streamer.total_in, work=tmp.parent)
+    builder.compress_in_worker = streamer.workers
     streamer.writer = builder
     try:
         per, reprojected = _stream_inputs(streamer, infos)
@@ -269,6 +297,26 @@ def _write_all(
     return per, reprojected, kept_total, bounds
 
 
+@contextmanager
+def _decoder(
+    infos: list[InputCloud], chunk_points: int, wanted: bool
+) -> Iterator[DecodeAhead | None]:
+    """A :class:`.decode_ahead.DecodeAhead` over ``infos`` when wanted, or None."""
+    if not wanted:
+        yield None
+        return
+    size = max(int(i.header.point_format.size) for i in infos)
+    with DecodeAhead([i.path for i in infos], chunk_points, size) as decoder:
+        yield decoder
+
+
+def _movers(alignment: AlignmentReport | None) -> dict[str, PointMover]:
+    """Each moving submodel's transform on points (none without an alignment)."""
+    if alignment is None:
+        return {}
+    return {sid: partial(alignment.apply_points, sid) for sid in alignment.moving_ids()}
+
+
 def _xyz(values: Any) -> tuple[float, float, float]:
     return (float(values[0]), float(values[1]), float(values[2]))
 
@@ -284,6 +332,7 @@ def merge_point_clouds(
     alignment: AlignmentReport | None = None,
     seamlines: OwnerLabels | None = None,
     point_cloud_format: PointCloudFormat = "laz",
+    workers: bool = False,
 ) -> PointCloudMergeReport:
     """Merge per-submodel LAS/LAZ point clouds into one LAZ or COPC file, each point kept once.
 
@@ -304,6 +353,8 @@ def merge_point_clouds(
         point_cloud_format: ``laz``: a plain LAS/LAZ (by ``out``'s suffix) in the inputs' point
             format; ``copc``: a COPC file (LAZ 1.4, point format 6/7/8: ODM's 3 becomes 7),
             its octree built from spill files beside ``out`` (memory bounded).
+        workers: decode the inputs and compress COPC nodes in worker processes (the same file,
+            :mod:`.decode_ahead`); off by default: measured, it lowers wall time but costs CPU.
 
     Returns:
         A :class:`.reports.PointCloudMergeReport`.
@@ -322,15 +373,12 @@ def merge_point_clouds(
     infos = read_headers(inputs)
     crs = output_crs(infos, crs_epsg)
     owners = _resolve_owners(infos, crs, ownership)
-    moving: dict[str, PointMover] = {}
-    if alignment is not None:
-        moving = {sid: partial(alignment.apply_points, sid) for sid in alignment.moving_ids()}
-    copc = point_cloud_format == "copc"
-    header = output_header(infos, crs, moving, copc=copc)
+    moving = _movers(alignment)
+    header = output_header(infos, crs, moving, copc=(copc := point_cloud_format == "copc"))
     cube = OctreeCube.around(*union_bounds(infos, crs, moving)) if copc else None
     total_in = sum(int(i.header.point_count) for i in infos)
     streamer = _Streamer(None, header, crs, owners, chunk_points, progress, total_in, moving)
-    streamer.seamlines = seamlines
+    streamer.seamlines, streamer.workers = seamlines, workers
     per, reprojected, kept_total, (mins, maxs) = _write_all(streamer, infos, out, cube)
     elapsed = time.perf_counter() - started
     return PointCloudMergeReport(
