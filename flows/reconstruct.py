@@ -439,7 +439,15 @@ def _merge(
     plan: SplitPlan, merged: list[SubmodelResult], layout: OutputLayout, options: MergeOptions
 ) -> MergedProducts:
     """Align the finished submodels, then merge every product they have; store the products
-    under ``layout.merged_dir``."""
+    under ``layout.merged_dir``.
+
+    Raises:
+        StorageError: ``merged/`` exists and no file can be made in it (before anything is
+            read or removed: the earlier manifest stays).
+    """
+    # before minutes of alignment and merging: an unwritable merged/ (chattr +i) fails here,
+    # with the earlier manifest and products still in place
+    storage.check_folder_writable(layout.merged_dir)
     ids = [r.submodel_id for r in merged]
     ownership = Ownership.from_cameras(
         ((c.x_m, c.y_m, c.submodel_id) for c in plan.cameras), only=ids

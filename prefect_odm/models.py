@@ -357,6 +357,7 @@ class SubmodelResult(BaseModel):
     products: dict[str, str] = Field(
         default_factory=dict, description="Product name -> URL of the stored file."
     )
+    product_sizes: dict[str, int] = Field(default_factory=dict, description="Product -> bytes.")
     node_url: str | None = None
     cluster: str | None = Field(
         None, description="The cluster whose nodes processed it (None: no cluster directory)."
@@ -417,6 +418,7 @@ class Manifest(BaseModel):
     merge_fingerprint: str
     crs_epsg: int
     products: dict[str, str]
+    product_sizes: dict[str, int] = Field(default_factory=dict, description="Product -> bytes.")
     submodels: list[SubmodelResult]
     failed_submodels: dict[str, str] = Field(default_factory=dict)
     rejected_images: list[RejectedImage] = Field(default_factory=list)

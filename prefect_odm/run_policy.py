@@ -1,9 +1,9 @@
 """Run policy of a reconstruction: what a run does with what is already stored (no Prefect).
 
-Which submodels are pending (a stored result of the same fingerprint is reused), how a failed
-submodel is described, which submodels are merged, whether a stored merge can be reused (the
-stored manifest has the same merge fingerprint and its products still exist), the manifest of the
-run, and where the submodels run (inline, or as runs of a deployment, on which work queue). The
+Which submodels are pending (a stored result of the same fingerprint is reused when its product
+files are there and whole: :mod:`prefect_odm.product_files`), how a failed submodel is described,
+which submodels are merged, whether a stored merge can be reused (the stored manifest has the same
+merge fingerprint and its products are still whole), the manifest of the run, and where the submodels run (inline, or as runs of a deployment, on which work queue). The
 flows in ``prefect_odm.flows`` are sequences of Prefect tasks around these decisions.
 """
 
@@ -25,6 +25,7 @@ from prefect_odm.models import (
     SubmodelResult,
     Survey,
 )
+from prefect_odm.product_files import damaged_products, product_sizes
 from prefect_odm.registry import PRODUCTS
 from prefect_odm.settings import get_settings
 
@@ -52,18 +53,29 @@ FAILURE_OUTPUT_LINES = 5
 
 def load_stored_result(layout: OutputLayout, submodel: Submodel) -> SubmodelResult | None:
     """The stored result of this submodel and fingerprint when it is complete, else ``None``."""
+    return checked_stored_result(layout, submodel)[0]
+
+
+def checked_stored_result(
+    layout: OutputLayout, submodel: Submodel
+) -> tuple[SubmodelResult | None, str | None]:
+    """(the stored result of this submodel and fingerprint, ``None``) when it is complete and
+    its products are there and whole (:func:`~prefect_odm.product_files.damaged_products`);
+    else (``None``, why not: ``None`` when there is no usable record at all, or the one line
+    ``"submodel-001: its products are missing (URL); processing it again"``)."""
     url = layout.submodel_result(submodel.id, submodel.fingerprint)
     try:
         if not storage.exists(url):
-            return None
+            return None, None
         result = SubmodelResult.model_validate(storage.read_json(url))
     except (StorageError, ValueError, OSError):
-        return None
+        return None, None
     if result.status not in ("completed", "reused") or result.fingerprint != submodel.fingerprint:
-        return None
-    if not all(storage.exists(u) for u in result.products.values()):
-        return None
-    return result
+        return None, None
+    damage = damaged_products(result.products, result.product_sizes)
+    if damage is not None:
+        return None, f"{submodel.id}: its products are {damage}; processing it again"
+    return result, None
 
 
 def reused_and_pending(
@@ -83,7 +95,9 @@ def reused_and_pending(
     reused: dict[str, SubmodelResult] = {}
     pending: list[str] = []
     for sm in plan.submodels:
-        stored = None if force else load_stored_result(layout, sm)
+        stored, why = (None, None) if force else checked_stored_result(layout, sm)
+        if why is not None:
+            progress.emit(progress.WarningEvent(text=why))
         if stored is not None:
             reused[sm.id] = stored.model_copy(update={"status": "reused"})
             progress.emit(progress.SubmodelEvent(submodel_id=sm.id, state="reused", fraction=1.0))
@@ -127,7 +141,8 @@ def mergeable(results: Iterable[SubmodelResult]) -> list[SubmodelResult]:
 
 def stored_manifest(layout: OutputLayout, merge_fingerprint: str) -> Manifest | None:
     """The stored manifest when its merge can be reused: same merge fingerprint and every
-    product still stored; else ``None``."""
+    product still stored whole (:func:`~prefect_odm.product_files.damaged_products`; a damaged
+    one is said in a warning event); else ``None``."""
     try:
         if not storage.exists(layout.manifest):
             return None
@@ -136,7 +151,9 @@ def stored_manifest(layout: OutputLayout, merge_fingerprint: str) -> Manifest | 
         return None
     if manifest.merge_fingerprint != merge_fingerprint:
         return None
-    if not all(storage.exists(u) for u in manifest.products.values()):
+    damage = damaged_products(manifest.products, manifest.product_sizes)
+    if damage is not None:
+        progress.emit(progress.WarningEvent(text=f"merged products are {damage}; merging again"))
         return None
     return manifest
 
@@ -169,6 +186,7 @@ def run_manifest(
         merge_fingerprint=merge_fingerprint,
         crs_epsg=plan.crs_epsg,
         products=products,
+        product_sizes=product_sizes(products),
         submodels=[results[s.id] for s in plan.submodels],
         failed_submodels=failed,
         rejected_images=survey.rejected,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -142,6 +143,24 @@ def write_json_atomic(url: str, value: Any) -> None:
     write_bytes_atomic(
         url, (json.dumps(value, indent=2, sort_keys=True, default=str) + "\n").encode()
     )
+
+
+def check_folder_writable(url: str) -> None:
+    """Refuse, before anything is replaced in it, a local folder in which no file can be made
+    (``chattr +i``, a read-only mount; permission bits do not say so for root): one is made and
+    removed. A missing folder, or a remote one, passes (its first write says so).
+
+    Raises:
+        StorageError: no file can be made in the folder (names it and the reason).
+    """
+    if not is_local(url) or not local_path(url).is_dir():
+        return
+    try:
+        fd, name = tempfile.mkstemp(prefix=".prefect-odm-probe-", dir=local_path(url))
+        os.close(fd)
+        os.remove(name)
+    except OSError as exc:
+        raise StorageError(f"{url}: cannot write here ({exc.strerror or exc})") from None
 
 
 def put_file(local: Path, url: str) -> None:

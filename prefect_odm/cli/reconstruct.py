@@ -145,7 +145,8 @@ def _run_request(args: argparse.Namespace, options: ProcessingOptions) -> RunReq
 
 def _unchanged_since_last_run(output: str, request: RunRequest) -> Manifest | None:
     """The manifest of the last run into ``output`` when it was asked exactly this, the inputs'
-    listing is unchanged and every product is still there; else ``None``."""
+    listing is unchanged and every product, merged and of each submodel, is still there and
+    whole (:func:`_damage_since_last_run`, said in one line when not); else ``None``."""
     from prefect_odm.models import Manifest
 
     try:
@@ -155,13 +156,33 @@ def _unchanged_since_last_run(output: str, request: RunRequest) -> Manifest | No
         manifest = Manifest.model_validate(storage.read_json(record["manifest"]))
     except (FileNotFoundError, OSError, ValueError, KeyError, TypeError):
         return None
-    if manifest.failed_submodels or not all(storage.exists(u) for u in manifest.products.values()):
+    if manifest.failed_submodels:
+        return None
+    why = _damage_since_last_run(manifest)
+    if why is not None:
+        from prefect_odm.cli.console import table_console
+
+        table_console().print(why, markup=False)
         return None
     return manifest.model_copy(
         update={
             "submodels": [r.model_copy(update={"status": "reused"}) for r in manifest.submodels]
         }
     )
+
+
+def _damage_since_last_run(manifest: Manifest) -> str | None:
+    """The one line saying which product of the last run is missing or damaged (a submodel's
+    first, as the run will process it again), or ``None`` when all are whole. One stat per file
+    (a header open for records without sizes)."""
+    from prefect_odm.product_files import damaged_products
+
+    for result in manifest.submodels:
+        damage = damaged_products(result.products, result.product_sizes)
+        if damage is not None:
+            return f"{result.submodel_id}: its products are {damage}; processing it again"
+    damage = damaged_products(manifest.products, manifest.product_sizes)
+    return None if damage is None else f"merged products are {damage}; merging again"
 
 
 def _record_last_run(output: str, request: RunRequest, manifest: Manifest) -> None:

@@ -22,7 +22,7 @@ import json
 import logging
 import posixpath
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -372,6 +372,27 @@ class ExistingMerge:
         return self.renamed.get(output_id, output_id)
 
 
+def refuse_missing_submodels(plan: SplitPlan, matched: Iterable[str], plan_url: str) -> None:
+    """Refuse a merge with a plan when a submodel it lists is not among the inputs: merged
+    without it, its ground would be a silent hole (or another submodel's edge) in the products.
+
+    Args:
+        plan: the plan of ``--plan``.
+        matched: the plan's submodel ids the inputs were matched to (:func:`match_plan`).
+        plan_url: where the plan was read (named in the error).
+
+    Raises:
+        InputError: one line naming the missing submodel(s) and the plan.
+    """
+    missing = sorted({sm.id for sm in plan.submodels} - set(matched))
+    if missing:
+        raise InputError(
+            f"--plan {plan_url}: {len(missing)} of its {len(plan.submodels)} submodels "
+            f"({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}) not among the "
+            "inputs; give all of them, or leave --plan out to merge these as they are"
+        )
+
+
 def _refuse_two_versions(found: Sequence[ExistingOutput]) -> None:
     """Refuse two prefect-odm folders of one submodel (a run's ``submodels/`` folder keeps one
     per set of options): merged together, the older version would own half of the ground.
@@ -404,8 +425,9 @@ def plan_existing_merge(
         options: the merge options; fields that differ from the defaults enter the identity.
 
     Raises:
-        InputError: the outputs do not match the plan (see :func:`match_plan`); without a plan,
-            two prefect-odm folders of one submodel.
+        InputError: the outputs do not match the plan (see :func:`match_plan`), or a submodel
+            of the plan is not among them; without a plan, two prefect-odm folders of one
+            submodel.
     """
     if plan_url is None:
         _refuse_two_versions(found)
@@ -419,6 +441,7 @@ def plan_existing_merge(
     if plan_url is not None:
         split_plan = SplitPlan.model_validate(storage.read_json(plan_url))
         mapping = match_plan(found, split_plan)
+        refuse_missing_submodels(split_plan, mapping.values(), plan_url)
         products = {mapping[oid]: prods for oid, prods in products.items()}
         ownership = Ownership.from_cameras(
             ((c.x_m, c.y_m, c.submodel_id) for c in split_plan.cameras), only=sorted(products)

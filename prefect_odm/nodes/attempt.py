@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from prefect_odm.errors import NodeError
 from prefect_odm.models import OptionValue, Submodel, SubmodelResult
+from prefect_odm.product_files import product_sizes
 
 Options = dict[str, OptionValue]
 """NodeODM option name -> value, as :meth:`ProcessingOptions.to_nodeodm` gives them."""
@@ -82,12 +83,14 @@ class SubmodelAttempt:
         attempts: int,
         rerun_from: str | None = None,
     ) -> SubmodelResult:
-        """The completed result: the stored products (product -> URL), where and how it ran."""
+        """The completed result: the stored products (product -> URL) with their sizes (one
+        stat each: a later reuse checks them), where and how it ran."""
         return SubmodelResult(
             submodel_id=self.submodel.id,
             fingerprint=self.submodel.fingerprint,
             status="completed",
             products=products,
+            product_sizes=product_sizes(products),
             node_url=node_key,
             task_uuid=uuid,
             attempts=attempts,
