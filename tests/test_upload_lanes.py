@@ -136,7 +136,9 @@ def test_many_tasks_uploading_to_one_node_never_send_it_more_than_the_bound(
         with ThreadPoolExecutor(max_workers=tasks) as pool:
             uuids = list(
                 pool.map(
-                    lambda _: create(client, 12, parallel_uploads=4, upload_batch_files=2),
+                    lambda _: create(
+                        client, 12, parallel_uploads=4, upload_batch_files=2, upload_batch_bytes=0
+                    ),
                     range(tasks),
                 )
             )
@@ -146,6 +148,21 @@ def test_many_tasks_uploading_to_one_node_never_send_it_more_than_the_bound(
     assert proxy.uploads == tasks * 6  # 12 images in requests of 2
     assert proxy.peak == bound, proxy.peak
     assert switches(proxy.upload_tasks) <= bound * (tasks - 1), proxy.upload_tasks
+
+
+def test_a_task_of_small_images_goes_up_in_one_request_per_connection(
+    start_node: NodeFactory,
+) -> None:
+    """12 images of 0.6-0.8 MB (9 MB in all, under the 16 MiB a request may hold): 2 upload
+    requests of 6 (the 2 connections), not 6 of 2 as ``upload_batch_files=2`` alone cuts
+    them, and the node stores all 12 (issue 33: at 10k images each round trip costs)."""
+    node = start_node()
+    with counting_proxy(node.url) as proxy:
+        client = NodeClient(proxy.url, token=node.token, timeout_seconds=60)
+        uuid = create(client, 12, parallel_uploads=2, upload_batch_files=2)
+        state = wait_for(client, uuid, {COMPLETED}, timeout_seconds=300)
+    assert proxy.uploads == 2
+    assert state.images_count == 12
 
 
 def test_a_run_of_many_submodels_on_one_node_keeps_to_the_bound(
