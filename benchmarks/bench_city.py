@@ -166,6 +166,7 @@ class NodeWatcher:
         self.urls, self.folders = urls, folders
         self.seen: list[dict[str, list[float]]] = [{} for _ in urls]
         self.processing: list[dict[str, float]] = [{} for _ in urls]
+        self.requests = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -195,11 +196,13 @@ class NodeWatcher:
 
     def _poll(self, http: Any, i: int, url: str) -> None:
         now = time.time()
+        self.requests += 1
         for item in http.get(f"{url}/task/list").json():
             uuid = item["uuid"]
             span = self.seen[i].setdefault(uuid, [])
             if len(span) == 2:
                 continue
+            self.requests += 1
             info = http.get(f"{url}/task/{uuid}/info").json()
             code = int(info["status"]["code"])
             if code == 20 and not span:  # RUNNING
@@ -307,6 +310,7 @@ def run_once(
             prefect_api(work / f"api-{n}", api == "sqlite", api == "embedded")
         )
         folders = [work / f"node-{n}-{i}" for i in range(k)]
+        watcher: NodeWatcher | None = None
         if nodeodm is None:
             urls = [stack.enter_context(start_engine(f, method="direct")).url for f in folders]
         else:
@@ -314,7 +318,7 @@ def run_once(
                 stack.enter_context(nodeodm_test_node(work / f"nodeodm-{n}-{i}", *nodeodm))
                 for i in range(k)
             ]
-            stack.enter_context(NodeWatcher(urls, folders))
+            watcher = stack.enter_context(NodeWatcher(urls, folders))
         env = {k_: v for k_, v in os.environ.items() if not k_.startswith("PREFECT_")}
         env.update(
             {
@@ -392,6 +396,12 @@ def run_once(
         f"({1000 * cpu_seconds / n:.1f} ms per image)"
     )
     print(cpu.report(tasks=len(_stored_results(work / f"out-{n}"))))
+    if watcher is not None:
+        print(
+            f"  the benchmark's own polls of the nodes (NodeWatcher): {watcher.requests} requests"
+            f" ({watcher.requests / max(1, k):.0f} per node; NodeODM spends about 1.1 ms of CPU"
+            " on each, bench_upload_requests.py)"
+        )
     print_thread_census(work / f"threads-{n}" / f"threads-{proc.pid}.json")
     print_upload_stacks(work / f"threads-{n}" / f"stacks-{proc.pid}.json")
     return {"cpu_per_image": cpu_seconds / n, "wall": wall}
@@ -409,14 +419,17 @@ def print_thread_census(path: Path) -> None:
 
 
 def print_upload_stacks(path: Path) -> None:
-    """What the flow's upload threads were doing, by share of their samples (most first)."""
+    """What the flow's upload threads and task runner workers were doing, by share of their
+    samples (most first)."""
     if not path.exists():
         return
     stacks = json.loads(path.read_text())["stacks"]
-    total = sum(stacks.values()) or 1
-    print(f"  upload threads' samples ({total}), by where they were:")
-    for where, count in list(stacks.items())[:8]:
-        print(f"    {count / total:.2f} {where}")
+    for prefix, who in (("upload-", "upload threads"), ("ThreadPoolExecutor-", "runner workers")):
+        mine = {k: v for k, v in stacks.items() if k.startswith(prefix)}
+        total = sum(mine.values()) or 1
+        print(f"  {who}' samples ({total}), by where they were:")
+        for where, count in list(mine.items())[:8]:
+            print(f"    {count / total:.2f} {where}")
 
 
 def _stored_results(out: Path) -> list[dict[str, Any]]:

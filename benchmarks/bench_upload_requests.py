@@ -7,7 +7,7 @@ Starts one NodeODM in test mode (``../shared/peers``), then creates ``--tasks`` 
 the node's CPU seconds (node.js, psutil), the client's CPU seconds and the wall time. CPU
 seconds, not wall, are what to compare on a shared machine.
 
-    python benchmarks/bench_upload_requests.py --files 150 --tasks 10 --batch-files 8 1000
+    python benchmarks/bench_upload_requests.py --files 150 --tasks 10 --batch-files 8 75 8 75
 """
 
 from __future__ import annotations
@@ -39,7 +39,13 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=150)
     parser.add_argument("--kib", type=int, default=4)
     parser.add_argument("--tasks", type=int, default=10)
-    parser.add_argument("--batch-files", type=int, nargs="+", default=[8, 1000])
+    parser.add_argument(
+        "--batch-files",
+        type=int,
+        nargs="+",
+        default=[8, 75],
+        help="most files per upload request (2 requests at once)",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-upload-"))
     images = work / "images"
@@ -65,13 +71,21 @@ def main() -> None:
         client.info()
         print(f"NodeODM {url}; {args.files} files of {args.kib} KiB per task, {args.tasks} tasks")
         for batch in args.batch_files:
-            requests_per_task = 3 + -(-args.files // min(batch, -(-args.files // 2)))
+            per = min(batch, -(-args.files // 2))
+            requests_per_task = 3 + -(-args.files // per)
             n0, c0, w0 = _cpu(node), _cpu(me), time.perf_counter()
             made = []
             for _ in range(args.tasks):
                 uuid = str(uuidlib.uuid4())
                 client.create_task(
-                    uuid, files, {}, name="bench", parallel_uploads=2, upload_batch_files=batch
+                    uuid,
+                    files,
+                    {},
+                    name="bench",
+                    parallel_uploads=2,
+                    **(
+                        {} if batch == 0 else {"upload_batch_files": batch, "upload_batch_bytes": 0}
+                    ),
                 )
                 made.append(uuid)
             n1, c1, w1 = _cpu(node), _cpu(me), time.perf_counter()

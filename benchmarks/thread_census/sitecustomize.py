@@ -2,8 +2,9 @@
 Python process started so samples its threads' names every 0.25 s and writes, at each new peak
 count, ``DIR/threads-{pid}.json``: the peak and the names grouped (digits and URLs folded), so
 the benchmark can say whose threads the peak holds; and every 5 s ``DIR/stacks-{pid}.json``:
-what the upload threads were doing at each sample (their three innermost frames, counted), to
-tell waiting for the node's answer from waiting in the lane or for the interpreter. The sampler is one thread of its own (in the
+what the upload threads and the task runner's workers (the submodel runs) were doing at each
+sample (the innermost frame and the next four outside the threading and socket plumbing, counted), to tell waiting for the node's answer from
+waiting in the lane, for the interpreter or for the Prefect API. The sampler is one thread of its own (in the
 census as ``thread-census``)."""
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ def _where(frame: object) -> str:
         code = f.f_code  # type: ignore[attr-defined]
         seen.append(f"{code.co_name} ({os.path.basename(code.co_filename)})")
         f = f.f_back  # type: ignore[attr-defined]
-    return " < ".join(seen[:3])
+    plumbing = ("threading.py", "_base.py", "_synchronization.py", "socket.py", "selectors.py")
+    ours = [f for f in seen if not f.endswith(tuple(p + ")" for p in plumbing))]
+    return " < ".join(seen[:1] + ours[:4])
 
 
 def _sample(folder: str) -> None:
@@ -51,11 +54,11 @@ def _sample(folder: str) -> None:
         by_id = {t.ident: _group(t.name) for t in threading.enumerate()}
         for ident, frame in sys._current_frames().items():
             group = by_id.get(ident, "?")
-            if group.startswith("upload-"):
+            if group.startswith(("upload-", "ThreadPoolExecutor-")):
                 stacks[f"{group}: {_where(frame)}"] += 1
         if ticks % 20 == 0:
             with open(stacks_path + ".tmp", "w", encoding="utf-8") as fh:
-                json.dump({"samples": ticks, "stacks": dict(stacks.most_common(40))}, fh)
+                json.dump({"samples": ticks, "stacks": dict(stacks.most_common(80))}, fh)
             os.replace(stacks_path + ".tmp", stacks_path)
         names = [t.name for t in threading.enumerate()]
         if len(names) > peak:

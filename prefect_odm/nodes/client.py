@@ -263,7 +263,6 @@ class NodeClient(PolledBackend):
         outputs: Sequence[str] = (),
         parallel_uploads: int = 4,
         upload_batch_files: int = 8,
-        upload_batch_bytes: int = 16 << 20,
         max_retries: int = 5,
         retry_base_seconds: float = 1.0,
         deadline_seconds: float = 1800.0,
@@ -278,10 +277,8 @@ class NodeClient(PolledBackend):
             name: task name shown by the node.
             outputs: limit all.zip to these paths (NodeODM ``outputs``).
             parallel_uploads: upload requests in flight at once.
-            upload_batch_files: files one upload request takes whatever their size
+            upload_batch_files: most files in one upload request
                 (:func:`~prefect_odm.nodes.uploads.upload_batches`).
-            upload_batch_bytes: bytes up to which one request takes more files than that
-                (local files; 0: requests of ``upload_batch_files``).
             max_retries: attempts per request after the first one (back-off with jitter).
             retry_base_seconds: the first back-off, seconds (doubled per attempt, 0.5x-1.5x jitter).
             deadline_seconds: the whole upload must finish within this time.
@@ -313,7 +310,7 @@ class NodeClient(PolledBackend):
             progress=progress,
         )
         self._init_task(uuid, options, name=name, outputs=outputs)
-        uploads.run(files, parallel_uploads, upload_batch_files, upload_batch_bytes)
+        uploads.run(files, parallel_uploads, upload_batch_files)
         self._commit_task(uuid)
         self._check_images_count(uuid, len(files))
         return uuid

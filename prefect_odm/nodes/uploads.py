@@ -46,15 +46,9 @@ class Uploads:
     _local: threading.local = field(default_factory=threading.local)
     _sessions: list[requests.Session] = field(default_factory=list)
 
-    def run(
-        self,
-        files: Sequence[str],
-        parallel_uploads: int,
-        batch_files: int = 8,
-        batch_bytes: int = 0,
-    ) -> None:
+    def run(self, files: Sequence[str], parallel_uploads: int, batch_files: int = 8) -> None:
         """Upload every file in batches (:func:`upload_batches`, sized for ``parallel_uploads``
-        requests at once; local files' sizes read to fill ``batch_bytes``) through the node's lane (:mod:`prefect_odm.nodes.upload_lanes`): at
+        requests at once) through the node's lane (:mod:`prefect_odm.nodes.upload_lanes`): at
         most ``PREFECT_ODM_NODE_UPLOAD_REQUESTS`` requests to the node at once across every
         upload of the process, this upload's batches served before those of uploads that
         entered the lane later. The first failure stops the rest and is raised once no batch of
@@ -71,9 +65,7 @@ class Uploads:
         ticket = upload_ticket()
         futures = [
             lane.submit(ticket, partial(contextvars.copy_context().run, self.batch, b))
-            for b in upload_batches(
-                files, parallel_uploads, batch_files, local_sizes(files), batch_bytes
-            )
+            for b in upload_batches(files, parallel_uploads, batch_files)
         ]
         try:
             pending = set(futures)
@@ -174,71 +166,31 @@ class Uploads:
 
 
 def upload_batches(
-    files: Sequence[str],
-    parallel_uploads: int,
-    batch_files: int,
-    sizes: Sequence[int] | None = None,
-    batch_bytes: int = 0,
+    files: Sequence[str], parallel_uploads: int, batch_files: int
 ) -> list[list[str]]:
     """Split ``files`` into consecutive batches, one upload request each.
 
-    Each batch holds at most ``ceil(len(files) / parallel_uploads)`` files, so a small task
-    goes up in one request per connection. Within that, a batch takes ``batch_files`` files,
-    and more while its bytes stay within ``batch_bytes`` (when ``sizes`` are known): a task of
-    small images goes up in ``parallel_uploads`` requests whatever its file count, one of
-    large images (above ``batch_bytes / batch_files`` each) in requests of ``batch_files``.
-    Fewer requests is the point: the built-in engine spends about 7 ms on each on loopback,
-    and one request per image reached only 0.45 of one plain multipart POST of the same
-    files, batches 1.05 (``benchmarks/bench_orchestration.py --upload-only``, issue 14); at 10k
-    images on 20 NodeODM nodes on a loaded machine every round trip waits for two starved
-    processes (the node's event loop, the flow's interpreter), and 150 small images in
-    requests of 8 made 22 round trips per task (issue 33). Both NodeODM (``multer``'s
-    ``upload.array("images")``) and the built-in engine take any number of files per request.
-    Memory held: up to ``parallel_uploads`` batches, each ``batch_files`` images or
-    ``batch_bytes``, whichever is more.
+    Each batch holds ``ceil(len(files) / parallel_uploads)`` files, at most ``batch_files``:
+    a small task goes up in one request per connection, a large one in requests of
+    ``batch_files`` files. Fewer requests is the point: the built-in engine spends about 7 ms on
+    each on loopback, and one request per image reached only 0.45 of one plain multipart POST
+    of the same files, batches 1.05 (``benchmarks/bench_orchestration.py --upload-only``,
+    issue 14). Both
+    NodeODM (``multer``'s ``upload.array("images")``) and the built-in engine take any number of
+    files per request. Memory held: up to ``parallel_uploads * batch_files`` images.
 
     Args:
         files: image locations, in upload order.
         parallel_uploads: requests in flight at once (>= 1).
-        batch_files: files a batch takes whatever their size (>= 1).
-        sizes: each file's size, bytes, in the order of ``files`` (``None``: not known, batches
-            of ``batch_files``).
-        batch_bytes: a batch's bytes beyond which it takes no more than ``batch_files``
-            files (0: batches of ``batch_files``).
+        batch_files: most files in one request (>= 1).
 
     Returns:
         The batches, in order; every file in exactly one.
     """
     if not files:
         return []
-    most = max(1, -(-len(files) // max(1, parallel_uploads)))
-    if sizes is None or batch_bytes <= 0:
-        size = min(max(1, batch_files), most)
-        return [list(files[i : i + size]) for i in range(0, len(files), size)]
-    batches: list[list[str]] = []
-    batch: list[str] = []
-    held = 0
-    for path, nbytes in zip(files, sizes, strict=True):
-        full = len(batch) >= most or (len(batch) >= batch_files and held + nbytes > batch_bytes)
-        if full:
-            batches.append(batch)
-            batch, held = [], 0
-        batch.append(path)
-        held += nbytes
-    batches.append(batch)
-    return batches
-
-
-def local_sizes(files: Sequence[str]) -> list[int] | None:
-    """Each file's size, bytes, when every one is a local file (a ``stat`` each); ``None``
-    when one is remote (a request each would cost more than it saves) or cannot be read (the
-    upload reports it)."""
-    if not all(storage.is_local(f) for f in files):
-        return None
-    try:
-        return [storage.local_path(f).stat().st_size for f in files]
-    except OSError:
-        return None
+    size = max(1, min(batch_files, -(-len(files) // max(1, parallel_uploads))))
+    return [list(files[i : i + size]) for i in range(0, len(files), size)]
 
 
 def _json_or_none(res: requests.Response) -> Any:
