@@ -83,9 +83,7 @@ def main() -> None:
                     {},
                     name="bench",
                     parallel_uploads=2,
-                    **(
-                        {} if batch == 0 else {"upload_batch_files": batch, "upload_batch_bytes": 0}
-                    ),
+                    upload_batch_files=batch,
                 )
                 made.append(uuid)
             n1, c1, w1 = _cpu(node), _cpu(me), time.perf_counter()
@@ -98,11 +96,19 @@ def main() -> None:
             time.sleep(2.0 * args.tasks)  # the tasks run 1 s each, one at a time
             for uuid in made:
                 client.remove(uuid)
-        n0 = _cpu(node)
+        n0, c0 = _cpu(node), _cpu(me)
         polls = 200
         for _ in range(polls):
             client.task_state(made[0])
-        print(f"  GET /task/{{uuid}}/info: node CPU {1000 * (_cpu(node) - n0) / polls:.2f} ms")
+        print(
+            f"  GET /task/{{uuid}}/info (what the runner polls every second per task): node CPU"
+            f" {1000 * (_cpu(node) - n0) / polls:.2f} ms, client CPU"
+            f" {1000 * (_cpu(me) - c0) / polls:.2f} ms"
+        )
+        n0, w0 = _cpu(node), time.perf_counter()
+        time.sleep(20.0)
+        idle = (_cpu(node) - n0) / (time.perf_counter() - w0)
+        print(f"  the node idle: {1000 * idle:.1f} ms of CPU per second")
     finally:
         os.kill(pid, 15)
 
