@@ -61,6 +61,8 @@ DATA = REPO.parent / "shared" / "data"
 TEMPLATE = DATA / "seneca_1200" / "images" / "IMG_0446.jpg"
 sys.path.insert(0, str(REPO / "tests"))  # the real servers the tests start
 
+sys.path.insert(0, str(REPO / "benchmarks"))
+from _cpu_census import CpuCensus  # noqa: E402
 from odm_server import prefect_server_process  # noqa: E402
 from postgres_server import start_postgres  # noqa: E402
 
@@ -164,6 +166,7 @@ class NodeWatcher:
         self.urls, self.folders = urls, folders
         self.seen: list[dict[str, list[float]]] = [{} for _ in urls]
         self.processing: list[dict[str, float]] = [{} for _ in urls]
+        self.requests = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -193,11 +196,13 @@ class NodeWatcher:
 
     def _poll(self, http: Any, i: int, url: str) -> None:
         now = time.time()
+        self.requests += 1
         for item in http.get(f"{url}/task/list").json():
             uuid = item["uuid"]
             span = self.seen[i].setdefault(uuid, [])
             if len(span) == 2:
                 continue
+            self.requests += 1
             info = http.get(f"{url}/task/{uuid}/info").json()
             code = int(info["status"]["code"])
             if code == 20 and not span:  # RUNNING
@@ -207,12 +212,27 @@ class NodeWatcher:
                 self.processing[i][uuid] = float(info.get("processingTime") or 0) / 1000.0
 
 
+NODE_PIDS: list[int] = []
+"""The NodeODM processes started (for the CPU census)."""
+
+
+def _descendants(root: int, but: int | None = None) -> list[int]:
+    """Pids below ``root`` (recursively), leaving out ``but`` and its own descendants."""
+    try:
+        procs = psutil.Process(root).children(recursive=True)
+    except psutil.Error:
+        return []
+    skip = {but, *(_descendants(but) if but else [])}
+    return [p.pid for p in procs if p.pid not in skip]
+
+
 @contextmanager
 def nodeodm_test_node(work: Path, test_seconds: int, slots: int) -> Iterator[str]:
     """A real NodeODM 2.2.4 in test mode (``../shared/peers/start_nodeodm.sh``); its URL."""
     script = REPO.parent / "shared" / "peers" / "start_nodeodm.sh"
     args = [str(script), str(work), "--test_seconds", str(test_seconds), "-q", str(slots)]
     url, pid = subprocess.run(args, check=True, capture_output=True, text=True).stdout.split()
+    NODE_PIDS.append(int(pid))
     try:
         yield url
     finally:
@@ -290,6 +310,7 @@ def run_once(
             prefect_api(work / f"api-{n}", api == "sqlite", api == "embedded")
         )
         folders = [work / f"node-{n}-{i}" for i in range(k)]
+        watcher: NodeWatcher | None = None
         if nodeodm is None:
             urls = [stack.enter_context(start_engine(f, method="direct")).url for f in folders]
         else:
@@ -297,7 +318,7 @@ def run_once(
                 stack.enter_context(nodeodm_test_node(work / f"nodeodm-{n}-{i}", *nodeodm))
                 for i in range(k)
             ]
-            stack.enter_context(NodeWatcher(urls, folders))
+            watcher = stack.enter_context(NodeWatcher(urls, folders))
         env = {k_: v for k_, v in os.environ.items() if not k_.startswith("PREFECT_")}
         env.update(
             {
@@ -329,6 +350,13 @@ def run_once(
         with open(log, "wb") as out:
             proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
             watched = psutil.Process(proc.pid)
+            cpu = CpuCensus(
+                {
+                    "nodes": lambda: [p for p in NODE_PIDS if psutil.pid_exists(p)],
+                    "flow": lambda: [proc.pid, *_descendants(proc.pid)],
+                    "server and PostgreSQL": lambda: _descendants(os.getpid(), but=proc.pid),
+                }
+            ).start()
             peak_rss = peak_threads = 0
             cpu_seconds = 0.0
             stopped = False
@@ -348,6 +376,7 @@ def run_once(
                     pass
                 time.sleep(0.2)
         wall = time.perf_counter() - started
+        cpu.stop()
         text = log.read_text(errors="replace")
         done = (nodeodm is not None or stopped) and _all_completed(work / f"out-{n}")
         if proc.returncode != 0 and not done:
@@ -366,7 +395,15 @@ def run_once(
         f"CPU {cpu_seconds:.1f} s "
         f"({1000 * cpu_seconds / n:.1f} ms per image)"
     )
+    print(cpu.report(tasks=len(_stored_results(work / f"out-{n}"))))
+    if watcher is not None:
+        print(
+            f"  the benchmark's own polls of the nodes (NodeWatcher): {watcher.requests} requests"
+            f" ({watcher.requests / max(1, k):.0f} per node; NodeODM spends about 1.1 ms of CPU"
+            " on each, bench_upload_requests.py)"
+        )
     print_thread_census(work / f"threads-{n}" / f"threads-{proc.pid}.json")
+    print_upload_stacks(work / f"threads-{n}" / f"stacks-{proc.pid}.json")
     return {"cpu_per_image": cpu_seconds / n, "wall": wall}
 
 
@@ -379,6 +416,20 @@ def print_thread_census(path: Path) -> None:
     census = json.loads(path.read_text())
     groups = ", ".join(f"{name} {n}" for name, n in census["groups"].items())
     print(f"  Python threads at their peak ({census['peak']}): {groups}")
+
+
+def print_upload_stacks(path: Path) -> None:
+    """What the flow's upload threads and task runner workers were doing, by share of their
+    samples (most first)."""
+    if not path.exists():
+        return
+    stacks = json.loads(path.read_text())["stacks"]
+    for prefix, who in (("upload-", "upload threads"), ("ThreadPoolExecutor-", "runner workers")):
+        mine = {k: v for k, v in stacks.items() if k.startswith(prefix)}
+        total = sum(mine.values()) or 1
+        print(f"  {who}' samples ({total}), by where they were:")
+        for where, count in list(mine.items())[:8]:
+            print(f"    {count / total:.2f} {where}")
 
 
 def _stored_results(out: Path) -> list[dict[str, Any]]:

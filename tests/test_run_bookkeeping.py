@@ -4,6 +4,8 @@ process, the live submodel table sent at a bounded rate."""
 from __future__ import annotations
 
 import contextvars
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -72,3 +74,46 @@ def test_the_live_table_is_sent_at_a_bounded_rate_and_ends_right(prefect_api: st
     (table,) = found
     data = table.data if isinstance(table.data, list) else json.loads(str(table.data))
     assert {row["state"] for row in data} == {"completed"}
+
+
+def test_publishing_never_waits_for_a_send_in_flight(prefect_api: str) -> None:
+    """Every submodel's state change publishes the table: a publish returns while a send is
+    held up in the API (it used to send in the caller, under the board's lock, and the
+    submodels' runs queued behind it, issue 33); the held send and the last publish go out."""
+    from prefect import flow
+
+    ids = ["submodel-000", "submodel-001"]
+    release = threading.Event()
+
+    @flow
+    def held() -> tuple[bool, int]:
+        live = artifacts.LiveSubmodelTable(SubmodelBoard(ids), "submodels-held")
+        send = live._send
+        calls = []
+
+        def slow() -> None:
+            calls.append(1)
+            release.wait(60)
+            send()
+
+        live._send = slow  # type: ignore[method-assign]
+        live._sent_at = 0.0  # a send is due at once
+        live.board.update("submodel-000", state="uploading")
+        first = threading.Thread(target=live.publish)  # a submodel's run, whose send is held
+        first.start()
+        while not calls:  # the timer's send has begun and is held
+            time.sleep(0.05)
+        caller = threading.Thread(target=lambda: [live.publish() for _ in range(3)])
+        caller.start()
+        caller.join(30)
+        returned = not caller.is_alive()
+        release.set()
+        caller.join()
+        first.join()
+        live.board.update("submodel-001", state="completed")
+        live.publish(now=True)
+        return returned, len(calls)
+
+    returned, sends = held()
+    assert returned
+    assert sends >= 2

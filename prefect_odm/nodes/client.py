@@ -282,8 +282,8 @@ class NodeClient(PolledBackend):
             max_retries: attempts per request after the first one (back-off with jitter).
             retry_base_seconds: the first back-off, seconds (doubled per attempt, 0.5x-1.5x jitter).
             deadline_seconds: the whole upload must finish within this time.
-            progress: called with (files uploaded, total files), from the upload threads (in
-                the caller's context), as each batch is accepted.
+            progress: called with (files uploaded, total files) in the calling thread (never
+                an upload lane's), as batches are accepted.
 
         Returns:
             The task UUID.
