@@ -211,6 +211,10 @@ def test_report_opens_with_a_product_summary_read_from_the_products(direct_run):
     assert "% of its valid cells are measured (at least one point" not in summary
     assert "**Pipeline**: direct (cameras from GPS and attitude" in summary
     assert "points per m² of the covered area: synthetic" in summary
+    catalogue = pystac.Collection.from_file(str(run_dir / "stac" / "collection.json"))
+    merged = next(i for i in catalogue.get_items() if i.id == "merged")
+    assert merged.properties["prefect_odm:dsm_surface"] == "take-off-plane"
+    assert merged.assets["point_cloud"].extra_fields["prefect_odm:synthetic"] is True
     lines = console_lines(manifest)
     assert lines[0].startswith("pipeline: direct (") and plane in lines
     assert any(line.startswith("point cloud: synthetic") for line in lines)
