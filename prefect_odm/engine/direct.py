@@ -294,10 +294,12 @@ def _ground_heights(
     positions: NDArray[np.float64],
     plane: tuple[float, str],
     log: Callable[[str], None],
-) -> tuple[NDArray[np.float64], list[float]]:
+) -> tuple[NDArray[np.float64], list[float], dict[str, float]]:
     """The ground points of the cameras that know their height above ground (``(m, 3)``, see
-    :func:`~prefect_odm.engine.terrain.camera_ground_points`) and the ground height under every
-    camera (the ground plane ``plane = (z, how it was found)`` where unknown)."""
+    :func:`~prefect_odm.engine.terrain.camera_ground_points`), the ground height under every
+    camera (the ground plane ``plane = (z, how it was found)`` where unknown) and the scene's
+    stats on them (``ground_z_m``, ``ground_points``, ``ground_plane_source``: the index in
+    :data:`GROUND_PLANE_SOURCES`)."""
     ground_z_m, how = plane
     log(f"Ground plane at {ground_z_m:.2f} m ({how})")
     ground_xyz = camera_ground_points(images, positions)
@@ -313,7 +315,12 @@ def _ground_heights(
             f"Ground heights under {len(ground_xyz)}/{len(images)} cameras "
             f"(altitude - AboveGroundAltitude): {low:.2f} to {high:.2f} m"
         )
-    return ground_xyz, under
+    stats = {
+        "ground_z_m": ground_z_m,
+        "ground_points": float(len(ground_xyz)),
+        "ground_plane_source": float(_plane_source(how)),
+    }
+    return ground_xyz, under, stats
 
 
 def _plane_source(how: str) -> int:
@@ -395,12 +402,7 @@ def reconstruct_direct(
                 center=(float(positions[index, 0]), float(positions[index, 1]), float(z)),
             )
         )
-    ground_xyz, under = _ground_heights(images, positions, (ground_z, how), log)
-    stats: dict[str, float] = {
-        "ground_z_m": ground_z,
-        "ground_points": float(len(ground_xyz)),
-        "ground_plane_source": float(_plane_source(how)),
-    }
+    ground_xyz, under, stats = _ground_heights(images, positions, (ground_z, how), log)
     if image_dir is not None:
         turns = (90, 180, 270) if track is not None else (180,)
         checked = check_headings(cameras, order, image_dir, under, turns, log=log)

@@ -84,9 +84,10 @@ def _surface_tag(url: str) -> str | None:
     file cannot be read (its absence is reported elsewhere)."""
     try:
         with rasterio.open(_readable(url)) as ds:
-            return ds.tags().get(DSM_SURFACE_TAG)
+            tag = ds.tags().get(DSM_SURFACE_TAG)
     except (OSError, rasterio.errors.RasterioError, ValueError):
         return None
+    return None if tag is None else str(tag)
 
 
 def _readable(url: str) -> Any:
