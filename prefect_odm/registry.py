@@ -101,6 +101,24 @@ DSM_MEASURED_DESCRIPTION = "measured (1) or gap-filled (0)"
 where gap filling gave it, nodata outside; the built-in engine writes it, the merge carries it
 when every input has it. Band 1 is the heights, as ODM writes them."""
 
+DSM_SURFACE_TAG = "PREFECT_ODM_DSM_SURFACE"
+"""GeoTIFF metadata tag of a DSM the built-in engine's direct pipeline made, naming what its
+heights are (one of :data:`DSM_SURFACES`; absent: heights from points the engine or ODM
+reconstructed). The report and the console say it in words, so an assumed plane is never
+mistaken for a measured surface."""
+
+DSM_SURFACES: dict[str, str] = {
+    "take-off-plane": "a plane at the take-off height (direct pipeline; the images record no "
+    "height above ground): not a measured surface",
+    "assumed-plane": "a plane at an assumed flight height below the lowest image (direct "
+    "pipeline; the images record neither height above ground nor take-off height): not a "
+    "measured surface",
+    "above-ground-heights": "the terrain through the ground heights the images record (GPS "
+    "altitude minus XMP Camera:AboveGroundAltitude; direct pipeline): from the images' recorded "
+    "height, not measured (no trees or buildings)",
+}
+"""The values of :data:`DSM_SURFACE_TAG` and what each says in the report and on the console."""
+
 REPORT_FOLDER = "odm_report"
 """The folder of a node's report files (cameras, engine report) inside its outputs."""
 

@@ -482,3 +482,17 @@ def test_the_package_exports_every_lazy_name_once_and_each_resolves() -> None:
     assert sorted(align._MODULE_OF) == sorted(align.__all__) == sorted(typed)
     for name, module in align._MODULE_OF.items():
         assert getattr(align, name) is getattr(importlib.import_module(module), name)
+
+
+def test_height_tilt_with_no_measured_overlap_cell_moves_nothing() -> None:
+    """Plane DSMs (the direct pipeline without heights above ground) have no measured cell, so
+    every overlap holds no sample: nothing is solved and every transform is the identity (this
+    raised a zip() length error in brighton's direct --split 10 run)."""
+    ids = ["submodel-000", "submodel-001"]
+    centres = np.array([[0.0, 0.0], [100.0, 0.0]])
+    empty = np.zeros(0)
+    result = align_heights(ids, centres, [DemOverlap(ids[0], ids[1], empty, empty, empty)])
+    assert result.method == "dem" and result.overlaps == []
+    for sid in ids:
+        pts = np.array([[10.0, 20.0, 158.5]])
+        assert np.allclose(result.transform(sid).apply_points(pts), pts)

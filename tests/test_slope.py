@@ -139,3 +139,23 @@ def test_direct_submodel_dsms_follow_the_slope(slope_direct_run) -> None:  # typ
         slope = _fitted_slope(path)
         # 5 %: GPS_SIGMA_M of tilt over a ~60 m submodel is 2-3 % of this slope
         assert slope == pytest.approx(survey.slope, rel=0.05), f"{path.parent.name}: {slope:.4f}"
+
+
+def test_direct_dsm_through_recorded_heights_is_said_to_be_not_measured(
+    slope_direct_run,  # type: ignore[no-untyped-def]
+) -> None:
+    """The terrain through the images' recorded heights above ground is not measured either:
+    the report's summary and the console say where it comes from and name the pipeline."""
+    from prefect_odm.publish.surface import console_lines
+
+    _, manifest = slope_direct_run
+    words = (
+        "DSM: the terrain through the ground heights the images record (GPS altitude minus XMP "
+        "Camera:AboveGroundAltitude; direct pipeline): from the images' recorded height, not "
+        "measured"
+    )
+    lines = console_lines(manifest)
+    assert lines[0].startswith("pipeline: direct (") and any(words in line for line in lines)
+    report = Path(manifest.products["dsm"]).parents[1] / "report" / "report.md"
+    summary = report.read_text().split("## Products\n")[0]
+    assert f"**{words}" in summary and "0.0 % of its valid cells are measured" in summary

@@ -191,19 +191,33 @@ def test_report_opens_with_a_product_summary_read_from_the_products(direct_run):
         f"{cloud.header.point_count:,} points, {cloud.header.point_count / area_m2:.1f} points"
         in summary
     )
-    # measured DSM share: cells with a point, counted here with a 2-D histogram of all points
+    # the direct pipeline's DSM is the take-off plane (brighton records no height above
+    # ground): nothing in it is measured, and the summary says so in words, naming the pipeline
+    from prefect_odm.publish.surface import console_lines
+    from prefect_odm.registry import DSM_MEASURED_BAND, DSM_MEASURED_DESCRIPTION
+
     with rasterio.open(manifest.products["dsm"]) as ds:
+        assert ds.descriptions[DSM_MEASURED_BAND - 1] == DSM_MEASURED_DESCRIPTION
         valid = ds.read_masks(1) > 0
-        left, top, res = ds.bounds.left, ds.bounds.top, ds.res[0]
-        counts, _, _ = np.histogram2d(
-            (top - np.asarray(cloud.y)) / res,
-            (np.asarray(cloud.x) - left) / res,
-            bins=[ds.height, ds.width],
-            range=[[0, ds.height], [0, ds.width]],
-        )
-    measured = 100 * np.count_nonzero((counts > 0) & valid) / np.count_nonzero(valid)
-    assert f"{measured:.1f} % of its valid cells are measured" in summary
-    assert f"{100 - measured:.1f} % are filled" in summary
+        heights = ds.read(1)[valid]
+        flags = ds.read(DSM_MEASURED_BAND)[valid]
+    assert valid.any() and np.ptp(heights) < 1e-3  # a plane
+    assert np.count_nonzero(flags == 1) == 0  # the merge carried "nothing measured"
+    plane = (
+        "DSM: a plane at the take-off height (direct pipeline; the images record no height "
+        "above ground): not a measured surface"
+    )
+    assert f"**{plane}** (0.0 % of its valid cells are measured)" in summary
+    assert "% of its valid cells are measured (at least one point" not in summary
+    assert "**Pipeline**: direct (cameras from GPS and attitude" in summary
+    assert "points per m² of the covered area: synthetic" in summary
+    catalogue = pystac.Collection.from_file(str(run_dir / "stac" / "collection.json"))
+    merged = next(i for i in catalogue.get_items() if i.id == "merged")
+    assert merged.properties["prefect_odm:dsm_surface"] == "take-off-plane"
+    assert merged.assets["point_cloud"].extra_fields["prefect_odm:synthetic"] is True
+    lines = console_lines(manifest)
+    assert lines[0].startswith("pipeline: direct (") and plane in lines
+    assert any(line.startswith("point cloud: synthetic") for line in lines)
     planned = manifest.coverage["coverage_of_planned"]
     assert f"covers {100 * planned:.0f} % of the planned footprint" in summary
 

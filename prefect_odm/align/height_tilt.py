@@ -158,7 +158,8 @@ def align_heights(
         own_height_gauge(planes, c, counts if counts[m].sum() > 0 else np.ones(n), m)
         shifts[m] -= np.average(shifts[m], axis=0, weights=w)
     splits = np.cumsum([len(ov.x) for ov in live])[:-1]
-    overlaps_out = _overlap_records(live, index, planes, bowls, c, shifts, np.split(keep, splits))
+    kept = np.split(keep, splits) if live else []  # no sample (planes, nothing measured): none
+    overlaps_out = _overlap_records(live, index, planes, bowls, c, shifts, kept)
     transforms = [
         _record(
             sid, planes[i], bowls[i] if terms == 4 else None, shifts[i], c[i], live, int(counts[i])

@@ -230,6 +230,10 @@ def _print_summary(output: str, manifest: Manifest, note: str = "") -> None:
             out.print(f"  ... and {len(rejected) - REJECTED_SHOWN} more", markup=False)
     for line in accepted_alignment_lines(manifest):
         out.print(line, markup=False)
+    from prefect_odm.publish.surface import console_lines
+
+    for line in console_lines(manifest):  # the pipeline; a DSM not measured, in words
+        out.print(line, markup=False)
     layout = OutputLayout(output, manifest.survey_fingerprint)
     out.print(f"report: {layout.report_md}")
     out.print(f"manifest: {layout.manifest}")

@@ -64,6 +64,11 @@ DEFAULT_FLIGHT_HEIGHT_M = 60.0
 
 NADIR_PITCH_DEG = -90.0
 
+GROUND_PLANE_SOURCES = ("above-ground-heights", "take-off-plane", "assumed-plane")
+"""Where the ground plane came from (:func:`estimate_ground_z_m`'s order), as the values of
+:data:`prefect_odm.registry.DSM_SURFACE_TAG`; the scene's ``stats["ground_plane_source"]`` is
+the index in this tuple."""
+
 HEADING_SCALE = 32
 """Reduction of the images compared by the heading check (pixels of ~1-2 m: insensitive to the
 few metres that attitude and GPS errors misplace images by, sensitive to a half turn)."""
@@ -289,10 +294,12 @@ def _ground_heights(
     positions: NDArray[np.float64],
     plane: tuple[float, str],
     log: Callable[[str], None],
-) -> tuple[NDArray[np.float64], list[float]]:
+) -> tuple[NDArray[np.float64], list[float], dict[str, float]]:
     """The ground points of the cameras that know their height above ground (``(m, 3)``, see
-    :func:`~prefect_odm.engine.terrain.camera_ground_points`) and the ground height under every
-    camera (the ground plane ``plane = (z, how it was found)`` where unknown)."""
+    :func:`~prefect_odm.engine.terrain.camera_ground_points`), the ground height under every
+    camera (the ground plane ``plane = (z, how it was found)`` where unknown) and the scene's
+    stats on them (``ground_z_m``, ``ground_points``, ``ground_plane_source``: the index in
+    :data:`GROUND_PLANE_SOURCES`)."""
     ground_z_m, how = plane
     log(f"Ground plane at {ground_z_m:.2f} m ({how})")
     ground_xyz = camera_ground_points(images, positions)
@@ -308,7 +315,31 @@ def _ground_heights(
             f"Ground heights under {len(ground_xyz)}/{len(images)} cameras "
             f"(altitude - AboveGroundAltitude): {low:.2f} to {high:.2f} m"
         )
-    return ground_xyz, under
+    stats = {
+        "ground_z_m": ground_z_m,
+        "ground_points": float(len(ground_xyz)),
+        "ground_plane_source": float(_plane_source(how)),
+    }
+    return ground_xyz, under, stats
+
+
+def _plane_source(how: str) -> int:
+    """The index in :data:`GROUND_PLANE_SOURCES` of the ground plane found ``how``."""
+    if "AboveGroundAltitude" in how:
+        return 0
+    return 1 if "RelativeAltitude" in how else 2
+
+
+def dsm_surface_of(scene: Scene) -> str:
+    """What the direct scene's DSM is (a :data:`GROUND_PLANE_SOURCES` value): the terrain
+    through the cameras' ground heights when there are enough of them, else the plane found as
+    ``stats["ground_plane_source"]`` says (an older scene without it: the take-off plane)."""
+    from prefect_odm.engine.terrain import MIN_GROUND_POINTS
+
+    if len(scene.ground_xyz) >= MIN_GROUND_POINTS:
+        return GROUND_PLANE_SOURCES[0]
+    source = int(scene.stats.get("ground_plane_source", 1))
+    return GROUND_PLANE_SOURCES[max(1, min(source, 2))]
 
 
 def reconstruct_direct(
@@ -371,8 +402,7 @@ def reconstruct_direct(
                 center=(float(positions[index, 0]), float(positions[index, 1]), float(z)),
             )
         )
-    ground_xyz, under = _ground_heights(images, positions, (ground_z, how), log)
-    stats: dict[str, float] = {"ground_z_m": ground_z, "ground_points": float(len(ground_xyz))}
+    ground_xyz, under, stats = _ground_heights(images, positions, (ground_z, how), log)
     if image_dir is not None:
         turns = (90, 180, 270) if track is not None else (180,)
         checked = check_headings(cameras, order, image_dir, under, turns, log=log)

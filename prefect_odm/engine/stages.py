@@ -40,6 +40,7 @@ from prefect_odm.engine.stage_files import (
 )
 from prefect_odm.errors import InputError, ProcessingFailedError
 from prefect_odm.grid import Grid, dem_cells_per_orthophoto_cell
+from prefect_odm.registry import DSM_SURFACE_TAG
 
 DIRECT_POINT_SPACING_M = 0.25
 """Spacing of the ground points the direct method writes to its point cloud."""
@@ -277,6 +278,17 @@ def _dtm(ctx: StageContext, scene: Scene, dsm: NDArray[np.float32], res_m: float
     return dtm
 
 
+def _dem_tags(scene: Scene) -> dict[str, str]:
+    """A DEM's GeoTIFF tags: the method, and for the direct method what its surface is
+    (:data:`~prefect_odm.registry.DSM_SURFACE_TAG`)."""
+    tags = {writers.ENGINE_TAG: scene.method}
+    if scene.method == "direct":
+        from prefect_odm.engine.direct import dsm_surface_of
+
+        tags[DSM_SURFACE_TAG] = dsm_surface_of(scene)
+    return tags
+
+
 def _write_dem(
     ctx: StageContext,
     relative: str,
@@ -297,7 +309,7 @@ def _write_dem(
         grid,
         scene.epsg,
         nodata=dem.DSM_NODATA,
-        tags={writers.ENGINE_TAG: scene.method},
+        tags=_dem_tags(scene),
         descriptions=("height", dem.MEASURED_DESCRIPTION)[: len(bands)],
     )
 
@@ -313,7 +325,9 @@ def _stage_dem(ctx: StageContext) -> None:
     tags = {writers.ENGINE_TAG: scene.method}
     writers.write_geotiff(ctx.path(SURFACE), surface, grid, scene.epsg, tags=tags)
     if ctx.settings["dsm"]:
-        measured = made.measured if made.measured.any() else None
+        # a plane carries the band all 0 (nothing measured): a merge of it says 0 % measured
+        plane = _dem_tags(scene).get(DSM_SURFACE_TAG, "").endswith("-plane")
+        measured = made.measured if made.measured.any() or plane else None
         _write_dem(ctx, DSM, dsm, grid, scene, measured)
     if ctx.settings["dtm"]:
         _write_dem(ctx, DTM, _dtm(ctx, scene, made.ground_input, dem_res_m), grid, scene)

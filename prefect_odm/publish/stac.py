@@ -51,7 +51,8 @@ from prefect_odm import storage
 from prefect_odm.errors import InputError
 from prefect_odm.layout import OutputLayout, join
 from prefect_odm.models import Manifest, SplitPlan, Survey
-from prefect_odm.registry import PRODUCTS, point_cloud_format_of
+from prefect_odm.publish import surface
+from prefect_odm.registry import DSM_SURFACES, PRODUCTS, point_cloud_format_of
 
 STAC_FOLDER = "stac"
 """The catalogue's folder inside a run folder."""
@@ -261,6 +262,22 @@ def _common_options(manifest: Manifest) -> dict[str, Any]:
     return {k: v for k, v in done[0].items() if all(o.get(k) == v for o in done[1:])}
 
 
+def _label_unmeasured(item: pystac.Item, manifest: Manifest) -> None:
+    """A DSM the direct pipeline made from the images' metadata (:mod:`.surface`): the Item's
+    ``prefect_odm:dsm_surface`` names it, the DSM asset's description says it in words and the
+    point cloud asset is ``prefect_odm:synthetic`` (sampled from that surface)."""
+    kind = surface.dsm_surface_of(manifest)
+    if kind is None:
+        return
+    item.properties["prefect_odm:dsm_surface"] = kind
+    if "dsm" in item.assets:
+        item.assets["dsm"].description = f"DSM: {DSM_SURFACES[kind]}"
+    if "point_cloud" in item.assets:
+        cloud = item.assets["point_cloud"]
+        cloud.extra_fields["prefect_odm:synthetic"] = True
+        cloud.description = "Synthetic: sampled from the DSM's surface, not measured"
+
+
 def _item(
     item_id: str,
     products: Mapping[str, str],
@@ -302,6 +319,7 @@ def _item(
             bboxes.append(_point_cloud_fields(asset, url))
         else:
             bboxes.append(_raster_fields(asset, url, merged=fingerprint is None))
+    _label_unmeasured(item, manifest)
     if not bboxes:
         raise InputError(f"{item_id}: no products to describe")
     west, south = min(b[0] for b in bboxes), min(b[1] for b in bboxes)

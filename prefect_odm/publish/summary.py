@@ -2,8 +2,11 @@
 
 Figures are read from the merged products themselves: file sizes; the orthophoto's ground
 sampling distance (GSD, cm per pixel) and covered area (pixels whose alpha is set, times the pixel
-area); the DSM's share of cells *measured* (holding at least one point of the merged cloud) and
-*filled* (a value interpolated where no point fell: OpenDroneMap fills DSM holes); the point
+area); the DSM's share of cells *measured* (its measured band,
+:data:`~prefect_odm.registry.DSM_MEASURED_BAND`, where it has one; else the cells holding at
+least one point of the merged cloud) and *filled* (a value interpolated where no point fell:
+OpenDroneMap fills DSM holes); the pipeline and, for a DSM made from the images' metadata
+(:mod:`prefect_odm.publish.surface`), what it is in words, its point cloud called synthetic; the point
 count and density (points per m² of the orthophoto's covered area). The cloud is read in chunks
 of :data:`CHUNK_POINTS` points, so memory is bounded by the DSM's cell grid plus one chunk.
 Paths are relative to the report (``../merged/...``), and the coverage figures are explained in
@@ -22,7 +25,12 @@ import rasterio
 
 from prefect_odm import storage
 from prefect_odm.models import Manifest
-from prefect_odm.registry import point_cloud_format_of
+from prefect_odm.publish import surface
+from prefect_odm.registry import (
+    DSM_MEASURED_BAND,
+    DSM_MEASURED_DESCRIPTION,
+    point_cloud_format_of,
+)
 
 CHUNK_POINTS = 2_000_000
 """Points read at once when counting the DSM cells the cloud measured."""
@@ -79,7 +87,15 @@ def product_summary_lines(manifest: Manifest, report_dir: str | None = None) -> 
             f"- **How big**: the orthophoto covers {area:,.0f} m² ({area / 1e4:.2f} ha)"
             f" in EPSG:{manifest.crs_epsg}."
         )
-    if "measured_share" in figures:
+    if (pipeline := surface.pipeline_words(manifest)) is not None:
+        lines.append(f"- **Pipeline**: {pipeline}.")
+    words = surface.dsm_surface_words(manifest) if "dsm" in products else None
+    if words is not None:
+        lines.append(  # made from the images' metadata: nothing in it is measured
+            f"- **DSM: {words}** (0.0 % of its valid cells are measured). "
+            "Do not use it as a surface model of the scene."
+        )
+    elif "measured_share" in figures:
         lines.append(
             f"- **DSM**: {100 * figures['measured_share']:.1f} % of its valid cells are measured "
             f"(at least one point fell in them), {100 * figures['filled_share']:.1f} % are "
@@ -92,7 +108,13 @@ def product_summary_lines(manifest: Manifest, report_dir: str | None = None) -> 
             if figures.get("area_m2")
             else ""
         )
-        lines.append(f"- **Point cloud**: {int(figures['points']):,} points{density}.")
+        synthetic = (
+            ": synthetic, sampled from the DSM's surface under the orthophoto's colours, not a "
+            "point cloud of the scene"
+            if words is not None
+            else ""
+        )
+        lines.append(f"- **Point cloud**: {int(figures['points']):,} points{density}{synthetic}.")
     lines += _coverage_words(manifest.coverage)
     lines += [*_open_where(products), ""]
     return lines
@@ -168,7 +190,17 @@ def _figures(products: Mapping[str, str]) -> dict[str, float]:
             valid_mask = ds.dataset_mask() > 0
             transform = ds.transform
             shape = (ds.height, ds.width)
-        if cloud is not None and valid_mask.any():
+            flags = (
+                ds.read(DSM_MEASURED_BAND) == 1
+                if ds.count >= DSM_MEASURED_BAND
+                and ds.descriptions[DSM_MEASURED_BAND - 1] == DSM_MEASURED_DESCRIPTION
+                else None
+            )
+        if flags is not None and valid_mask.any():  # the band says which cells were measured
+            n_valid = int(valid_mask.sum())
+            out["measured_share"] = int(np.count_nonzero(flags & valid_mask)) / n_valid
+            out["filled_share"] = 1.0 - out["measured_share"]
+        elif cloud is not None and valid_mask.any():
             measured = _cells_with_points(_readable(cloud), transform, shape)
             n_valid = int(valid_mask.sum())
             n_measured = int(np.count_nonzero(measured & valid_mask))

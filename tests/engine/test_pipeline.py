@@ -79,16 +79,18 @@ def _rasterise_mean(
     return np.asarray(means), counts.reshape(shape)
 
 
-def dsm_median_abs_diff_m(dsm_path: Path) -> tuple[float, float, int]:
+def dsm_median_abs_diff_m(dsm_path: Path, measured_only: bool = True) -> tuple[float, float, int]:
     """(median |DSM - reference|, median signed difference, compared cells), over the measured
-    cells when the DSM has the measured band (``registry.DSM_MEASURED_BAND``)."""
+    cells when the DSM has the measured band (``registry.DSM_MEASURED_BAND``) and
+    ``measured_only``, else over every valid cell."""
     xyz, _ = _reference()
     with rasterio.open(dsm_path) as src:
         dsm = src.read(1)
         nodata = src.nodata
         (ref,), counts = _rasterise_mean(xyz, xyz[:, 2:3], src.transform, dsm.shape)
         has_band = src.count >= 2 and src.descriptions[1] == DSM_MEASURED_DESCRIPTION
-        measured = src.read(DSM_MEASURED_BAND) == 1 if has_band else dsm != nodata
+        use_band = has_band and measured_only
+        measured = src.read(DSM_MEASURED_BAND) == 1 if use_band else dsm != nodata
     both = (dsm != nodata) & measured & (counts > 0)
     diff = dsm[both].astype(np.float64) - ref[both]
     return float(np.median(np.abs(diff))), float(np.median(diff)), int(both.sum())
@@ -295,9 +297,17 @@ def test_direct_brighton_dsm_is_the_take_off_plane(
     altitude). Brighton's take-off point is ~3.6 m below ODM's median surface (trees up to
     169 m), so the plane is within 4 m of it, not within the 1 m that SfM reaches."""
     task, _, _ = direct_task
-    median_abs, _, cells = dsm_median_abs_diff_m(task / "odm_dem" / "dsm.tif")
+    median_abs, _, cells = dsm_median_abs_diff_m(task / "odm_dem" / "dsm.tif", measured_only=False)
     assert cells > 10000
     assert median_abs <= 4.0
+    # the plane is assumed, not measured: its measured band is all 0 and its tag says a plane
+    from prefect_odm.registry import DSM_SURFACE_TAG
+
+    with rasterio.open(task / "odm_dem" / "dsm.tif") as src:
+        assert src.descriptions[DSM_MEASURED_BAND - 1] == DSM_MEASURED_DESCRIPTION
+        valid = src.read_masks(1) > 0
+        assert valid.any() and not (src.read(DSM_MEASURED_BAND)[valid] == 1).any()
+        assert src.tags()[DSM_SURFACE_TAG] == "take-off-plane"
 
 
 def raster_grid(path: Path) -> Grid:
