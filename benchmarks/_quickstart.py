@@ -60,12 +60,9 @@ def _figures(diff: Any, res_m: float) -> str:
     )
 
 
-def dz_lines(dsm: Path, reference: Any, single: Path | None) -> list[str]:
-    """The DSM's measured heights against ODM's cloud ``(n, 3)`` and the single-block DSM."""
-    import rasterio
-    from rasterio.warp import Resampling, reproject
-
-    z, transform = _measured(dsm)
+def odm_grid(z: Any, transform: Any, reference: Any) -> Any:
+    """The mean height of ODM's cloud ``(n, 3)`` in each cell of the grid of ``z`` (NaN where
+    no point falls)."""
     res = float(transform.a)
     col = np.floor((reference[:, 0] - transform.c) / res).astype(np.int64)
     row = np.floor((transform.f - reference[:, 1]) / res).astype(np.int64)
@@ -74,8 +71,24 @@ def dz_lines(dsm: Path, reference: Any, single: Path | None) -> list[str]:
     counts = np.bincount(index, minlength=z.size)
     sums = np.bincount(index, weights=reference[ok, 2], minlength=z.size)
     with np.errstate(invalid="ignore", divide="ignore"):
-        odm = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan).reshape(z.shape)
-    lines = [f"vs ODM's cloud: {_figures(z - odm, res)}"]
+        return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan).reshape(z.shape)
+
+
+def dz_grid(dsm: Path, reference: Any) -> tuple[Any, Any]:
+    """``(dz with NaN where either has no height, transform)``: the DSM's measured heights minus
+    ODM's cloud per cell (:func:`odm_grid`)."""
+    z, transform = _measured(dsm)
+    return z - odm_grid(z, transform, reference), transform
+
+
+def dz_lines(dsm: Path, reference: Any, single: Path | None) -> list[str]:
+    """The DSM's measured heights against ODM's cloud ``(n, 3)`` and the single-block DSM."""
+    import rasterio
+    from rasterio.warp import Resampling, reproject
+
+    z, transform = _measured(dsm)
+    res = float(transform.a)
+    lines = [f"vs ODM's cloud: {_figures(z - odm_grid(z, transform, reference), res)}"]
     if single is not None:
         other, other_transform = _measured(single)
         with rasterio.open(dsm) as src:

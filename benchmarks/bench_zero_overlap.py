@@ -21,25 +21,10 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _quickstart import _measured  # noqa: E402
+from _quickstart import dz_grid  # noqa: E402
 
 REFERENCE = (Path(__file__).resolve().parents[1] / "../shared/data/brighton_beach_1600"
              / "reference" / "model.laz")  # fmt: skip
-
-
-def dz_grid(dsm: Path, reference: Any) -> tuple[Any, Any]:
-    """``(dz with NaN where either has no height, transform)``: measured DSM minus ODM per cell."""
-    z, transform = _measured(dsm)
-    res = float(transform.a)
-    col = np.floor((reference[:, 0] - transform.c) / res).astype(np.int64)
-    row = np.floor((transform.f - reference[:, 1]) / res).astype(np.int64)
-    ok = (col >= 0) & (col < z.shape[1]) & (row >= 0) & (row < z.shape[0])
-    index = row[ok] * z.shape[1] + col[ok]
-    counts = np.bincount(index, minlength=z.size)
-    sums = np.bincount(index, weights=reference[ok, 2], minlength=z.size)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        odm = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan).reshape(z.shape)
-    return z - odm, transform
 
 
 def line(label: str, dz: Any) -> str:
