@@ -47,6 +47,19 @@ def peak_mib() -> float:
     return 0.0
 
 
+def start_worker(module: str, job: dict[str, object]) -> subprocess.Popen[bytes]:
+    """``python -m module JOB`` with this process's import path, talking over its stdin and
+    stdout (not :mod:`multiprocessing`, which would import the caller's ``__main__`` again)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return subprocess.Popen(
+        [sys.executable, "-m", module, json.dumps(job)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+    )
+
+
 def _read_into(reader: laspy.LasReader, buffer: memoryview, size: int) -> None:
     """The next ``size`` bytes of points of ``reader`` into ``buffer``: decoded straight into it
     (lazrs), or copied (an uncompressed LAS or another backend)."""
@@ -128,14 +141,7 @@ class DecodeAhead:
         self._buffers = [_buffer(m) for m in self._memories]
         job = {"paths": self._paths, "chunk_points": chunk_points}
         job["slots"] = [m.name for m in self._memories]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", __name__, json.dumps(job)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-        )
+        self._proc = start_worker(__name__, job)
         self._next = 0
         self.worker_peak_mib = 0.0
         """The worker's peak resident memory, MiB (shared slots included), once all is read."""

@@ -12,8 +12,6 @@ same byte for byte. The worker's CPU time is the caller's children's time once i
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
@@ -23,7 +21,7 @@ import lazrs
 import numpy as np
 from numpy.typing import NDArray
 
-from prefect_odm.merge.decode_ahead import peak_mib
+from prefect_odm.merge.decode_ahead import peak_mib, start_worker
 
 
 def _compress_batches(path: str, offset: int, vlr_data: bytes) -> None:
@@ -74,14 +72,7 @@ class EncodeAhead:
     def __init__(self, path: Path, offset: int, vlr: lazrs.LazVlr) -> None:
         """Start the worker (it opens the file, reserves the chunk table's offset)."""
         job = {"path": str(path), "offset": offset, "vlr": bytes(vlr.record_data()).hex()}
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", __name__, json.dumps(job)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-        )
+        self._proc = start_worker(__name__, job)
         self._waiting: list[SharedMemory] = []
         self._spare: list[SharedMemory] = []
         self.worker_peak_mib = 0.0
