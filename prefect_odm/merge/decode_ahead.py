@@ -60,6 +60,19 @@ def start_worker(module: str, job: dict[str, object]) -> subprocess.Popen[bytes]
     )
 
 
+def stop_worker(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a :func:`start_worker` process if it still runs, wait for it, close its pipes."""
+    if proc.poll() is None:
+        proc.terminate()
+    proc.wait()
+    for pipe in (proc.stdin, proc.stdout):
+        try:
+            if pipe is not None:
+                pipe.close()
+        except BrokenPipeError:  # a last word written after the worker ended
+            pass
+
+
 def _read_into(reader: laspy.LasReader, buffer: memoryview, size: int) -> None:
     """The next ``size`` bytes of points of ``reader`` into ``buffer``: decoded straight into it
     (lazrs), or copied (an uncompressed LAS or another backend)."""
@@ -213,15 +226,7 @@ class DecodeAhead:
                     self.worker_peak_mib = float(word[1])
             except OSError:
                 pass
-        if self._proc.poll() is None:
-            self._proc.terminate()
-        self._proc.wait()
-        for pipe in (self._proc.stdin, self._proc.stdout):
-            try:
-                if pipe is not None:
-                    pipe.close()
-            except BrokenPipeError:  # a slot given back after the worker ended
-                pass
+        stop_worker(self._proc)
         self._buffers.clear()
         for memory in self._memories:
             try:

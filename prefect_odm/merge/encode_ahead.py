@@ -21,7 +21,7 @@ import lazrs
 import numpy as np
 from numpy.typing import NDArray
 
-from prefect_odm.merge.decode_ahead import peak_mib, start_worker
+from prefect_odm.merge.decode_ahead import peak_mib, start_worker, stop_worker
 
 
 def _compress_batches(path: str, offset: int, vlr_data: bytes) -> None:
@@ -149,15 +149,7 @@ class EncodeAhead:
 
     def close(self) -> None:
         """Stop the worker if it still runs; free every segment."""
-        if self._proc.poll() is None:
-            self._proc.terminate()
-        self._proc.wait()
-        for pipe in (self._proc.stdin, self._proc.stdout):
-            try:
-                if pipe is not None:
-                    pipe.close()
-            except BrokenPipeError:
-                pass
+        stop_worker(self._proc)
         for memory in self._waiting + self._spare:
             memory.close()
             memory.unlink()
