@@ -312,6 +312,8 @@ def plan_gps_refusal(plan: SplitPlan, survey: Survey) -> str | None:
     ]
     x_m, y_m = [c.x_m for c in placed], [c.y_m for c in placed]
     tilt = altitude_prior_tilt_deg(x_m, y_m, heights)
+    if gps_altitude_refusal(plan.gps_warnings, tilt) is None:
+        return None  # no trend, or level priors: the neighbours need not be asked
     times = {im.name: im.capture_time for im in survey.images}
     seconds = [t.timestamp() for c in placed if (t := times.get(c.name)) is not None]
     ratio = None
