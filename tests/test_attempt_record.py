@@ -3,6 +3,8 @@ and a failed result carry the same options, early fingerprint, method and phases
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from prefect_odm.errors import NodeError, ProcessingFailedError
 from prefect_odm.models import Submodel
 from prefect_odm.nodes.attempt import SubmodelAttempt, first_line
@@ -24,14 +26,17 @@ def _record() -> SubmodelAttempt:
     return SubmodelAttempt(SUBMODEL, {"fast-orthophoto": True}, "e" * 64, "direct", start=0.0)
 
 
-def test_completed_result_carries_the_record_and_what_the_path_adds() -> None:
+def test_completed_result_carries_the_record_and_what_the_path_adds(tmp_path: Path) -> None:
     record = _record()
     record.clock.add("upload", 1.23456)
-    result = record.completed({"orthophoto": "s3://o.tif"}, "http://n1", "uuid-1", 2, "openmvs")
+    stored = tmp_path / "o.tif"
+    stored.write_bytes(b"x" * 1234)  # the stored product (its size is recorded for reuse)
+    result = record.completed({"orthophoto": str(stored)}, "http://n1", "uuid-1", 2, "openmvs")
     assert (result.submodel_id, result.fingerprint, result.status) == (
         "submodel-001", "f" * 64, "completed",
     )  # fmt: skip
-    assert result.products == {"orthophoto": "s3://o.tif"}
+    assert result.products == {"orthophoto": str(stored)}
+    assert result.product_sizes == {"orthophoto": 1234}
     assert (result.node_url, result.task_uuid, result.attempts) == ("http://n1", "uuid-1", 2)
     assert result.options == {"fast-orthophoto": True} and result.early_fingerprint == "e" * 64
     assert result.method == "direct" and result.rerun_from == "openmvs"
