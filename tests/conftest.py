@@ -22,6 +22,7 @@ SHARED_SESSION_RUNS = {"brighton_split": "brighton-split"}
 pytest-xdist worker, so the survey is reconstructed once for the suite."""
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Group the tests for ``--dist loadgroup``: by file (module fixtures made once), the files
     sharing a reconstructing session fixture together, and ``tests/prefect/`` (one deployment
@@ -39,6 +40,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             by_file[path] = "tests/prefect"
     for item in items:
         item.add_marker(pytest.mark.xdist_group(by_file[Path(str(item.path))]))
+
+
+def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
+    """Stop a run whose tests lost their groups: pytest-xdist's ``loadgroup`` marks a group by a
+    suffix on each node id, which pytest 9.2 drops (pytest-xdist issue 1386); the suite then ran
+    each module's reconstruction once per worker that drew one of its tests."""
+    config = getattr(node, "config", None)
+    if config is None or config.getvalue("dist") != "loadgroup":
+        return
+    lost = [nodeid for nodeid in ids if "@" not in nodeid]
+    if lost:
+        raise pytest.UsageError(
+            f"--dist loadgroup: {len(lost)} of {len(ids)} tests lost their xdist_group (first "
+            f"{lost[0]}): this pytest and pytest-xdist cannot group them (pytest-xdist issue 1386)"
+        )
 
 
 @pytest.fixture(scope="session")
