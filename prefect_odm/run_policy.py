@@ -51,6 +51,27 @@ FAILURE_OUTPUT_LINES = 5
 """Last node output lines kept in a failed submodel's description."""
 
 
+def rebased_result(result: SubmodelResult, layout: OutputLayout) -> SubmodelResult:
+    """A stored result whose product paths hold from any working folder: an older record's
+    paths relative to its writer's working folder are taken under ``layout``
+    (:meth:`~prefect_odm.layout.OutputLayout.rebased`)."""
+    products = {name: layout.rebased(url) for name, url in result.products.items()}
+    if products == result.products:
+        return result
+    return result.model_copy(update={"products": products})
+
+
+def rebased_manifest(manifest: Manifest, layout: OutputLayout) -> Manifest:
+    """A stored manifest whose product paths (merged and each submodel's) hold from any
+    working folder (:func:`rebased_result`; ``layout`` the manifest's run folder's)."""
+    return manifest.model_copy(
+        update={
+            "products": {name: layout.rebased(url) for name, url in manifest.products.items()},
+            "submodels": [rebased_result(r, layout) for r in manifest.submodels],
+        }
+    )
+
+
 def load_stored_result(layout: OutputLayout, submodel: Submodel) -> SubmodelResult | None:
     """The stored result of this submodel and fingerprint when it is complete, else ``None``."""
     return checked_stored_result(layout, submodel)[0]
@@ -67,7 +88,7 @@ def checked_stored_result(
     try:
         if not storage.exists(url):
             return None, None
-        result = SubmodelResult.model_validate(storage.read_json(url))
+        result = rebased_result(SubmodelResult.model_validate(storage.read_json(url)), layout)
     except (StorageError, ValueError, OSError):
         return None, None
     if result.status not in ("completed", "reused") or result.fingerprint != submodel.fingerprint:
@@ -146,7 +167,9 @@ def stored_manifest(layout: OutputLayout, merge_fingerprint: str) -> Manifest | 
     try:
         if not storage.exists(layout.manifest):
             return None
-        manifest = Manifest.model_validate(storage.read_json(layout.manifest))
+        manifest = rebased_manifest(
+            Manifest.model_validate(storage.read_json(layout.manifest)), layout
+        )
     except (ValueError, OSError):
         return None
     if manifest.merge_fingerprint != merge_fingerprint:
