@@ -41,10 +41,34 @@ def check_survey_size(survey: Survey, images: str) -> None:
         InputError: too few usable images, naming the folder and the count.
     """
     if len(survey.images) < MIN_SURVEY_IMAGES:
+        aside = f", {set_aside_words(survey)}" if survey.rejected else ""
         raise InputError(
-            f"{images}: {len(survey.images)} usable image(s); a reconstruction needs at least "
-            f"{MIN_SURVEY_IMAGES} overlapping geotagged images"
+            f"{images}: {len(survey.images)} usable image(s){aside}; a reconstruction needs at "
+            f"least {MIN_SURVEY_IMAGES} overlapping geotagged images"
         )
+
+
+SET_ASIDE_NAMES = 5
+"""Set-aside images a one-line message names; the others are counted."""
+
+
+def set_aside_words(survey: Survey) -> str:
+    """The images the scan set aside, in a few words: ``5 set aside (IMG_2.JPG, IMG_3.JPG, ...:
+    same bytes as IMG_1.JPG)``, the names grouped by their reason's detail, the first
+    :data:`SET_ASIDE_NAMES` named and the rest counted."""
+    groups: dict[str, list[str]] = {}
+    for r in survey.rejected:
+        groups.setdefault(r.detail or r.reason, []).append(r.name)
+    shown: list[str] = []
+    left = SET_ASIDE_NAMES
+    for detail, names in groups.items():
+        if left <= 0:
+            break
+        shown.append(f"{', '.join(names[:left])}: {detail}")
+        left -= len(names[:left])
+    more = len(survey.rejected) - (SET_ASIDE_NAMES - left)
+    tail = f"; and {more} more" if more > 0 else ""
+    return f"{len(survey.rejected)} set aside ({'; '.join(shown)}{tail})"
 
 
 FAILURE_OUTPUT_LINES = 5

@@ -585,6 +585,33 @@ def test_plan_refuses_a_survey_too_small_to_reconstruct(data_dir, tmp_path):
     assert not (out / "plan.json").exists()
 
 
+def test_copies_of_one_image_are_named_with_the_image_they_copy(brighton_images, tmp_path):
+    """Six copies of one image (a new user's trial): the refusal said "1 usable image(s)" and
+    named none of the five set aside; it names them and the image they copy, and the plan of
+    a survey with a copy lists it so."""
+    import json
+    import shutil
+
+    folder = tmp_path / "copies"
+    folder.mkdir()
+    for n in range(1, 7):
+        shutil.copy(brighton_images / "DJI_0018.JPG", folder / f"IMG_{n}.JPG")
+    line = _one_error_line(_run(["plan", str(folder), "--output", str(tmp_path / "p")], tmp_path))
+    assert line == (
+        f"prefect-odm: error: {folder}: 1 usable image(s), 5 set aside (IMG_2.JPG, IMG_3.JPG, "
+        "IMG_4.JPG, IMG_5.JPG, IMG_6.JPG: same bytes as IMG_1.JPG); a reconstruction needs at "
+        "least 3 overlapping geotagged images"
+    )
+    survey = tmp_path / "survey"
+    shutil.copytree(brighton_images, survey)
+    shutil.copy(survey / "DJI_0018.JPG", survey / "DJI_0018_copy.JPG")
+    proc = _run(["plan", str(survey), "--output", str(tmp_path / "plan")], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "rejected DJI_0018_copy.JPG: same bytes as DJI_0018.JPG (duplicate)" in proc.stdout
+    [aside] = json.loads((tmp_path / "plan" / "survey.json").read_text())["rejected"]
+    assert (aside["name"], aside["detail"]) == ("DJI_0018_copy.JPG", "same bytes as DJI_0018.JPG")
+
+
 # ------------------------------------------- refused at the edge, before Prefect's start-up
 
 
