@@ -13,15 +13,12 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect_odm.tasks.align import align_submodels
-from prefect_odm.tasks.merge import (
-    collect_existing_outputs,
-    merge_products,
-    refuse_misplaced_products,
-)
+from prefect_odm.tasks.merge import collect_existing_outputs, merge_products
 from prefect_odm.tasks.report import publish_existing_merge
 
 from prefect_odm.layout import OutputLayout
-from prefect_odm.merge.existing import ExistingMerge, plan_existing_merge, shots_url
+from prefect_odm.merge.existing import plan_existing_merge, shots_url
+from prefect_odm.merge.existing_checks import check_existing_merge
 from prefect_odm.models import Manifest, MergeOptions
 
 
@@ -52,24 +49,22 @@ def merge_existing(
     Raises:
         InputError: a location does not exist or holds no ODM product.
         MisplacedProductError: with ``plan``, an output's products do not lie where its
-            submodel's images are (one line; nothing read or written).
+            submodel's images are (one line; nothing extracted, read or written). This and the
+            refusals above are made first, from listings, ``shots.geojson`` and product headers
+            (:func:`~prefect_odm.merge.existing_checks.check_existing_merge`).
         MergeError: the merged result is empty or does not cover what the inputs cover.
         AlignmentError: an alignment quality gate failed (naming the output and the figure)
             and ``options.accept_alignment`` is off.
     """
     logger = get_run_logger()
+    # every refusal the inputs allow, before an archive is extracted or a product aligned
+    check_existing_merge(inputs, plan)
     with tempfile.TemporaryDirectory(prefix="prefect-odm-existing-") as tmp:
         found = collect_existing_outputs(inputs, Path(tmp))
         logger.info("found %d outputs: %s", len(found), ", ".join(o.submodel_id for o in found))
         request = plan_existing_merge(found, plan, options)
         layout = OutputLayout(output, request.identity)
         opts = options or MergeOptions()
-        if request.crs_epsg is not None and request.footprints:
-            # before the alignment and the merge read anything (see reconstruct's merge)
-            refuse_misplaced_products(
-                request.products, request.footprints, request.crs_epsg,
-                {sid: _leave_out(sid, request, inputs, plan) for sid in request.products},
-            )  # fmt: skip
         alignment = align_submodels(
             request.products,
             {request.submodel_of(o.submodel_id): shots_url(o.location) for o in found},
@@ -88,19 +83,3 @@ def merge_existing(
             check_locations=False,
         )
     return publish_existing_merge(inputs, request, merged, layout)
-
-
-def _leave_out(sid: str, request: ExistingMerge, inputs: list[str], plan: str | None) -> str:
-    """What to run when ``sid``'s products lie elsewhere: the same merge without its output
-    (or with that submodel's own output in its place)."""
-    location = request.locations.get(sid, sid)
-    others = [i for i in inputs if i.rstrip("/") != location.rstrip("/")]
-    if len(others) == len(inputs):  # found inside a folder given as one input
-        return (
-            f"nothing was merged; give that submodel's own output in place of {location}, "
-            "or leave it out of the inputs"
-        )
-    return (
-        f"nothing was merged; give that submodel's own output in its place, or merge the others: "
-        f"prefect-odm merge {' '.join(others)} --plan {plan} --output OUT"
-    )

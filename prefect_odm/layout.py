@@ -13,6 +13,8 @@ Roots are local paths or fsspec URLs; joining is plain ``/`` so it works for bot
 
 from __future__ import annotations
 
+import os
+import posixpath
 import re
 from dataclasses import dataclass
 from typing import Any, overload
@@ -90,6 +92,29 @@ class OutputLayout:
 
     root: str
     survey_fingerprint: str
+
+    def __post_init__(self) -> None:
+        """A relative local root is made absolute (against the working folder now), so every
+        path a run records (``manifest.json``, ``result.json``, events) holds from any working
+        folder and for any reader; a URL is kept as it is."""
+        if "://" not in self.root and not posixpath.isabs(self.root):
+            object.__setattr__(self, "root", os.path.abspath(self.root))
+
+    def rebased(self, url: str) -> str:
+        """A product path an older record names, as this layout places it.
+
+        Records written before roots were made absolute (an ``--output`` given relative) hold
+        paths relative to the working folder of the command that wrote them
+        (``out/<fingerprint[:16]>/merged/dsm.tif``): such a path is taken from its run folder's
+        name on, under :attr:`survey_dir`. Absolute paths, URLs and relative paths outside a
+        run folder (a ``merge`` input) are returned unchanged.
+        """
+        name = self.survey_fingerprint[:16]
+        parts = url.split("/")
+        if "://" in url or posixpath.isabs(url) or name not in parts:
+            return url
+        after = parts[len(parts) - parts[::-1].index(name) :]
+        return join(self.survey_dir, *after)
 
     @property
     def survey_dir(self) -> str:

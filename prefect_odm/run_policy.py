@@ -41,14 +41,59 @@ def check_survey_size(survey: Survey, images: str) -> None:
         InputError: too few usable images, naming the folder and the count.
     """
     if len(survey.images) < MIN_SURVEY_IMAGES:
+        aside = f", {set_aside_words(survey)}" if survey.rejected else ""
         raise InputError(
-            f"{images}: {len(survey.images)} usable image(s); a reconstruction needs at least "
-            f"{MIN_SURVEY_IMAGES} overlapping geotagged images"
+            f"{images}: {len(survey.images)} usable image(s){aside}; a reconstruction needs at "
+            f"least {MIN_SURVEY_IMAGES} overlapping geotagged images"
         )
+
+
+SET_ASIDE_NAMES = 5
+"""Set-aside images a one-line message names; the others are counted."""
+
+
+def set_aside_words(survey: Survey) -> str:
+    """The images the scan set aside, in a few words: ``5 set aside (IMG_2.JPG, IMG_3.JPG, ...:
+    same bytes as IMG_1.JPG)``, the names grouped by their reason's detail, the first
+    :data:`SET_ASIDE_NAMES` named and the rest counted."""
+    groups: dict[str, list[str]] = {}
+    for r in survey.rejected:
+        groups.setdefault(r.detail or r.reason, []).append(r.name)
+    shown: list[str] = []
+    left = SET_ASIDE_NAMES
+    for detail, names in groups.items():
+        if left <= 0:
+            break
+        shown.append(f"{', '.join(names[:left])}: {detail}")
+        left -= len(names[:left])
+    more = len(survey.rejected) - (SET_ASIDE_NAMES - left)
+    tail = f"; and {more} more" if more > 0 else ""
+    return f"{len(survey.rejected)} set aside ({'; '.join(shown)}{tail})"
 
 
 FAILURE_OUTPUT_LINES = 5
 """Last node output lines kept in a failed submodel's description."""
+
+
+def rebased_result(result: SubmodelResult, layout: OutputLayout) -> SubmodelResult:
+    """A stored result whose product paths hold from any working folder: an older record's
+    paths relative to its writer's working folder are taken under ``layout``
+    (:meth:`~prefect_odm.layout.OutputLayout.rebased`)."""
+    products = {name: layout.rebased(url) for name, url in result.products.items()}
+    if products == result.products:
+        return result
+    return result.model_copy(update={"products": products})
+
+
+def rebased_manifest(manifest: Manifest, layout: OutputLayout) -> Manifest:
+    """A stored manifest whose product paths (merged and each submodel's) hold from any
+    working folder (:func:`rebased_result`; ``layout`` the manifest's run folder's)."""
+    return manifest.model_copy(
+        update={
+            "products": {name: layout.rebased(url) for name, url in manifest.products.items()},
+            "submodels": [rebased_result(r, layout) for r in manifest.submodels],
+        }
+    )
 
 
 def load_stored_result(layout: OutputLayout, submodel: Submodel) -> SubmodelResult | None:
@@ -67,7 +112,7 @@ def checked_stored_result(
     try:
         if not storage.exists(url):
             return None, None
-        result = SubmodelResult.model_validate(storage.read_json(url))
+        result = rebased_result(SubmodelResult.model_validate(storage.read_json(url)), layout)
     except (StorageError, ValueError, OSError):
         return None, None
     if result.status not in ("completed", "reused") or result.fingerprint != submodel.fingerprint:
@@ -146,7 +191,9 @@ def stored_manifest(layout: OutputLayout, merge_fingerprint: str) -> Manifest | 
     try:
         if not storage.exists(layout.manifest):
             return None
-        manifest = Manifest.model_validate(storage.read_json(layout.manifest))
+        manifest = rebased_manifest(
+            Manifest.model_validate(storage.read_json(layout.manifest)), layout
+        )
     except (ValueError, OSError):
         return None
     if manifest.merge_fingerprint != merge_fingerprint:

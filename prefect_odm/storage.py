@@ -27,6 +27,12 @@ def is_local(url: str) -> bool:
     return "://" not in url or url.startswith("file://")
 
 
+def absolute(url: str) -> str:
+    """A relative local path made absolute (against the working folder now), so a record
+    naming it holds from any working folder; absolute paths and URLs unchanged."""
+    return os.path.abspath(url) if "://" not in url and url and not os.path.isabs(url) else url
+
+
 def local_path(url: str) -> Path:
     """The local path of a plain path or ``file://`` URL."""
     return Path(url[len("file://") :] if url.startswith("file://") else url)

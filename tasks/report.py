@@ -282,7 +282,10 @@ def publish_existing_merge(
                 submodel_id=sid,
                 fingerprint="",
                 status="reused",
-                products=archived_product_urls(request.locations.get(sid, ""), prods),
+                products=archived_product_urls(
+                    storage.absolute(request.locations.get(sid, "")),
+                    {p: storage.absolute(url) for p, url in prods.items()},
+                ),
             )
             for sid, prods in sorted(request.products.items())
         ],

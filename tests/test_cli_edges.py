@@ -134,10 +134,10 @@ def test_tokens_move_out_of_node_urls_into_the_environment(monkeypatch):
         (["--option", "fast-orthophoto"], "expected NAME=VALUE"),
         (["--option", "min-num-features=NaN"], "min-num-features: nan is not a finite number"),
         (["--option", "bad name=1"], "'bad name' is not an ODM option name"),
-        (["--orthophoto-resolution", "-2"], "--orthophoto-resolution must be a finite number"),
+        (["--orthophoto-resolution", "-2"], "must be a finite number of cm/pixel above 0, not -2"),
         (["--orthophoto-resolution", "inf"], "--orthophoto-resolution must be a finite number"),
         (["--orthophoto-resolution", "fine"], "must be a number of cm/pixel, not 'fine'"),
-        (["--split", "0"], "--split must be at least 1"),
+        (["--split", "0"], "--split must be at least 1, not 0"),
         (["--split-overlap-m", "nan"], "--split-overlap-m must be 0 to 1000 metres, not nan"),
         (["--split-overlap-m", "1e308"], "--split-overlap-m must be 0 to 1000 metres, not 1e308"),
         (["--split-overlap-m", "1001"], "must be 0 to 1000 metres"),
@@ -437,7 +437,10 @@ def test_engine_help_lists_its_commands(capsys):
         (["--port", "99999"], "argument --port: a TCP port is 0 to 65535, not 99999"),
         (["--port", "web"], "argument --port: not a port number: 'web'"),
         (["--max-parallel-tasks", "0"], "argument --max-parallel-tasks: must be at least 1, not 0"),
-        (["--memory-gib", "0"], "argument --memory-gib: must be a positive number of GiB, not 0"),
+        (
+            ["--memory-gib", "0"],
+            "argument --memory-gib: must be a finite number of GiB above 0, not 0",
+        ),
         (["--memory-gib", "lots"], "argument --memory-gib: not a number of GiB: 'lots'"),
     ],
 )
@@ -455,7 +458,10 @@ def test_engine_serve_refuses_bad_numbers_in_one_line(argv, expected, capsys):
     ("option", "expected"),
     [
         ("foo=bar", "option foo='bar': unknown option"),
-        ("dem-gapfill-steps=-5", "option dem-gapfill-steps=-5: not a positive integer"),
+        (
+            "dem-gapfill-steps=-5",
+            "option dem-gapfill-steps=-5: outside the accepted range: an integer >= 0",
+        ),
     ],
 )
 def test_plan_refuses_the_options_reconstruct_refuses(option, expected, brighton_images, tmp_path):
@@ -583,6 +589,33 @@ def test_plan_refuses_a_survey_too_small_to_reconstruct(data_dir, tmp_path):
         "overlapping geotagged images"
     )
     assert not (out / "plan.json").exists()
+
+
+def test_copies_of_one_image_are_named_with_the_image_they_copy(brighton_images, tmp_path):
+    """Six copies of one image (a new user's trial): the refusal said "1 usable image(s)" and
+    named none of the five set aside; it names them and the image they copy, and the plan of
+    a survey with a copy lists it so."""
+    import json
+    import shutil
+
+    folder = tmp_path / "copies"
+    folder.mkdir()
+    for n in range(1, 7):
+        shutil.copy(brighton_images / "DJI_0018.JPG", folder / f"IMG_{n}.JPG")
+    line = _one_error_line(_run(["plan", str(folder), "--output", str(tmp_path / "p")], tmp_path))
+    assert line == (
+        f"prefect-odm: error: {folder}: 1 usable image(s), 5 set aside (IMG_2.JPG, IMG_3.JPG, "
+        "IMG_4.JPG, IMG_5.JPG, IMG_6.JPG: same bytes as IMG_1.JPG); a reconstruction needs at "
+        "least 3 overlapping geotagged images"
+    )
+    survey = tmp_path / "survey"
+    shutil.copytree(brighton_images, survey)
+    shutil.copy(survey / "DJI_0018.JPG", survey / "DJI_0018_copy.JPG")
+    proc = _run(["plan", str(survey), "--output", str(tmp_path / "plan")], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "rejected DJI_0018_copy.JPG: same bytes as DJI_0018.JPG (duplicate)" in proc.stdout
+    [aside] = json.loads((tmp_path / "plan" / "survey.json").read_text())["rejected"]
+    assert (aside["name"], aside["detail"]) == ("DJI_0018_copy.JPG", "same bytes as DJI_0018.JPG")
 
 
 # ------------------------------------------- refused at the edge, before Prefect's start-up

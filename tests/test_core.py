@@ -292,3 +292,51 @@ def test_a_node_with_a_queue_takes_one_task_beyond_its_slots_with_its_memory():
     for h in held[1:]:
         h.__exit__(None, None, None)
     assert node.running == 0 and node.used_memory_gib == 0
+
+
+def test_a_relative_output_is_recorded_absolute_and_old_records_are_rebased(tmp_path, monkeypatch):
+    """An ``--output`` given relative: the layout's paths (so the manifest's and result.json's)
+    are absolute, true from any working folder. A manifest an older version wrote, with paths
+    relative to its writer's working folder, is read with its paths under its own run folder
+    (the rerun reuses its merge from elsewhere instead of calling the products missing)."""
+    from datetime import UTC, datetime
+
+    from prefect_odm import storage
+    from prefect_odm.models import Manifest, SubmodelResult
+    from prefect_odm.run_policy import stored_manifest
+
+    fp = "ab" * 32
+    (tmp_path / "first").mkdir()
+    monkeypatch.chdir(tmp_path / "first")
+    layout = OutputLayout("out", fp)
+    assert layout.root == str(tmp_path / "first" / "out")
+    assert layout.merged_product("dsm") == str(
+        tmp_path / "first" / "out" / fp[:16] / "merged" / "dsm.tif"
+    )
+    assert OutputLayout("s3://bucket/out", fp).root == "s3://bucket/out"
+    dsm = tmp_path / "first" / "out" / fp[:16] / "merged" / "dsm.tif"
+    dsm.parent.mkdir(parents=True)
+    dsm.write_bytes(b"x" * 10)
+    old = f"out/{fp[:16]}/merged/dsm.tif"  # as 0.2.0 wrote it, from the folder "first"
+    sub = SubmodelResult(
+        submodel_id="submodel-000", fingerprint="cd" * 32, status="completed",
+        products={"dsm": f"out/{fp[:16]}/submodels/submodel-000-cdcdcdcdcdcd/dsm.tif",
+                  "orthophoto": "elsewhere/odm_orthophoto.tif"},
+    )  # fmt: skip
+    manifest = Manifest(
+        version="0.2.0", created=datetime.now(UTC), source="images", survey_fingerprint=fp,
+        plan_fingerprint="p", merge_fingerprint="m", crs_epsg=32615, products={"dsm": old},
+        product_sizes={"dsm": 10}, submodels=[sub],
+    )  # fmt: skip
+    storage.write_json_atomic(layout.manifest, manifest.model_dump(mode="json"))
+    (tmp_path / "second").mkdir()
+    monkeypatch.chdir(tmp_path / "second")  # the merged DSM is no longer at `old` from here
+    read = stored_manifest(OutputLayout(str(tmp_path / "first" / "out"), fp), "m")
+    assert read is not None and read.products == {"dsm": str(dsm)}
+    assert read.submodels[0].products == {
+        "dsm": str(dsm.parents[1] / "submodels" / "submodel-000-cdcdcdcdcdcd" / "dsm.tif"),
+        "orthophoto": "elsewhere/odm_orthophoto.tif",  # outside a run folder: as written
+    }
+    from prefect_odm.run_policy import rebased_result
+
+    assert rebased_result(read.submodels[0], layout) == read.submodels[0]  # absolute: unchanged

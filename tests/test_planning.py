@@ -618,3 +618,23 @@ def test_plan_report_lists_a_gap_left_by_removed_images(tmp_path):
     assert any(g["missing"] >= 1 for g in gaps["sequence_gaps"])
     assert "missing shot" in plan_markdown(plan, survey)
     assert survey_gaps(plan_split(full, split=20), full)["sequence_gaps"] == []
+
+
+@pytest.mark.parametrize("split", [8, 10])
+def test_the_map_draws_cores_only_where_the_images_are(brighton_survey, tmp_path, split):
+    """plan.png filled brighton's cores out to the ownership clip, ~150 m beyond the cameras
+    (a new user's trial, ``--split 8``): the drawn cores are clipped to the survey's image
+    footprint, so what is filled is what ``area_m2`` counts, and every camera is inside."""
+    from prefect_odm.plan.picture import drawn_core_areas
+
+    plan = plan_split(brighton_survey, split=split)
+    drawn = {sid: shape(g) for sid, g in drawn_core_areas(plan).items()}
+    survey = shapely.union_all([shape(sm.footprint) for sm in plan.submodels]).convex_hull
+    for sm in plan.submodels:
+        assert drawn[sm.id].difference(survey.buffer(0.01)).is_empty
+        assert shape(sm.core_area).area > drawn[sm.id].area  # the plan's reach further
+        assert drawn[sm.id].area == pytest.approx(sm.area_m2, rel=0.01)
+    cameras = shapely.points([(c.x_m, c.y_m) for c in plan.cameras])
+    assert all(shapely.union_all(list(drawn.values())).buffer(0.01).contains(cameras))
+    plan_png(plan, tmp_path / "plan.png")
+    assert (tmp_path / "plan.png").read_bytes().startswith(b"\x89PNG")

@@ -35,7 +35,7 @@ def _split_value(text: str) -> int | str:
             f"--split must be a whole number or 'auto', not {text!r}"
         ) from None
     if value < 1:
-        raise argparse.ArgumentTypeError("--split must be at least 1")
+        raise argparse.ArgumentTypeError(f"--split must be at least 1, not {value}")
     return value
 
 
@@ -69,7 +69,7 @@ def _resolution_value(text: str) -> float:
         ) from None
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(
-            "--orthophoto-resolution must be a finite number of cm/pixel above 0"
+            f"--orthophoto-resolution must be a finite number of cm/pixel above 0, not {text}"
         )
     return value
 

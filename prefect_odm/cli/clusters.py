@@ -19,7 +19,7 @@ def _port(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"--port must be a whole number, not {text!r}") from None
     if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError("--port must be between 1 and 65535")
+        raise argparse.ArgumentTypeError(f"--port must be between 1 and 65535, not {value}")
     return value
 
 
@@ -29,7 +29,9 @@ def _seconds(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
     if not 0.1 <= value <= 3600:
-        raise argparse.ArgumentTypeError("--refresh-seconds must be between 0.1 and 3600")
+        raise argparse.ArgumentTypeError(
+            f"--refresh-seconds must be between 0.1 and 3600, not {text}"
+        )
     return value
 
 

@@ -199,6 +199,25 @@ def _check_plan_file(url: str) -> None:
         raise InputError(f"--plan {url}: {reason}") from None
 
 
+def _check_existing_merge(inputs: list[str], plan: str | None) -> None:
+    """Refuse, before Prefect starts and from listings, ``shots.geojson`` and product headers
+    only, every merge the flow would refuse from its inputs: a file that is no archive, an
+    escaping member, no product, a plan of another run or survey, a submodel missing, products
+    far from their planned footprint (:mod:`prefect_odm.merge.existing_checks`).
+
+    Raises:
+        InputError: one line naming the file and the problem (exit status 2: these are inputs
+            the user gave, not a node's canned products as in ``reconstruct``).
+    """
+    from prefect_odm.errors import MergeError
+    from prefect_odm.merge.existing_checks import check_existing_merge
+
+    try:
+        check_existing_merge(inputs, plan)
+    except MergeError as exc:  # MisplacedProductError; a product whose header cannot be read
+        raise InputError(str(exc)) from None
+
+
 def _merge_existing(args: argparse.Namespace) -> int:
     """``prefect-odm merge``: the ``merge_existing`` flow; prints the products."""
     prefect_environment()
@@ -209,10 +228,7 @@ def _merge_existing(args: argparse.Namespace) -> int:
     check_output_writable(args.output)
     if args.plan is not None:
         _check_plan_file(args.plan)
-    from prefect_odm.merge.existing import check_existing_outputs
-
-    # a file that is no archive, an escaping member, no product: refused as the flow would
-    check_existing_outputs(args.inputs)
+    _check_existing_merge(args.inputs, args.plan)
     from prefect_odm.flows.merge_existing import merge_existing
 
     start_prefect(args.verbose)

@@ -148,14 +148,20 @@ def _unchanged_since_last_run(output: str, request: RunRequest) -> Manifest | No
     listing is unchanged and every product, merged and of each submodel, is still there and
     whole (:func:`_damage_since_last_run`, said in one line when not); else ``None``."""
     from prefect_odm.models import Manifest
+    from prefect_odm.run_policy import rebased_manifest
 
     try:
         record = storage.read_json(join(output, LAST_RUN_FILE))
         if record.get("request") != request:
             return None
-        manifest = Manifest.model_validate(storage.read_json(record["manifest"]))
+        url = str(record["manifest"])  # an older record's: relative to its working folder
+        if storage.is_local(url) and not os.path.isabs(url):
+            url = join(output, *url.split("/")[-2:])  # {root}/{fingerprint[:16]}/manifest.json
+        manifest = Manifest.model_validate(storage.read_json(url))
     except (FileNotFoundError, OSError, ValueError, KeyError, TypeError):
         return None
+    # an older manifest's paths are relative to its writer's working folder
+    manifest = rebased_manifest(manifest, OutputLayout(output, manifest.survey_fingerprint))
     if manifest.failed_submodels:
         return None
     why = _damage_since_last_run(manifest)

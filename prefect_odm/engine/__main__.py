@@ -46,7 +46,7 @@ def _positive_gib(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of GiB: {text!r}") from None
     if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a positive number of GiB, not {text}")
+        raise argparse.ArgumentTypeError(f"must be a finite number of GiB above 0, not {text}")
     return value
 
 

@@ -218,7 +218,8 @@ def find_existing_outputs(locations: Sequence[str], workdir: Path | None) -> lis
         locations: local paths or fsspec URLs (ODM project folders, extracted ``all.zip``
             contents, ``all.zip`` files, or folders holding any of those one level down).
         workdir: local folder where zip members are extracted; None: nothing is extracted
-            (each archive's listing is read and checked), as :func:`check_existing_outputs`
+            (each archive's listing is read and checked), as
+            :func:`~prefect_odm.merge.existing_checks.check_existing_merge`
             does.
 
     Returns:
@@ -253,19 +254,6 @@ def find_existing_outputs(locations: Sequence[str], workdir: Path | None) -> lis
             + ", ".join(locations)
         )
     return _with_unique_ids(found)
-
-
-def check_existing_outputs(locations: Sequence[str]) -> None:
-    """Refuse, without extracting anything, inputs ``prefect-odm merge`` would refuse: what
-    :func:`find_existing_outputs` refuses (a missing location, a file that is not a zip archive,
-    an archive member that would leave the working folder, no product anywhere). Reads
-    listings and each archive's central directory only, so the command line refuses them
-    before Prefect starts.
-
-    Raises:
-        InputError: as :func:`find_existing_outputs` (the same one-line messages).
-    """
-    find_existing_outputs(locations, None)
 
 
 def shots_url(location: str) -> str | None:

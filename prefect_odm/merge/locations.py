@@ -79,7 +79,8 @@ def read_place(url: str) -> ProductPlace:
         MergeError: the file cannot be opened or its header read (naming it).
     """
     try:
-        if url.lower().endswith(_POINT_CLOUD_SUFFIXES):
+        member = url.split("::", 1)[0]  # zip://MEMBER::ARCHIVE names the member first
+        if member.lower().endswith(_POINT_CLOUD_SUFFIXES):
             return _point_cloud_place(url)
         return _raster_place(url)
     except (OSError, rasterio.errors.RasterioError, laspy.LaspyException) as exc:

@@ -22,6 +22,10 @@ Rules (NodeODM's, with the two places where we are stricter marked *):
 * the built-in engine's own words are understood too (``bool``: no check; ``non-negative
   integer|float``: >= 0), although NodeODM's validator (and ClusterODM's, which checks options
   against its reference node's list) refuses them: :func:`nodeodm_understands_domain` tells.
+
+A refused number names the range it is checked against, in plain words
+(:func:`accepted_words`): ``positive float`` is "a number >= 0", as NodeODM checks it, not
+"positive" (0 is a valid ``dem-resolution``: automatic).
 """
 
 from __future__ import annotations
@@ -91,12 +95,47 @@ def check_options(
         if entry is None:
             errors.append(OptionError(name, value, _unknown_reason(name, known)))
             continue
+        kind, domain = str(entry.get("type", "string")), entry.get("domain", "")
         try:
-            typed = convert_value(str(entry.get("type", "string")), value)
-            check_domain(entry.get("domain", ""), typed)
+            typed = convert_value(kind, value)
+        except OptionValueError as exc:
+            accepted = accepted_words(domain) if kind in ("int", "float") else None
+            more = f"; accepted: {accepted}" if accepted not in (None, *_ANY_NUMBER) else ""
+            errors.append(OptionError(name, value, f"{exc}{more}"))
+            continue
+        try:
+            check_domain(domain, typed)
         except OptionValueError as exc:
             errors.append(OptionError(name, value, str(exc)))
     return errors
+
+
+_ANY_NUMBER = ("an integer", "a number")
+"""What the unbounded domains accept: a type error already says so."""
+
+
+def accepted_words(domain: Any) -> str | None:
+    """What a numeric domain accepts, in words: ``positive float`` (NodeODM's, >= 0) is ``a
+    number >= 0``, ``integer: 1 <= x <= 14`` is ``an integer from 1 to 14``, ``float > 0.0`` is
+    ``a number > 0``, ``percent`` is ``a number from 0 to 100``; None for any other domain."""
+    text = "" if isinstance(domain, list | tuple) else str(domain or "").strip()
+    if text == "percent":
+        return "a number from 0 to 100"
+    for pattern in (_SIGNED, _RANGE, _BOUND):
+        if match := pattern.match(text):
+            break
+    else:
+        return None
+    kind = match.group(2) if pattern is _SIGNED else match.group(1)
+    noun = "an integer" if kind == "integer" else "a number"
+    if pattern is _RANGE:
+        return f"{noun} from {float(match.group(2)):g} to {float(match.group(3)):g}"
+    if pattern is _BOUND:
+        return f"{noun} {match.group(2)} {float(match.group(3)):g}"
+    sign = match.group(1)
+    if sign in ("positive ", "non-negative "):
+        return f"{noun} >= 0"
+    return f"{noun} <= 0" if sign == "negative " else noun
 
 
 def format_option_errors(errors: Sequence[OptionError], node_url: str) -> str:
@@ -183,26 +222,27 @@ def check_domain(domain: Any, value: Any) -> None:
         except (TypeError, ValueError):
             raise OptionValueError("not JSON text") from None
         return
+    outside = f"outside the accepted range: {accepted_words(text)}"
     if text == "percent":
-        _require(0 <= _number(value) <= 100, "not a percentage (0 to 100)")
+        _require(0 <= _number(value) <= 100, outside)
         return
     if match := _SIGNED.match(text):
         sign, kind = match.groups()
         number = _number(value)
         if sign in ("positive ", "non-negative "):
-            _require(number >= 0, f"not a {sign}{kind} (>= 0)")
+            _require(number >= 0, outside)
         elif sign == "negative ":
-            _require(number <= 0, f"not a negative {kind} (<= 0)")
+            _require(number <= 0, outside)
         elif kind == "integer":
             _require(float(number).is_integer(), "not an integer")
         return
     if match := _RANGE.match(text):
         low, high = float(match.group(2)), float(match.group(3))
-        _require(low <= _number(value) <= high, f"out of range ({text})")
+        _require(low <= _number(value) <= high, outside)
         return
     if match := _BOUND.match(text):
         bound = float(match.group(3))
-        _require(_COMPARE[match.group(2)](_number(value), bound), f"out of range ({text})")
+        _require(_COMPARE[match.group(2)](_number(value), bound), outside)
         return
     raise OptionValueError(f"the node's domain {text!r} cannot be checked (NodeODM refuses it too)")
 

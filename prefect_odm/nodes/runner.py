@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
@@ -28,7 +28,6 @@ from prefect_odm.errors import (
 from prefect_odm.fingerprints import submodel_fingerprint
 from prefect_odm.layout import OutputLayout
 from prefect_odm.models import SplitPlan, Submodel, SubmodelResult, Survey
-from prefect_odm.nodes import backend
 from prefect_odm.nodes.attempt import Options, PhaseClock, SubmodelAttempt, first_line
 from prefect_odm.nodes.backend import (
     COMPLETED,
@@ -36,7 +35,6 @@ from prefect_odm.nodes.backend import (
     NodeBackend,
     TaskState,
     differing_option,
-    task_uuid,
 )
 from prefect_odm.nodes.option_stages import early_options, node_stages, rerun_from_stage
 from prefect_odm.nodes.pool import NodePool
@@ -45,15 +43,12 @@ from prefect_odm.nodes.stored import (
     fetch_products,
     mark_upload,
     previous_results,
-    upload_marked,
 )
 from prefect_odm.nodes.submodel_inputs import altitudes_by_identity, upload_files
+from prefect_odm.nodes.task_lookup import TaskLookup
 from prefect_odm.run_policy import load_stored_result
 
 logger = logging.getLogger(__name__)
-
-
-_Holders = Mapping[str, Sequence[str]] | None  # task UUID -> node keys holding it, just asked
 
 
 @dataclass
@@ -125,6 +120,11 @@ class SubmodelRunner:
                         return result
         return self._process(record.with_new_clock())
 
+    @property
+    def _tasks(self) -> TaskLookup:
+        """The task UUIDs of this runner's submodels and the nodes holding them."""
+        return TaskLookup(self.layout, self.clients, self.pool, self.max_attempts, self.log)
+
     def _process(self, record: SubmodelAttempt) -> SubmodelResult:
         """Submit (or re-attach to) the submodel's task and collect it, retrying transient
         failures (on another node when one is down), out-of-memory failures (with a larger
@@ -140,11 +140,11 @@ class SubmodelRunner:
         uuid: str | None = None
         attempt = retries_elsewhere = 0
         # continue the attempt a killed run left; a failed download retries the same task
-        uuid_attempt, holders = self._left_attempt(submodel)
+        uuid_attempt, holders = self._tasks.left_attempt(submodel)
         uuid_attempt -= 1
         for attempt in range(self.max_attempts):
             uuid_attempt += 0 if isinstance(last, DownloadError) else 1
-            uuid_attempt, uuid, holder = self._usable_task_uuid(
+            uuid_attempt, uuid, holder = self._tasks.usable_task_uuid(
                 submodel, uuid_attempt, excluded, holders if attempt == 0 else None
             )
             pinned = [k for k in self.clients if k != holder] if holder else []
@@ -198,53 +198,6 @@ class SubmodelRunner:
         assert last is not None
         progress.emit(progress.SubmodelEvent(submodel_id=submodel.id, state="failed", fraction=1.0))
         return record.failed(last, node_key, uuid, attempt + 1)
-
-    def _left_attempt(self, submodel: Submodel) -> tuple[int, _Holders]:
-        """The attempt a killed run left (:func:`~prefect_odm.nodes.backend.live_attempt`) and
-        the node keys holding each of its UUIDs. Only UUIDs with an upload mark (written before
-        every task is created) can be tasks: a first run asks no node, a rerun each node once
-        (it listed every node twice per submodel, 4,000 ``/task/list`` at 100 x 20, issue 33)."""
-        fp = submodel.fingerprint
-        attempt_of = {
-            uuid: a
-            for a in range(2 * self.max_attempts)
-            if upload_marked(self.layout, submodel, uuid := task_uuid(fp, a))
-        }
-        if not attempt_of:
-            return 0, None
-        found = backend.find_tasks(self._answering(), sorted(attempt_of))
-        holders = {u: [key for key, held in sorted(found) if held == u] for u in attempt_of}
-        return backend.preferred_attempt(found, attempt_of), holders
-
-    def _usable_task_uuid(
-        self, submodel: Submodel, uuid_attempt: int, excluded: Sequence[str], holders: _Holders
-    ) -> tuple[int, str, str | None]:
-        """``(uuid_attempt, task UUID, node key holding it or None)`` for this attempt: a task
-        a killed run left on some node is re-attached there, never duplicated; a UUID a run
-        began uploading that no node has is passed over. ``holders``: :meth:`_left_attempt`'s."""
-        uuid = task_uuid(submodel.fingerprint, uuid_attempt)
-        holder = self._holder(submodel, uuid, excluded, holders)
-        while holder is None and upload_marked(self.layout, submodel, uuid):
-            # An earlier run began an upload under this UUID and no node has the task (cut
-            # by a kill, or removed by the node since): its files may wait on the node, so
-            # the next UUID is taken, without counting as an attempt.
-            self.log(
-                f"{submodel.id}: an earlier run began an upload as task {uuid}, which no node "
-                "has; taking the next task UUID"
-            )
-            uuid_attempt += 1
-            uuid = task_uuid(submodel.fingerprint, uuid_attempt)
-            holder = self._holder(submodel, uuid, excluded, holders)
-        return uuid_attempt, uuid, holder
-
-    def _holder(
-        self, sm: Submodel, uuid: str, excluded: Sequence[str], holders: _Holders
-    ) -> str | None:
-        """The node holding task ``uuid``: from ``holders`` when it has the UUID, none without
-        an upload mark, else asked (:meth:`_locate`)."""
-        if holders is not None and uuid in holders:
-            return next((k for k in holders[uuid] if k not in excluded), None)
-        return self._locate(uuid, excluded) if upload_marked(self.layout, sm, uuid) else None
 
     def _run_on(
         self, client: NodeBackend, submodel: Submodel, uuid: str, clock: PhaseClock
@@ -320,7 +273,7 @@ class SubmodelRunner:
         Returns ``None`` (process from scratch) when no node has that task finished.
         """
         assert previous.task_uuid is not None
-        holder = self._locate(previous.task_uuid, ())
+        holder = self._tasks.locate(previous.task_uuid, ())
         if holder is None:
             return None
         client = self.clients[holder]
@@ -377,22 +330,6 @@ class SubmodelRunner:
             progress.SubmodelEvent(submodel_id=result.submodel_id, state="completed", fraction=1.0)
         )
         return result
-
-    def _locate(self, uuid: str, excluded: Sequence[str]) -> str | None:
-        """The node (key) that already has task ``uuid`` running or finished, if any answers so.
-
-        Nodes the pool has set aside are not asked: a hung node would hold every look-up for
-        its whole request time-out (30 s per UUID), and a task on it could not be reached.
-        """
-        asked = {k: c for k, c in self._answering().items() if k not in excluded}
-        # cancelled too: restarted where its images are
-        holders = sorted(key for key, _uuid in backend.find_tasks(asked, [uuid]))
-        return holders[0] if holders else None
-
-    def _answering(self) -> dict[str, NodeBackend]:
-        """The clients of the nodes the pool has not set aside (down or silent at the start)."""
-        down = self.pool.down_keys()
-        return {key: client for key, client in self.clients.items() if key not in down}
 
     def _cancel_remote(self, client: NodeBackend, uuid: str) -> None:
         try:

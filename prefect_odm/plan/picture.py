@@ -167,6 +167,30 @@ def submodel_colours(plan: SplitPlan) -> dict[str, str]:
     return {sm.id: _PALETTE[chosen[i]] for i, sm in enumerate(plan.submodels)}
 
 
+def drawn_core_areas(plan: SplitPlan) -> dict[str, dict[str, Any]]:
+    """Each submodel's core area as the map draws it (GeoJSON, plan CRS): clipped to the
+    survey's image footprint, the cameras' hull buffered by half an image's footprint (what
+    ``area_m2`` counts; the convex hull of the submodels' footprints). The plan's core areas
+    reach out to the ownership clip, up to ~150 m beyond the cameras, so that ownership covers
+    every pixel a node may return; drawn so, they showed ground no image sees."""
+    import shapely
+    from shapely.geometry import mapping, shape
+
+    feet = [shape(sm.footprint) for sm in plan.submodels if sm.footprint]
+    if not feet:
+        return {sm.id: sm.core_area for sm in plan.submodels}
+    survey = shapely.union_all(feet).convex_hull
+    out: dict[str, dict[str, Any]] = {}
+    for sm in plan.submodels:
+        if not sm.core_area:
+            out[sm.id] = sm.core_area
+            continue
+        parts = shapely.get_parts(shapely.intersection(shape(sm.core_area), survey))
+        polygons = [g for g in parts if g.geom_type in ("Polygon", "MultiPolygon") and g.area > 0]
+        out[sm.id] = mapping(shapely.union_all(polygons)) if polygons else {}
+    return out
+
+
 def _draw_areas(ax: Axes, plan: SplitPlan, colour: dict[str, str]) -> None:
     """Core areas filled, footprints dashed, in each submodel's colour: two collections, not
     a patch per polygon (1,000 patches of a 500-submodel plan were most of its plan files'
@@ -174,7 +198,8 @@ def _draw_areas(ax: Axes, plan: SplitPlan, colour: dict[str, str]) -> None:
     from matplotlib.collections import PolyCollection
     from matplotlib.colors import to_rgba
 
-    cores = [(poly[0], colour[sm.id]) for sm in plan.submodels for poly in _polygons(sm.core_area)]
+    drawn = drawn_core_areas(plan)
+    cores = [(poly[0], colour[sm.id]) for sm in plan.submodels for poly in _polygons(drawn[sm.id])]
     feet = [(poly[0], colour[sm.id]) for sm in plan.submodels for poly in _polygons(sm.footprint)]
     if cores:
         ax.add_collection(

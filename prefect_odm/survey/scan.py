@@ -200,11 +200,14 @@ def _list_and_scan(
 
 
 def _mark_duplicates(readable: list[FileResult]) -> None:
-    """Reject every image with the identity of one earlier in name order."""
+    """Reject every image with the identity of one earlier in name order, naming that image
+    (``same bytes as IMG_1.JPG``; from an object store's ETag identity, ``same ETag and size
+    as ...``)."""
     seen: dict[str, str] = {}
     for r in readable:
         if r.identity in seen:
-            r.reason, r.detail = "duplicate", f"same content as {seen[r.identity]}"
+            same = "same ETag and size" if r.identity.startswith("etag:") else "same bytes"
+            r.reason, r.detail = "duplicate", f"{same} as {seen[r.identity]}"
         else:
             seen[r.identity] = r.name
 

@@ -291,3 +291,54 @@ def test_merge_existing_with_its_plan_refuses_before_the_alignment(prefect_api, 
     )
     assert not list((tmp_path / "out").rglob("merged/*"))
     assert _digests(tmp_path / "odm") == before
+
+
+def test_merge_command_refuses_products_elsewhere_before_prefect_starts(
+    products, tmp_path, monkeypatch, capsys
+):
+    """``prefect-odm merge ... --plan`` of another survey: refused from the headers before
+    Prefect's server starts (it and the flow's extraction cost 20-80 s before the refusal), in
+    one line, exit 2 (the user's inputs), nothing written."""
+    import importlib
+
+    cli = importlib.import_module(
+        "prefect_odm.cli.main"
+    )  # the module (the package's main: a function)
+
+    def _no_prefect(verbose: bool) -> None:
+        raise AssertionError("Prefect started before the inputs were refused")
+
+    monkeypatch.setattr(cli, "start_prefect", _no_prefect)
+    plan = _plan(products, tmp_path / "plan.json")
+    _move(Path(products["c"]["orthophoto"]), 0.0, epsg=FREETOWN_EPSG)
+    folders = [str(tmp_path / "odm" / sid) for sid in sorted(products)]
+    before = _digests(tmp_path / "odm")
+    out = tmp_path / "out"
+    assert cli.main(["merge", *folders, "--plan", plan, "--output", str(out)]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"prefect-odm: error: c: {products['c']['orthophoto']} lies ")
+    assert "(EPSG:32628 product, survey EPSG:32615)" in line
+    assert not out.exists() and _digests(tmp_path / "odm") == before
+
+
+def test_an_archive_elsewhere_is_refused_from_its_members_headers(products, tmp_path):
+    """An ``all.zip`` input is checked without extracting it: each member's header through
+    ``zip://MEMBER::ARCHIVE`` (its point cloud's too, a ``.laz`` inside a ``.zip``)."""
+    import zipfile
+
+    from prefect_odm.merge.existing_checks import check_existing_merge
+
+    plan = _plan(products, tmp_path / "plan.json")
+    _move(Path(products["c"]["orthophoto"]), 0.0, epsg=FREETOWN_EPSG)
+    archive = tmp_path / "zipped" / "c" / "all.zip"
+    archive.parent.mkdir(parents=True)
+    with zipfile.ZipFile(archive, "w") as zf:
+        for path in sorted((tmp_path / "odm" / "c").rglob("*.*")):
+            zf.write(path, str(path.relative_to(tmp_path / "odm" / "c")))
+    inputs = [str(tmp_path / "odm" / "a"), str(tmp_path / "odm" / "b"), str(archive)]
+    with pytest.raises(MisplacedProductError) as caught:
+        check_existing_merge(inputs, plan)
+    assert str(caught.value).startswith(
+        f"c: zip://odm_orthophoto/odm_orthophoto.tif::{archive} lies "
+    )
+    assert list(archive.parent.iterdir()) == [archive]  # nothing extracted beside it
