@@ -477,3 +477,11 @@ def key_order(
     kind="stable")``) and those bits of the keys in that order ``(n,)``."""
     out: tuple[Any, ...] = _key_order_jit(keys, local_bits)
     return out[0], out[1]
+
+
+def warm_up() -> None:
+    """Make numba's first call now (its machinery loaded, about 0.5 CPU-s once per process,
+    whatever kernel is called first; the kernels themselves then load in about 10 ms each), with
+    the argument types :func:`level_order` is called with (no other compilation): the merge calls
+    it while the decoding worker decodes the first chunk, so the two overlap."""
+    level_order(np.zeros(1, np.int8), np.zeros(1, np.int64), np.zeros(1, np.uint64), 1)

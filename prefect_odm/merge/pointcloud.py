@@ -53,6 +53,7 @@ from prefect_odm.merge.las_points import (
     union_bounds,
 )
 from prefect_odm.merge.octree import OctreeCube
+from prefect_odm.merge.point_kernels import warm_up
 from prefect_odm.merge.reports import PointCloudMergeReport, SubmodelPoints
 from prefect_odm.merge.seamlines import LabelOwners, OwnerLabels
 from prefect_odm.merge.seams import ownership_from_centres
@@ -324,6 +325,7 @@ def _decoder(
         return
     size = max(int(i.header.point_format.size) for i in infos)
     with DecodeAhead([i.path for i in infos], chunk_points, size) as decoder:
+        warm_up()  # numba's first call while the worker decodes the first chunk
         yield decoder
 
 
