@@ -5,10 +5,11 @@ separately compressed chunk listed in a hierarchy, so a viewer (QGIS, Potree 2, 
 ``CopcReader`` reads only the nodes that intersect its query by range request.
 
 :class:`CopcBuilder` is a point sink: the merge (or :func:`write_copc`) hands it chunks of points
-in the COPC point format; each point gets its Morton key in the octree's cube and is spilled, with
-its key, to the file of its spill cell (:mod:`.spill`, :func:`.octree.spill_depth`). When the stream
-ends, each spill cell is read back alone (a cell over :data:`.octree.CELL_POINTS` is first split
-into its eight children, streamed), its nodes are built (:func:`.octree.build_cell`) and written
+in the COPC point format; each point gets its Morton key in the octree's cube and is spilled to
+the file of its spill cell (:mod:`.spill`, :func:`.octree.spill_depth`; the key is not spilled but
+computed again from ``X, Y, Z`` when the cell is read). When the stream ends, each spill cell is
+read back alone (a cell over :data:`.octree.CELL_POINTS` is first split into its eight children,
+streamed), its nodes are built (:func:`.octree.build_cell`) and written
 (:mod:`.copc_file`); the picks of the levels above the spill cells are gathered per node and written
 last. Memory is the spill budget, one cell and one compression batch, whatever the cloud's size.
 
