@@ -4,12 +4,13 @@ queries near seams (numpy and scipy; the point-cloud merge's cropping)."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
+import numba
 import numpy as np
 from numpy.typing import NDArray
 from scipy.spatial import cKDTree
 
-from prefect_odm.merge.point_kernels import table_labels
 from prefect_odm.ownership import Ownership
 
 
@@ -93,3 +94,47 @@ class CellOwners:
             _, nearest = self._tree.query(np.column_stack([x, y]), k=1)
             labels[unsure] = self._labels[nearest]
         return labels
+
+
+def _table_labels(x: Any, y: Any, scales: Any, offsets: Any, table_grid: Any, table: Any) -> Any:
+    x0, y0, cell, nx, ny = table_grid[0], table_grid[1], table_grid[2], table_grid[3], table_grid[4]
+    labels = np.empty(x.size, dtype=np.int32)
+    for i in range(x.size):
+        fx = np.floor(((np.float64(x[i]) * scales[0] + offsets[0]) - x0) / cell)
+        fy = np.floor(((np.float64(y[i]) * scales[1] + offsets[1]) - y0) / cell)
+        if fx >= 0 and fx < nx and fy >= 0 and fy < ny:
+            labels[i] = table[np.int64(fy * nx + fx)]
+        else:
+            labels[i] = -1
+    return labels
+
+
+_table_labels_jit = numba.njit(cache=True, nogil=True)(_table_labels)
+
+
+def table_labels(
+    xy: tuple[NDArray[np.int32], NDArray[np.int32]],
+    scales: NDArray[np.float64],
+    offsets: NDArray[np.float64],
+    table_grid: tuple[float, float, float, int, int],
+    table: NDArray[np.int32],
+) -> NDArray[np.int32]:
+    """The owners ``(n,)`` in ``table`` of points given by their integer ``X, Y`` ``(n,)`` each
+    (any stride) and their ``scales`` and ``offsets`` (``(3,)`` or more; the floats of laspy's
+    scaling), -1 where the table has none or the point is outside it.
+
+    Args:
+        xy: the integer coordinates.
+        scales: the chunk's scales; offsets: its offsets (CRS units).
+        table_grid: ``(x0, y0, cell, nx, ny)``: the table's lower corner and cell (CRS units)
+            and its columns and rows; ``table`` is ``(ny * nx,)``, row by row, -1: not sure.
+    """
+    labels: NDArray[np.int32] = _table_labels_jit(
+        xy[0],
+        xy[1],
+        np.asarray(scales, dtype=np.float64),
+        np.asarray(offsets, dtype=np.float64),
+        np.asarray(table_grid, dtype=np.float64),
+        table,
+    )
+    return labels

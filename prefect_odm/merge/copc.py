@@ -5,10 +5,11 @@ separately compressed chunk listed in a hierarchy, so a viewer (QGIS, Potree 2, 
 ``CopcReader`` reads only the nodes that intersect its query by range request.
 
 :class:`CopcBuilder` is a point sink: the merge (or :func:`write_copc`) hands it chunks of points
-in the COPC point format; each point gets its Morton key in the octree's cube and is spilled, with
-its key, to the file of its spill cell (:mod:`.spill`, :func:`.octree.spill_depth`). When the stream
-ends, each spill cell is read back alone (a cell over :data:`.octree.CELL_POINTS` is first split
-into its eight children, streamed), its nodes are built (:func:`.octree.build_cell`) and written
+in the COPC point format; each point gets its Morton key in the octree's cube and is spilled to
+the file of its spill cell (:mod:`.spill`, :func:`.octree.spill_depth`; the key is not spilled but
+computed again from ``X, Y, Z`` when the cell is read). When the stream ends, each spill cell is
+read back alone (a cell over :data:`.octree.CELL_POINTS` is first split into its eight children,
+streamed), its nodes are built (:func:`.octree.build_cell`) and written
 (:mod:`.copc_file`); the picks of the levels above the spill cells are gathered per node and written
 last. Memory is the spill budget, one cell and one compression batch, whatever the cloud's size.
 
@@ -51,7 +52,7 @@ from prefect_odm.merge.octree import (
     cell_of,
     spill_depth,
 )
-from prefect_odm.merge.point_kernels import copy_rows, spill_order
+from prefect_odm.merge.point_kernels import copy_rows, record_keys, spill_order
 from prefect_odm.merge.spill import SpillStore
 
 log = logging.getLogger(__name__)
@@ -108,10 +109,11 @@ class CopcBuilder:
         self.cube = cube
         self.depth = spill_depth(total_points)
         self._dtype = header.point_format.dtype()
-        # the points of each spill cell and their Morton keys, in the same order
-        self._cells = SpillStore(self._dtype, parent=work)
-        keys_budget = spill.SPILL_BUDGET_BYTES // 4  # flushed about when the points are
-        self._keys = SpillStore(np.dtype("<u8"), parent=work, budget_bytes=keys_budget)
+        # the points of each spill cell; their Morton keys are computed again when a cell is read
+        # back (not spilled: 8 of 44 bytes a point less written, issue 36), and the budget the
+        # keys had goes to the points
+        budget = spill.SPILL_BUDGET_BYTES + spill.SPILL_BUDGET_BYTES // 4
+        self._cells = SpillStore(self._dtype, parent=work, budget_bytes=budget)
         self._work = work
         self._lo = np.full(3, np.inf)
         self._hi = np.full(3, -np.inf)
@@ -156,14 +158,8 @@ class CopcBuilder:
             assert layout is not None, "a record in the header's own format is copied by bytes"
         array = points.array
         s, o = self.header.scales, self.header.offsets
-        grid = (
-            self.cube.origin,
-            float(2**GRID_BITS) / self.cube.size_m,
-            2**GRID_BITS,
-            MORTON_SPREAD,
-        )
         keys, dest, counts, lo, hi = spill_order(
-            (array["X"], array["Y"], array["Z"]), index, steps, (s, o), grid, self.depth
+            (array["X"], array["Y"], array["Z"]), index, steps, (s, o), self._grid, self.depth
         )
         self._check_bounds(lo, hi)
         records, returns = copy_rows(
@@ -174,8 +170,23 @@ class CopcBuilder:
         self._returns += returns
         cells = np.flatnonzero(counts)
         stops = np.cumsum(counts)[cells]
-        self._append_runs(self.depth, cells, stops - counts[cells], records, keys)
+        self._append_runs(self.depth, cells, stops - counts[cells], records)
         self.points += int(records.size)
+
+    @property
+    def _grid(self) -> tuple[tuple[float, float, float], float, int, NDArray[np.uint64]]:
+        """The cube's origin, grid cells per metre and per axis, and the Morton table."""
+        return (
+            self.cube.origin,
+            float(2**GRID_BITS) / self.cube.size_m,
+            2**GRID_BITS,
+            MORTON_SPREAD,
+        )
+
+    def _keys_of(self, records: NDArray[Any]) -> NDArray[np.uint64]:
+        """The Morton keys ``(n,)`` of spilled records (those :func:`.spill_order` gave them)."""
+        xyz = (records["X"], records["Y"], records["Z"])
+        return record_keys(xyz, (self.header.scales, self.header.offsets), self._grid)
 
     def _check_bounds(self, lo: NDArray[np.int64], hi: NDArray[np.int64]) -> None:
         """Widen the bounds by a chunk's least and greatest integer ``X, Y, Z`` ``(3,)`` (the
@@ -200,34 +211,29 @@ class CopcBuilder:
         cells: NDArray[np.int64],
         starts: NDArray[np.int64],
         records: NDArray[Any],
-        keys: NDArray[np.uint64],
     ) -> set[tuple[int, ...]]:
-        """Append the runs ``starts[i]`` .. ``starts[i + 1]`` (the last to the end) of points
-        and keys, sorted by spill cell, to their cells ``(depth, cells[i])``; returns those."""
+        """Append the runs ``starts[i]`` .. ``starts[i + 1]`` (the last to the end) of points,
+        sorted by spill cell, to their cells ``(depth, cells[i])``; returns those."""
         touched: set[tuple[int, ...]] = set()
         stops = np.r_[starts[1:], records.size]
         for cell, start, stop in zip(cells.tolist(), starts.tolist(), stops.tolist(), strict=True):
             key = (depth, int(cell))
             self._cells.append(key, records[start:stop])
-            self._keys.append(key, keys[start:stop])
             touched.add(key)
         return touched
 
     def _spill(
-        self, depth: int, cells: NDArray[Any], records: NDArray[Any], keys: NDArray[np.uint64]
+        self, depth: int, cells: NDArray[Any], records: NDArray[Any]
     ) -> set[tuple[int, ...]]:
-        """Append points and keys to the spill cells ``(depth, cell)``; returns those cells."""
+        """Append points to the spill cells ``(depth, cell)``; returns those cells."""
         order = np.argsort(cells, kind="stable")
         cells = cells[order]
         starts = np.flatnonzero(np.r_[True, cells[1:] != cells[:-1]])
-        return self._append_runs(
-            depth, cells[starts], starts, take_records(records, order), keys[order]
-        )
+        return self._append_runs(depth, cells[starts], starts, take_records(records, order))
 
     def discard(self) -> None:
         """Remove the spilled points without writing a file (after a failure upstream)."""
         self._cells.close()
-        self._keys.close()
 
     def _copc_header(self) -> CopcHeader:
         crs = self.header.parse_crs()
@@ -277,8 +283,10 @@ class CopcBuilder:
                 if self._cells.count(key) > CELL_POINTS and depth < MAX_DEPTH - 1:
                     pending.extend(sorted(self._split(depth, cell), reverse=True))
                     continue
-                build = build_cell(self._keys.take(key), depth)
-                ordered = take_records(self._cells.take(key), build.order)
+                records = self._cells.take(key)
+                build = build_cell(self._keys_of(records), depth)
+                ordered = take_records(records, build.order)
+                del records
                 for node, start, stop in build.nodes:
                     writer.add(node, ordered[start:stop])
                 for node, start, stop in build.ancestors:  # copied: not the whole cell kept
@@ -292,10 +300,8 @@ class CopcBuilder:
     def _split(self, depth: int, cell: int) -> set[tuple[int, ...]]:
         """Move an oversized cell's points into its eight children (streamed); their keys."""
         children: set[tuple[int, ...]] = set()
-        parts = self._cells.take_chunks((depth, cell), _SPLIT_CHUNK)
-        keys = self._keys.take_chunks((depth, cell), _SPLIT_CHUNK)
-        for part, key in zip(parts, keys, strict=True):
-            children |= self._spill(depth + 1, cell_of(key, depth + 1), part, key)
+        for part in self._cells.take_chunks((depth, cell), _SPLIT_CHUNK):
+            children |= self._spill(depth + 1, cell_of(self._keys_of(part), depth + 1), part)
         return children
 
 

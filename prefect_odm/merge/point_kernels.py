@@ -4,8 +4,9 @@ These loops held most of the merge's own work besides LAZ decoding and encoding 
 profile: ownership lookup, format conversion, record gathers, Morton keys, the grid, sorting,
 level assignment, each a numpy pass over every point):
 
-- :func:`table_labels`: the owner of each point from the ownership table, from the integer
-  coordinates (:class:`.cell_owners.CellOwners`);
+- :func:`.cell_owners.table_labels` (there, beside its only user): the owner of each point from
+  the ownership table, from the integer coordinates (:class:`.cell_owners.CellOwners`);
+- :func:`record_keys`: the Morton keys of spilled records, computed again when a cell is read;
 - :func:`spill_order`: the grid coordinates, Morton key and spill cell of each kept point of a
   chunk, and a stable counting sort by cell (the order ``np.argsort(cells, kind="stable")``);
 - :func:`copy_rows`: the kept records gathered in that order and written in the output point
@@ -44,6 +45,72 @@ def _grid_cell(
 _grid_cell_jit = _jit(_grid_cell)
 
 
+def _morton(
+    ix: Any,
+    iy: Any,
+    iz: Any,
+    scales: Any,
+    offsets: Any,
+    low: Any,
+    per_m: float,
+    cells: int,
+    spread: Any,
+) -> Any:
+    gx = _grid_cell_jit(cells, ix, scales[0], offsets[0], low[0], per_m)
+    gy = _grid_cell_jit(cells, iy, scales[1], offsets[1], low[1], per_m)
+    gz = _grid_cell_jit(cells, iz, scales[2], offsets[2], low[2], per_m)
+    two, one = np.uint64(2), np.uint64(1)
+    low_bits = (spread[gx & 0xFF] << two) | (spread[gy & 0xFF] << one) | spread[gz & 0xFF]
+    high_bits = (spread[gx >> 8] << two) | (spread[gy >> 8] << one) | spread[gz >> 8]
+    return low_bits | (high_bits << np.uint64(24))
+
+
+_morton_jit = _jit(_morton)
+
+
+def _record_keys(
+    x: Any,
+    y: Any,
+    z: Any,
+    scales: Any,
+    offsets: Any,
+    low: Any,
+    per_m: float,
+    cells: int,
+    spread: Any,
+) -> Any:
+    keys = np.empty(x.size, dtype=np.uint64)
+    for j in range(x.size):
+        ix, iy, iz = np.int64(x[j]), np.int64(y[j]), np.int64(z[j])
+        keys[j] = _morton_jit(ix, iy, iz, scales, offsets, low, per_m, cells, spread)
+    return keys
+
+
+_record_keys_jit = _jit(_record_keys)
+
+
+def record_keys(
+    xyz: tuple[NDArray[np.int32], NDArray[np.int32], NDArray[np.int32]],
+    scales_offsets: tuple[NDArray[np.float64], NDArray[np.float64]],
+    grid: tuple[tuple[float, float, float], float, int, NDArray[np.uint64]],
+) -> NDArray[np.uint64]:
+    """The Morton keys ``(n,)`` of points by their integer ``X, Y, Z`` ``(n,)`` each (in the
+    header's offsets): the keys :func:`spill_order` gave them, computed again from the spilled
+    records instead of spilled beside them; ``scales_offsets`` and ``grid`` as there."""
+    origin, per_m, grid_cells, spread = grid
+    scales, offsets = (np.asarray(v, dtype=np.float64) for v in scales_offsets)
+    keys: NDArray[np.uint64] = _record_keys_jit(
+        *xyz,
+        scales,
+        offsets,
+        np.asarray(origin, dtype=np.float64),
+        float(per_m),
+        grid_cells,
+        spread,
+    )
+    return keys
+
+
 def _spill_order(
     x: Any,
     y: Any,
@@ -72,13 +139,7 @@ def _spill_order(
         lo[0], hi[0] = min(lo[0], ix), max(hi[0], ix)
         lo[1], hi[1] = min(lo[1], iy), max(hi[1], iy)
         lo[2], hi[2] = min(lo[2], iz), max(hi[2], iz)
-        gx = _grid_cell_jit(grid_cells, ix, scales[0], offsets[0], low[0], per_m)
-        gy = _grid_cell_jit(grid_cells, iy, scales[1], offsets[1], low[1], per_m)
-        gz = _grid_cell_jit(grid_cells, iz, scales[2], offsets[2], low[2], per_m)
-        two, one = np.uint64(2), np.uint64(1)
-        low_bits = (spread[gx & 0xFF] << two) | (spread[gy & 0xFF] << one) | spread[gz & 0xFF]
-        high_bits = (spread[gx >> 8] << two) | (spread[gy >> 8] << one) | spread[gz >> 8]
-        key = low_bits | (high_bits << np.uint64(24))
+        key = _morton_jit(ix, iy, iz, scales, offsets, low, per_m, grid_cells, spread)
         keys[j] = key
         counts[np.int64(key >> np.uint64(cell_shift))] += 1
     at = np.empty(cells, dtype=np.int64)
@@ -418,45 +479,9 @@ def key_order(
     return out[0], out[1]
 
 
-def _table_labels(x: Any, y: Any, scales: Any, offsets: Any, table_grid: Any, table: Any) -> Any:
-    x0, y0, cell, nx, ny = table_grid[0], table_grid[1], table_grid[2], table_grid[3], table_grid[4]
-    labels = np.empty(x.size, dtype=np.int32)
-    for i in range(x.size):
-        fx = np.floor(((np.float64(x[i]) * scales[0] + offsets[0]) - x0) / cell)
-        fy = np.floor(((np.float64(y[i]) * scales[1] + offsets[1]) - y0) / cell)
-        if fx >= 0 and fx < nx and fy >= 0 and fy < ny:
-            labels[i] = table[np.int64(fy * nx + fx)]
-        else:
-            labels[i] = -1
-    return labels
-
-
-_table_labels_jit = _jit(_table_labels)
-
-
-def table_labels(
-    xy: tuple[NDArray[np.int32], NDArray[np.int32]],
-    scales: NDArray[np.float64],
-    offsets: NDArray[np.float64],
-    table_grid: tuple[float, float, float, int, int],
-    table: NDArray[np.int32],
-) -> NDArray[np.int32]:
-    """The owners ``(n,)`` in ``table`` of points given by their integer ``X, Y`` ``(n,)`` each
-    (any stride) and their ``scales`` and ``offsets`` (``(3,)`` or more; the floats of laspy's
-    scaling), -1 where the table has none or the point is outside it.
-
-    Args:
-        xy: the integer coordinates.
-        scales: the chunk's scales; offsets: its offsets (CRS units).
-        table_grid: ``(x0, y0, cell, nx, ny)``: the table's lower corner and cell (CRS units)
-            and its columns and rows; ``table`` is ``(ny * nx,)``, row by row, -1: not sure.
-    """
-    labels: NDArray[np.int32] = _table_labels_jit(
-        xy[0],
-        xy[1],
-        np.asarray(scales, dtype=np.float64),
-        np.asarray(offsets, dtype=np.float64),
-        np.asarray(table_grid, dtype=np.float64),
-        table,
-    )
-    return labels
+def warm_up() -> None:
+    """Make numba's first call now (its machinery loaded, about 0.5 CPU-s once per process,
+    whatever kernel is called first; the kernels themselves then load in about 10 ms each), with
+    the argument types :func:`level_order` is called with (no other compilation): the merge calls
+    it while the decoding worker decodes the first chunk, so the two overlap."""
+    level_order(np.zeros(1, np.int8), np.zeros(1, np.int64), np.zeros(1, np.uint64), 1)

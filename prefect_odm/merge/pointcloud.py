@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import laspy
+import lazrs
 import numpy as np
 import pyproj
 from numpy.typing import NDArray
@@ -36,7 +37,7 @@ from prefect_odm.align.report import AlignmentReport
 from prefect_odm.errors import MergeError
 from prefect_odm.merge.cell_owners import CellOwners
 from prefect_odm.merge.copc import CopcBuilder
-from prefect_odm.merge.decode_ahead import DecodeAhead
+from prefect_odm.merge.decode_ahead import DecodeAhead, read_chunks
 from prefect_odm.merge.las_points import (
     InputCloud,
     PointMover,
@@ -52,6 +53,7 @@ from prefect_odm.merge.las_points import (
     union_bounds,
 )
 from prefect_odm.merge.octree import OctreeCube
+from prefect_odm.merge.point_kernels import warm_up
 from prefect_odm.merge.reports import PointCloudMergeReport, SubmodelPoints
 from prefect_odm.merge.seamlines import LabelOwners, OwnerLabels
 from prefect_odm.merge.seams import ownership_from_centres
@@ -138,14 +140,14 @@ class _Streamer:
 
     @contextmanager
     def _chunks(self, inp: InputCloud) -> Iterator[Iterator[laspy.ScaleAwarePointRecord]]:
-        """The chunks of ``inp``: from the decoding worker when there is one, else read here.
+        """The chunks of ``inp``: from the decoding worker when there is one, else read here
+        (:func:`.decode_ahead.read_chunks`: one buffer for every chunk).
 
         Raises:
             MergeError: the worker could not read the input (naming it).
         """
         if self.decoder is None:
-            with laspy.open(inp.path) as reader:
-                yield reader.chunk_iterator(self.chunk_points)
+            yield _read_named(inp, self.chunk_points)
             return
         try:
             yield self.decoder.chunks(self.inputs_done, inp.header)
@@ -206,6 +208,22 @@ class _Streamer:
                 x, y, z = moved(np.stack([x, y, z], axis=1)).T
             xyz = (x, y, z)
         return cells.label_of_points(x, y) == label, xyz
+
+
+def _read_named(inp: InputCloud, chunk_points: int) -> Iterator[laspy.ScaleAwarePointRecord]:
+    """:func:`.decode_ahead.read_chunks` of ``inp``; a failed read (a truncated or corrupt file)
+    names the input, as the decoding worker's failure does.
+
+    Raises:
+        MergeError: the input cannot be read.
+    """
+    try:
+        yield from read_chunks(inp.path, chunk_points)
+    except (OSError, laspy.LaspyException, lazrs.LazrsError) as exc:  # as the worker's words
+        message = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+        raise MergeError(
+            f"input {inp.submodel_id} ({inp.path}) cannot be read: {message}"
+        ) from None
 
 
 def _check_written(
@@ -307,6 +325,7 @@ def _decoder(
         return
     size = max(int(i.header.point_format.size) for i in infos)
     with DecodeAhead([i.path for i in infos], chunk_points, size) as decoder:
+        warm_up()  # numba's first call while the worker decodes the first chunk
         yield decoder
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from prefect_odm.errors import MergeError
 from prefect_odm.merge import decode_ahead, encode_ahead, merge_point_clouds
-from prefect_odm.merge.decode_ahead import DecodeAhead
+from prefect_odm.merge.decode_ahead import DecodeAhead, read_chunks
 from prefect_odm.merge.encode_ahead import EncodeAhead
 from prefect_odm.ownership import Ownership
 
@@ -83,6 +83,32 @@ def test_the_chunks_are_laspys_own(tmp_path, made):
             assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
     assert decoder.worker_peak_mib > 0
     assert len(made) == 2 and _left(made) == []
+
+
+def test_the_chunks_read_in_process_are_laspys_own(tmp_path):
+    inputs, _ = _tiles(tmp_path, 23_456)
+    path = inputs[sorted(inputs)[0]]
+    with laspy.open(path) as reader:
+        expected = [c.array.copy() for c in reader.chunk_iterator(5_000)]
+    got, bases = [], set()
+    for chunk in read_chunks(path, 5_000):
+        got.append(chunk.array.copy())
+        bases.add(chunk.array.__array_interface__["data"][0])
+    assert [len(c) for c in got] == [5_000] * 4 + [3_456]
+    assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
+    assert len(bases) == 1  # one buffer for every chunk
+
+
+def test_a_truncated_input_read_in_process_is_named(tmp_path):
+    inputs, owners = _tiles(tmp_path, 30_000)
+    sid = sorted(inputs)[1]
+    data = inputs[sid].read_bytes()
+    inputs[sid].write_bytes(data[: len(data) // 2])
+    with pytest.raises(MergeError, match=f"input {sid} .* cannot be read"):
+        merge_point_clouds(
+            inputs, tmp_path / "out.copc.laz", ownership=owners, point_cloud_format="copc"
+        )
+    assert not (tmp_path / "out.copc.laz").exists()
 
 
 @pytest.mark.parametrize("point_cloud_format", ["copc", "laz"])

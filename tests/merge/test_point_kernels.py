@@ -18,7 +18,13 @@ from prefect_odm.merge.octree import (
     cell_of,
     morton,
 )
-from prefect_odm.merge.point_kernels import copy_rows, key_order, level_order, spill_order
+from prefect_odm.merge.point_kernels import (
+    copy_rows,
+    key_order,
+    level_order,
+    record_keys,
+    spill_order,
+)
 
 
 def _numpy_levels(keys: NDArray[np.uint64], depth: int) -> NDArray[np.int8]:
@@ -91,6 +97,15 @@ def test_spill_order_is_the_stable_sort_of_the_numpy_keys() -> None:
     assert np.array_equal(counts, np.bincount(cell_of(want, depth).astype(np.int64), minlength=64))
     assert lo.tolist() == [int(xyz[a][index].min()) + steps[a] for a in range(3)]
     assert hi.tolist() == [int(xyz[a][index].max()) + steps[a] for a in range(3)]
+    # the keys computed again from the records (X, Y, Z moved by the steps, as copy_rows writes
+    # them) are the spilled keys, in the records' order
+    moved = [(xyz[a][index].astype(np.int64) + steps[a]).astype(np.int32) for a in range(3)]
+    again = record_keys(
+        (moved[0][order], moved[1][order], moved[2][order]),
+        (scales, offsets),
+        (origin, per_m, 2**GRID_BITS, MORTON_SPREAD),
+    )
+    assert np.array_equal(again, keys)
 
 
 @pytest.mark.parametrize(("source", "target"), [(3, 7), (1, 6), (0, 6), (2, 7), (7, 7), (6, 6)])
