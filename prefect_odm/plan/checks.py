@@ -323,16 +323,16 @@ def plan_gps_refusal(plan: SplitPlan, survey: Survey) -> str | None:
     return gps_altitude_refusal(plan.gps_warnings, tilt, neighbour_ratio=ratio)
 
 
-MIN_SFM_SUBMODEL_IMAGES = 7
-"""The fewest images a submodel reconstructs reliably by structure from motion with the built-in
-engine, measured on brighton (benchmarks/RESULTS.md "h40s"): 3-image submodels failed their
-block check after compute (a new user's ``--split 3 --split-overlap-m 0``), and three 6-image
-submodels (``--split 6 --split-overlap-m 5``) came out 1.2 and 2.2 m apart in height at their
-seams and one tilted 2.4 deg against ODM's cloud, which the refinement measured (2.66 deg) and
-the ``max_rotation_deg`` gate refused at the merge, after all the compute; 7 to 9 images
-(``--split 5 --split-overlap-m 10``, ``--split 6 --split-overlap-m 10``, ``--split 8
---split-overlap-m 0``) merge. ODM and OpenSfM set no minimum (ODM passes ``max(2, --split)`` as
-OpenSfM's ``submodel_size``, default 80 images)."""
+MIN_SFM_SUBMODEL_IMAGES = 8
+"""The fewest images a submodel of a split reconstructs reliably by structure from motion with
+the built-in engine, measured on brighton (benchmarks/RESULTS.md "h40s"). Every split with a
+smaller submodel was reconstructed and then refused by the merge's gates: 3 images (the block
+check, ``--split 3 --split-overlap-m 0``), 6 (``--split 6 --split-overlap-m 5``: seams 1.2 and
+2.2 m apart in height, submodel-000 tilted 2.4 deg against ODM's cloud, corrected by 2.66 deg
+> ``max_rotation_deg``) and 7 (``--split 5 --split-overlap-m 10``: scale changes 2.1-2.6 % >
+``max_scale_change``); the smallest of 8 and 9 (``--split 6 --split-overlap-m 10``, ``--split
+8 --split-overlap-m 0``) merge. ODM and OpenSfM set no minimum (ODM passes ``max(2, --split)``
+as OpenSfM's ``submodel_size``, default 80 images)."""
 
 
 def small_block_refusal(submodels: Sequence[HasImages], pipeline: str) -> str | None:
