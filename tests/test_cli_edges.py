@@ -681,8 +681,8 @@ def test_a_split_the_planner_refuses_is_refused_before_prefect_starts(
     line = _one_error_line(proc)
     assert line == (
         f"prefect-odm: error: {brighton_images}: submodel-000 would reconstruct 3 images by "
-        "structure from motion, fewer than the 5 a block needs: use a larger --split, a wider "
-        "--split-overlap-m, or --pipeline direct"
+        "structure from motion, fewer than the 8 a submodel needs to reconstruct reliably: use a "
+        "larger --split, a wider --split-overlap-m, or --pipeline direct"
     ), line
     tiny = data_dir / "tiny_exif" / "images"
     line = _one_error_line(_run(["reconstruct", str(tiny), "--output", str(out)], tmp_path))

@@ -16,7 +16,7 @@ from prefect_odm.survey.scan import scan_images
 
 def store(folder: Path, images: Path, split: int) -> str:
     survey = scan_images(str(images))
-    plan = plan_split(survey, split=split, split_overlap_m=10)
+    plan = plan_split(survey, split=split, split_overlap_m=15)
     plan_url = str(folder / "plan" / "plan.json")
     storage.write_json_atomic(plan_url, plan.model_dump(mode="json"))
     storage.write_json_atomic(
@@ -61,14 +61,14 @@ def test_the_same_survey_planned_the_same_way_is_planned_once(brighton_images, t
     survey = scan_images(str(brighton_images))
     asked = dict(
         split=5,
-        split_overlap_m=10.0,
+        split_overlap_m=15.0,
         options=ProcessingOptions(),
         engine_identity="unknown",
         node_memory_gib=[],
         merge_options=None,
     )
     first = plan_split_once(survey, **asked, keep=True)
-    assert first == plan_split(survey, split=5, split_overlap_m=10.0)
+    assert first == plan_split(survey, split=5, split_overlap_m=15.0)
     # A rescan's survey (an equal copy, another object) gets the same plan object, once: the
     # flow takes what the edge kept, and nothing stays in the process after it.
     assert plan_split_once(scan_images(str(brighton_images)), **asked) is first

@@ -323,10 +323,16 @@ def plan_gps_refusal(plan: SplitPlan, survey: Survey) -> str | None:
     return gps_altitude_refusal(plan.gps_warnings, tilt, neighbour_ratio=ratio)
 
 
-MIN_SFM_SUBMODEL_IMAGES = 5
-"""The fewest images a submodel reconstructs by structure from motion: below it the block check
-(its mean camera axis against nadir) fails on geometry, not GPS (a new user's ``--split 3
---split-overlap-m 0`` on brighton planned 3-image submodels that all failed after compute)."""
+MIN_SFM_SUBMODEL_IMAGES = 8
+"""The fewest images a submodel of a split reconstructs reliably by structure from motion with
+the built-in engine, measured on brighton (benchmarks/RESULTS.md "h40s"). Every split with a
+smaller submodel was reconstructed and then refused by the merge's gates: 3 images (the block
+check, ``--split 3 --split-overlap-m 0``), 6 (``--split 6 --split-overlap-m 5``: seams 1.2 and
+2.2 m apart in height, submodel-000 tilted 2.4 deg against ODM's cloud, corrected by 2.66 deg
+> ``max_rotation_deg``) and 7 (``--split 5 --split-overlap-m 10``: scale changes 2.1-2.6 % >
+``max_scale_change``); the smallest of 8 and 9 (``--split 6 --split-overlap-m 10``, ``--split
+8 --split-overlap-m 0``) merge. ODM and OpenSfM set no minimum (ODM passes ``max(2, --split)``
+as OpenSfM's ``submodel_size``, default 80 images)."""
 
 
 def small_block_refusal(submodels: Sequence[HasImages], pipeline: str) -> str | None:
@@ -348,8 +354,8 @@ def small_block_refusal(submodels: Sequence[HasImages], pipeline: str) -> str | 
         return None
     return (
         f"{smallest.id} would reconstruct {len(smallest.image_names)} images by structure from "
-        f"motion, fewer than the {MIN_SFM_SUBMODEL_IMAGES} a block needs: use a larger --split, "
-        "a wider --split-overlap-m, or --pipeline direct"
+        f"motion, fewer than the {MIN_SFM_SUBMODEL_IMAGES} a submodel needs to reconstruct "
+        "reliably: use a larger --split, a wider --split-overlap-m, or --pipeline direct"
     )
 
 

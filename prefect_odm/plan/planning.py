@@ -458,8 +458,8 @@ def plan_split(
     Raises:
         PlanningError: no images, a bad ``split``, ``"auto"`` without node memory, a submodel
             larger than any node, or (``split_overlap_m`` set) a submodel the merge's alignment
-            could not tie to any neighbour: one line naming the pair and the overlap needed; an
-            sfm submodel under 5 images (:func:`~prefect_odm.plan.checks.small_block_refusal`).
+            could not tie to any neighbour: one line naming the pair and the overlap needed; a
+            submodel too small for structure from motion (:func:`.checks.small_block_refusal`).
     """
     options = options or ProcessingOptions.model_validate({})
     given = split_overlap_m is not None
