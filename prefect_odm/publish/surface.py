@@ -19,10 +19,11 @@ from prefect_odm.models import Manifest
 from prefect_odm.registry import DSM_SURFACE_TAG, DSM_SURFACES
 
 PIPELINES = {
-    "sfm": "sfm (structure from motion, built-in engine)",
+    "sfm": "sfm (structure from motion)",
     "direct": "direct (cameras from GPS and attitude, no structure from motion)",
 }
-"""The pipelines' names in the report and on the console."""
+"""The pipelines' names in the report and on the console (the engine is not named: ``sfm`` is
+the built-in engine's or ODM's on a NodeODM node, whichever processed the submodel)."""
 
 
 def pipeline_of(manifest: Manifest) -> str | None:
