@@ -122,3 +122,26 @@ def test_submodels_as_large_as_the_calibration_block_calibrate_themselves(
     assert len(plan.submodels) >= 2
     assert min(len(s.image_names) for s in plan.submodels) >= CALIBRATION_IMAGES
     assert not needs_calibration(plan)
+
+
+def test_a_late_stage_option_keeps_the_survey_calibration(brighton: Path) -> None:
+    """The calibration ends with structure from motion: changing the orthophoto's resolution or
+    a DEM option keeps its identity (a new user's rerun with ``--orthophoto-resolution 10``
+    calibrated again, to a byte-identical ``cameras.json``); a matching option changes it."""
+    from prefect_odm.models import ProcessingOptions
+    from prefect_odm.nodes.calibration import calibration_identity
+    from prefect_odm.nodes.submodel_inputs import plan_altitudes
+
+    survey = scan_images(str(brighton))
+
+    def identity(**options: object) -> str:
+        split = plan_split(
+            survey, split=10, split_overlap_m=20, options=ProcessingOptions.model_validate(options)
+        )
+        names = calibration_images(split, survey)
+        return calibration_identity(split, survey, names, plan_altitudes(split, names))
+
+    base = identity()
+    assert identity(orthophoto_resolution_cm=10) == base
+    assert identity(extra={"dem-resolution": 10}) == base
+    assert identity(extra={"min-num-features": 4000}) != base

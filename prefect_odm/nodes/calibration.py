@@ -25,6 +25,7 @@ from prefect_odm.errors import NodeError, ProcessingFailedError, TransientNodeEr
 from prefect_odm.layout import OutputLayout
 from prefect_odm.models import SplitPlan, Survey
 from prefect_odm.nodes.backend import COMPLETED, NodeBackend, task_uuid
+from prefect_odm.nodes.option_stages import early_options
 from prefect_odm.nodes.pool import NodePool
 from prefect_odm.nodes.submodel_inputs import plan_altitudes, upload_files
 from prefect_odm.plan.calibration import (
@@ -58,7 +59,7 @@ def run_calibration(
     """
     names = calibration_images(plan, survey)
     altitudes = plan_altitudes(plan, names)
-    fp = calibration_fingerprint(plan, survey, names, altitudes)
+    fp = calibration_identity(plan, survey, names, altitudes)
     stored = layout.calibration_file(fp, CAMERAS_JSON)
     if storage.exists(stored):
         log(f"camera calibration: reused {fp[:12]} ({len(names)} images)")
@@ -144,3 +145,13 @@ def _downloaded_cameras(client: NodeBackend, uuid: str) -> str:
             f"camera calibration: {CAMERAS_JSON} of task {uuid} on {client.url} has no camera"
         )
     return json.dumps(cameras, sort_keys=True, separators=(",", ":"))
+
+
+def calibration_identity(
+    plan: SplitPlan, survey: Survey, names: list[str], altitudes_m: dict[str, float]
+) -> str:
+    """The fingerprint a survey's calibration is stored under: its images, the engine and the
+    options of the stages before georeferencing only (the calibration ends with structure from
+    motion: a rerun that changes only ``orthophoto-resolution`` or a DEM option reuses it)."""
+    options = early_options(plan.options.to_nodeodm())
+    return calibration_fingerprint(plan, survey, names, altitudes_m, options)

@@ -17,9 +17,10 @@ camera, turns the shared calibration off).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 
 from prefect_odm.fingerprints import fingerprint
-from prefect_odm.models import ImageRecord, SplitPlan, Survey
+from prefect_odm.models import ImageRecord, OptionValue, SplitPlan, Survey
 
 CALIBRATION_IMAGES = 30
 """Images of each camera the calibration reconstructs (the nearest to that camera's mean
@@ -77,15 +78,26 @@ def calibration_images(plan: SplitPlan, survey: Survey) -> list[str]:
 
 
 def calibration_fingerprint(
-    plan: SplitPlan, survey: Survey, names: list[str], altitudes_m: dict[str, float]
+    plan: SplitPlan,
+    survey: Survey,
+    names: list[str],
+    altitudes_m: dict[str, float],
+    options: Mapping[str, OptionValue] | None = None,
 ) -> str:
-    """The calibration's identity: its images' contents, the plan's options (those the
-    calibration runs with), the engine, and the camera altitudes sent with the images."""
+    """The calibration's identity: its images' contents, the options it depends on, the
+    engine, and the camera altitudes sent with the images.
+
+    Args:
+        options: the NodeODM options the calibration's stages read (the caller passes those
+            of the stages before georeferencing: the calibration ends with structure from
+            motion, so a late-stage option such as ``orthophoto-resolution`` changes nothing in
+            its ``cameras.json``); default every option of the plan.
+    """
     identity = {im.name: im.identity for im in survey.images}
     value: dict[str, object] = {
         "kind": "calibration",
         "images": sorted(identity[n] for n in names),
-        "options": plan.options.to_nodeodm(),
+        "options": dict(options) if options is not None else plan.options.to_nodeodm(),
         "engine": plan.engine_identity,
     }
     if altitudes_m:
