@@ -137,7 +137,9 @@ def write_bytes_atomic(url: str, data: bytes) -> None:
 
 #: A float orjson writes unlike ``json.dumps`` (checked against 700,000 random doubles): an
 #: exponent of one digit (``1e-7``; ``json``: ``1e-07``) or ``0.0000...`` (``json``: ``...e-05``).
-_ORJSON_OWN_FLOAT = re.compile(rb"[0-9]e-[1-9](?![0-9])|(?<![0-9.])0\.0000")
+#: Each starts with a literal, which ``re`` finds fast (30 ms in 35 MB; a character class
+#: first: 1 s); what else matches (``10.00001``, a name ``e-1``) only falls back to ``json``.
+_ORJSON_OWN_FLOATS = (re.compile(rb"e-[1-9](?![0-9])"), re.compile(rb"0\.0000"))
 
 
 _ORJSON_OPTIONS = (
@@ -164,17 +166,17 @@ def json_text(value: Any) -> bytes:
     integer beyond 64 bits, a key that is not a string, text that is not ASCII (``json`` escapes
     it as ``\\uXXXX``), a value that is not a JSON type (a datetime, an Enum, NumPy's float: by
     ``default=str``) and a float below 1e-4 in size (orjson ``0.00001`` and ``1e-7``, ``json``
-    ``1e-05`` and ``1e-07``: :data:`_ORJSON_OWN_FLOAT` finds them, or a string that looks so).
+    ``1e-05`` and ``1e-07``: :data:`_ORJSON_OWN_FLOATS` finds them, or a string that looks so).
     """
     try:
-        # The C encoder (no indent), 0.2 s at 50k: refuses NaN, infinities and every value
+        # The C encoder (no indent, keys as they come), 0.2 s at 50k: refuses NaN, infinities and every value
         # ``default=str`` would write (a datetime, an Enum, a dataclass: orjson writes them its
         # own way), as orjson then refuses a float subclass (NumPy's: ``json`` writes a number).
         json.dumps(value, allow_nan=False, default=_not_plain_json, check_circular=False)
         text = orjson.dumps(value, default=_not_plain_json, option=_ORJSON_OPTIONS)
     except (ValueError, TypeError, orjson.JSONEncodeError):
         text = b""
-    if text and text.isascii() and not _ORJSON_OWN_FLOAT.search(text):
+    if text and text.isascii() and not any(p.search(text) for p in _ORJSON_OWN_FLOATS):
         return text
     return (json.dumps(value, indent=2, sort_keys=True, default=str) + "\n").encode()
 
