@@ -267,3 +267,23 @@ def test_sampled_theil_sen_agrees_with_scipy_on_the_real_flights(
     assert [w.kind for w in sampled_found] == [w.kind for w in exact_found]
     for s, e in zip(sampled_found, exact_found, strict=True):
         assert len(set(s.images) ^ set(e.images)) <= max(1, len(e.images) // 100)
+
+
+def test_the_exact_theil_sen_is_scipys_to_the_last_bit() -> None:
+    """``exact_theil_sen_slope`` (no ``scipy.stats`` import) against ``scipy.stats.theilslopes``
+    on noisy, quantized (ties), constant and drifting heights: the same floats."""
+    from scipy.stats import theilslopes
+
+    from prefect_odm.survey.gps_quality import exact_theil_sen_slope
+
+    rng = np.random.default_rng(33)
+    for trial in range(400):
+        n = int(rng.integers(2, 300))
+        heights = [
+            rng.normal(100.0, 3.0, n),
+            np.round(rng.normal(100.0, 1.0, n), 1),
+            np.full(n, 120.5),
+            np.round(100.0 + 0.05 * np.arange(n) + rng.normal(0.0, 0.5, n), 2),
+        ][trial % 4]
+        slope, _, low, high = theilslopes(heights, np.arange(n), alpha=0.95)
+        assert exact_theil_sen_slope(heights) == (float(slope), float(low), float(high))

@@ -296,3 +296,40 @@ def test_a_photo_that_does_not_decode_whole_is_set_aside_once_decoded_ok_ones_ar
     decoded.clear()
     again = scan_images(str(root))
     assert again.fingerprint == survey.fingerprint and decoded == ["DJI_0020.JPG"]
+
+
+@pytest.mark.parametrize("processes", [0, 2])
+def test_the_pool_of_processes_reads_as_the_threads_do(
+    bad_survey: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, processes: int
+) -> None:
+    """A first scan in processes (as of :data:`POOL_MIN_FILES` unknown files) gives the same
+    records, in the same order, with the same reasons and details, as one on threads; a
+    photo that does not decode whole is set aside there too."""
+    import prefect_odm.survey.local_scan as local_scan
+
+    brighton = bad_survey / "flight-1"
+    data = bytearray((brighton / "DJI_0020.JPG").read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 4] = b"\xff\xc0\x00\x02"
+    (bad_survey / "damaged.jpg").write_bytes(bytes(data))
+    threads = scan_images(str(bad_survey), use_identity_cache=False)
+    monkeypatch.setattr(local_scan, "POOL_MIN_FILES", 1)
+    monkeypatch.setattr(local_scan, "POOL_CHUNK_FILES", 4)  # results of several tasks in order
+    monkeypatch.setattr(local_scan, "scan_processes", lambda files, workers: processes)
+    if processes:  # every file read in the pool: none left to this process's threads
+        monkeypatch.setattr(local_scan, "map_in_threads", lambda scan, items, workers: iter(()))
+    monkeypatch.setenv("PREFECT_ODM_HOME", str(tmp_path / "home"))
+    pooled = scan_images(str(bad_survey))
+    assert pooled.model_dump() == threads.model_dump()
+    damaged = next(r for r in pooled.rejected if r.name == "damaged.jpg")
+    assert damaged.reason == "unreadable"
+    assert "does not decode whole (broken data stream" in damaged.detail
+    assert scan_images(str(bad_survey)).model_dump() == threads.model_dump()  # from the cache
+
+
+def test_a_pool_is_for_many_files_on_many_cores() -> None:
+    from prefect_odm.survey.local_scan import POOL_MIN_FILES, scan_processes
+
+    assert scan_processes(POOL_MIN_FILES - 1, 8) == 0
+    assert scan_processes(POOL_MIN_FILES, 1) == 0
+    assert scan_processes(POOL_MIN_FILES, 8) in (0, *range(2, 9))

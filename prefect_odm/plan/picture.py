@@ -226,16 +226,21 @@ def _draw_areas(ax: Axes, plan: SplitPlan, colour: dict[str, str]) -> None:
 
 def _draw_cameras(ax: Axes, plan: SplitPlan, colour: dict[str, str]) -> None:
     """Cameras as dots in their submodel's colour; submodel ids at their cameras' centroid."""
+    import numpy as np
     from matplotlib.colors import to_rgba
 
-    xs = [c.x_m for c in plan.cameras]
-    ys = [c.y_m for c in plan.cameras]
-    rgba = {sm_id: to_rgba(hex_colour) for sm_id, hex_colour in colour.items()}
+    xs = np.array([c.x_m for c in plan.cameras], dtype=float)
+    ys = np.array([c.y_m for c in plan.cameras], dtype=float)
+    ids = list(colour)
+    index = {sm_id: i for i, sm_id in enumerate(ids)}
+    palette = np.array([to_rgba(colour[sm_id]) for sm_id in ids]).reshape(-1, 4)
     ax.scatter(
         xs,
         ys,
         s=4 if len(xs) < 5000 else 0.5,
-        c=[rgba[c.submodel_id] for c in plan.cameras],  # one colour parse per submodel
+        # one colour parse per submodel; arrays, not lists (matplotlib made 50,000 tuples a
+        # masked array in 1.3 CPU-s; issue 33)
+        c=palette[np.array([index[c.submodel_id] for c in plan.cameras], dtype=np.intp)],
         zorder=3,
     )
     if len(plan.submodels) > _MAX_LABELLED_SUBMODELS:

@@ -35,6 +35,11 @@ _HASH_CHUNK = 1 << 20
 WHOLE_READ_MAX_BYTES = 256 * 1024 * 1024
 #: Cache writes gathered before one transaction stores them.
 _CACHE_BATCH = 2000
+#: Unknown files from which a scan reads them in a process per core (the header parse is
+#: Python, held by the GIL); below, a pool's start (0.3 CPU-s a process) is not worth it.
+POOL_MIN_FILES = 1000
+#: Files a pool process reads per task (one pickled list of results each way).
+POOL_CHUNK_FILES = 200
 
 
 @dataclass
@@ -166,13 +171,13 @@ def decode_whole(res: FileResult, path: str, data: bytes | None = None) -> None:
         res.reason, res.detail = "unreadable", f"does not decode whole ({exc})"
 
 
-def _read_file(name: str, path: str, st: os.stat_result) -> FileResult:
-    """Hash, header and decode of a file the cache does not know."""
-    res = FileResult(name=name, url=path, size_bytes=st.st_size)
+def _read_file(name: str, path: str, size_bytes: int) -> FileResult:
+    """Hash, header and decode of a file the cache does not know (its listed size)."""
+    res = FileResult(name=name, url=path, size_bytes=size_bytes)
     data: bytes | None = None
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
-        if st.st_size <= WHOLE_READ_MAX_BYTES:
+        if size_bytes <= WHOLE_READ_MAX_BYTES:
             data = fh.read()
             read_header_into(res, lambda offset, length: data[offset : offset + length])
             digest.update(data)
@@ -187,6 +192,51 @@ def _read_file(name: str, path: str, st: os.stat_result) -> FileResult:
     if res.reason is None:
         decode_whole(res, path, data)
     return res
+
+
+def _read_files(files: Sequence[tuple[str, str, int]]) -> list[FileResult]:
+    """:func:`_read_file` of each ``(name, path, size_bytes)``, in order (a pool process's task)."""
+    return [_read_file(name, path, size) for name, path, size in files]
+
+
+def scan_processes(files: int, max_workers: int) -> int:
+    """Processes that read ``files`` unknown files: one per core this process may run on (at
+    most ``max_workers``), none (threads in this process) for fewer than
+    :data:`POOL_MIN_FILES` files or on one core."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    processes = min(cores or 1, max_workers)
+    return processes if files >= POOL_MIN_FILES and processes > 1 else 0
+
+
+def read_unknown_files(
+    files: Sequence[tuple[str, str, os.stat_result]], max_workers: int
+) -> Iterator[FileResult]:
+    """:func:`_read_file` of each file the cache does not know, in order: in
+    :func:`scan_processes` processes (``spawn``: no fork of a process that may run threads) in
+    tasks of :data:`POOL_CHUNK_FILES` files, else (or where a pool cannot start or a process of
+    it dies) on ``max_workers`` threads here. A file's error (one that vanished) is raised as the
+    threads raise it. The same results either way: each file is read by
+    the same code, in a process of its own or not.
+    """
+    items = [(name, path, st.st_size) for name, path, st in files]
+    processes = scan_processes(len(items), max_workers)
+    done = 0
+    if processes:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures.process import BrokenProcessPool
+
+        chunks = [items[i : i + POOL_CHUNK_FILES] for i in range(0, len(items), POOL_CHUNK_FILES)]
+        context = multiprocessing.get_context("spawn")
+        try:
+            with ProcessPoolExecutor(processes, mp_context=context) as pool:
+                for results in pool.map(_read_files, chunks):
+                    yield from results
+                    done += len(results)
+            return
+        except BrokenProcessPool:
+            pass  # the rest on threads, below
+    yield from map_in_threads(lambda f: _read_file(*f), items[done:], max_workers)
 
 
 _T = TypeVar("_T")
@@ -227,9 +277,7 @@ def scan_local(images: str, max_workers: int, cache: IdentityCache | None) -> li
         else:
             unknown.append((name, path, st))
     pending: list[tuple[str, os.stat_result, str, str]] = []
-    for (name, _, st), res in zip(
-        unknown, map_in_threads(lambda f: _read_file(*f), unknown, max_workers), strict=True
-    ):
+    for (name, _, st), res in zip(unknown, read_unknown_files(unknown, max_workers), strict=True):
         found[name] = res
         if cache is not None and res.reason is None and res.meta is not None:
             pending.append((key_root + name, st, res.identity, res.meta.model_dump_json()))
