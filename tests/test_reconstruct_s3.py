@@ -15,20 +15,20 @@ def test_reconstruct_reads_and_writes_s3(prefect_api, s3_endpoint, brighton_imag
     from prefect_odm.flows import reconstruct
 
     fs = s3fs.S3FileSystem()
-    fs.mkdir("survey-in")
-    fs.mkdir("survey-out")
+    fs.mkdir("reconstruct-s3-in")
+    fs.mkdir("reconstruct-s3-out")
     for image in sorted(brighton_images.glob("*.JPG")):
-        fs.put_file(str(image), f"survey-in/brighton/{image.name}")
+        fs.put_file(str(image), f"reconstruct-s3-in/brighton/{image.name}")
     manifest = reconstruct(
-        images="s3://survey-in/brighton",
-        output="s3://survey-out/run",
+        images="s3://reconstruct-s3-in/brighton",
+        output="s3://reconstruct-s3-out/run",
         split=10,
         split_overlap_m=20,
         options=ProcessingOptions(pipeline="direct"),
     )
     assert len(manifest.submodels) >= 2
     for url in manifest.products.values():
-        assert url.startswith("s3://survey-out/run/") and fs.exists(url)
+        assert url.startswith("s3://reconstruct-s3-out/run/") and fs.exists(url)
     assert fs.exists(manifest.products["orthophoto"].rsplit("/merged/", 1)[0] + "/manifest.json")
     with fs.open(manifest.products["orthophoto"], "rb") as fh, rasterio.open(fh) as ds:
         assert ds.crs.to_epsg() == 32615 and ds.count == 4
