@@ -118,6 +118,18 @@ class ProcessingFailedError(NodeError):
     """The node processed the submodel and failed for good (bad images, reconstruction failed)."""
 
 
+class ForeignProductsError(ProcessingFailedError):
+    """A node returned products of images it was not sent (another survey's: NodeODM's test
+    mode, a broken node): the message is the one line naming the submodel, node, task and the
+    first foreign images; :attr:`node_url` and :attr:`task_uuid` are set but not repeated."""
+
+    def __init__(self, message: str, *, node_url: str, task_uuid: str) -> None:
+        """``message`` as it is, the node and task kept as attributes."""
+        super().__init__(message)
+        self.node_url = node_url
+        self.task_uuid = task_uuid
+
+
 class OutputValidationError(PrefectODMError, ValueError):
     """A downloaded or merged output does not open or lacks what it must carry (CRS, points)."""
 
@@ -206,9 +218,13 @@ class IncompleteRunError(PrefectODMError):
     """
 
     def __init__(self, failed: dict[str, str]) -> None:
-        """The message counts the failed submodels and lists each with its reason, sorted by id."""
+        """The message counts the failed submodels and lists each with its reason, sorted by id
+        (the id once: a reason that starts with it is not prefixed again)."""
         self.failed = dict(failed)
-        lines = "\n".join(f"  {sid}: {why}" for sid, why in sorted(self.failed.items()))
+        lines = "\n".join(
+            f"  {why}" if why.startswith(f"{sid} ") else f"  {sid}: {why}"
+            for sid, why in sorted(self.failed.items())
+        )
         super().__init__(f"{len(self.failed)} submodel(s) failed:\n{lines}")
 
 

@@ -9,6 +9,10 @@ its own UDP progress port (NodeODM hard-codes 6367).
 
 Test mode runs no ODM: every task replays a canned log and returns the same canned products, so
 tests assert on the protocol and the bookkeeping, never on pixels (``../shared/peers/README.md``).
+Those products are of brighton's 18 images at 4000 x 2250 (``odm_report/shots.geojson``,
+``cameras.json``): the flow refuses them for a submodel sent fewer images, and a calibration of
+them for brighton's 1600 x 900 photos. :func:`canned_products_of` rewrites an instance's own copy
+(``WORK/tests/processing_results``) to the cameras of the images a test's tasks are all sent.
 
 When ``node`` or ``npm`` is missing the tests FAIL with a message saying so (``.ci/run`` installs
 Debian's ``nodejs`` and ``npm``); they never skip.
@@ -26,6 +30,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -228,8 +233,53 @@ class NodeODM:
         return self.start(timeout_seconds)
 
 
+CANNED_CAMERA = "dji fc300s 4000 2250 perspective 0.5555"
+"""The one camera of test mode's canned ``cameras.json``."""
+
+
+def canned_products_of(
+    work: Path, names: Iterable[str], camera: tuple[str, int, int] = ("dji fc300s", 1600, 900)
+) -> None:
+    """Make the canned products of the instance in ``work`` those of ``names``: its
+    ``shots.geojson`` keeps only their cameras, its ``cameras.json`` becomes ``camera``'s
+    (``(make model, width px, height px)``, OpenSfM's id, the canned intrinsics), both made
+    from the shipped files at each call. NodeODM reads the folder when a task finishes, so this
+    works before or after :meth:`NodeODM.start`, and again between runs.
+
+    Raises:
+        AssertionError: a name has no camera among the canned ones (brighton's 18).
+    """
+    results = prepare_workdir(work) / "tests" / "processing_results"
+    canned_results = NODEODM_SRC / "tests" / "processing_results"  # as shipped, every call
+    shots_path = results / "odm_report" / "shots.geojson"
+    shots = json.loads((canned_results / "odm_report" / "shots.geojson").read_text())
+    wanted = set(names)
+    canned = {f["properties"]["filename"] for f in shots["features"]}
+    assert wanted <= canned, f"no canned camera of {sorted(wanted - canned)}"
+    shots["features"] = [f for f in shots["features"] if f["properties"]["filename"] in wanted]
+    shots_path.write_text(json.dumps(shots))
+    cameras_path = results / "cameras.json"
+    [entry] = json.loads((canned_results / "cameras.json").read_text()).values()
+    label, width, height = camera
+    focal = CANNED_CAMERA.rsplit(" ", 1)[1]
+    entry.update(width=width, height=height)
+    cameras_path.write_text(json.dumps({f"{label} {width} {height} perspective {focal}": entry}))
+
+
 def start_nodeodm(
     work: Path, args: list[str] | None = None, *, token: str | None = None, port: int | None = None
 ) -> NodeODM:
     """Start a NodeODM in test mode in ``work`` and return it (stop it with :meth:`NodeODM.stop`)."""
     return NodeODM(work, args, token=token, port=port).start()
+
+
+def images_of_every_submodel(images: Path, split: int, split_overlap_m: float) -> list[str]:
+    """The images every submodel of the plan of ``images`` (``--split``, ``--split-overlap-m``)
+    holds: canned products of these (:func:`canned_products_of`) are of images each task is
+    sent."""
+    from prefect_odm.plan.planning import plan_split
+    from prefect_odm.survey.scan import scan_images
+
+    plan = plan_split(scan_images(str(images)), split=split, split_overlap_m=split_overlap_m)
+    shared = set.intersection(*(set(sm.image_names) for sm in plan.submodels))
+    return sorted(name.rsplit("/", 1)[-1] for name in shared)

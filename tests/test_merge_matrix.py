@@ -15,10 +15,14 @@ grid        10 m     direct, a 1 mm gate           engine    fails at the merge,
                                                              command; that command merges
 brighton    20 m     direct, one photo damaged     engine    merged without it (set aside)
 brighton    10 m     sfm                           engine    merged (issue 30's first case)
-brighton    10 m     direct (NodeODM ignores it)   NodeODM   merged; one node fails every task
+brighton    20 m     direct (NodeODM ignores it)   NodeODM   merged; one node fails every task
 brighton    50 m     sfm                           NodeODM   merged; one node fails every task
 grid        10 m     direct, cameras-only gates    NodeODM   refused before any upload
 ==========  =======  ============================  ========  ==================================
+
+On NodeODM, test mode returns one canned folder for every task; it is given the cameras of the
+images every submodel holds (none at 10 m: brighton at 10 m runs on the engine), as the flow
+refuses a task's cameras of images it was not sent (``test_real_nodeodm_merge``).
 
 Cases the suite already runs elsewhere are not run again here:
 
@@ -373,7 +377,7 @@ def nodeodm_pair(
 
 
 @pytest.mark.parametrize(
-    ("split", "overlap_m", "options"), [(6, 10, DIRECT), (5, 50, ProcessingOptions())]
+    ("split", "overlap_m", "options"), [(6, 20, DIRECT), (5, 50, ProcessingOptions())]
 )
 def test_brighton_on_real_nodeodm_through_the_merge(
     nodeodm_pair: tuple[peers.NodeODM, peers.NodeODM],
@@ -383,11 +387,15 @@ def test_brighton_on_real_nodeodm_through_the_merge(
     overlap_m: int,
     options: ProcessingOptions,
 ) -> None:
-    """10 m (``--split 6``: 3 submodels, 2-4 shared images per seam) and 50 m (``--split 5``: 3
+    """20 m (``--split 6``: 3 submodels, 6 images in all three) and 50 m (``--split 5``: 3
     submodels of 17-18 images) on two real nodes, one failing every task: every submodel ends
     on the healthy node, and ODM's products go through the merge. NodeODM drops ``pipeline``
-    (not in its ``/options``)."""
+    (not in its ``/options``). Test mode returns one canned folder for every task, so it holds
+    the cameras of the images all submodels are sent (``peers.canned_products_of``; at 10 m no
+    image is in all three, and the flow refuses cameras of images a task was not sent)."""
     failing, healthy = nodeodm_pair
+    shared = peers.images_of_every_submodel(brighton_images, split, overlap_m)
+    peers.canned_products_of(healthy.work, shared)
     case = run(
         brighton_images, tmp_path / "out", nodes=[failing.url, healthy.url],
         split=split, split_overlap_m=overlap_m, options=options,

@@ -1,6 +1,9 @@
 """A whole reconstruction on two real NodeODM 2.2.4 nodes in test mode, one failing every task,
 through the merge: the products NodeODM returns (ODM's older ``shots.geojson`` without
-``translation``, its canned GeoTIFFs and LAZ) are accepted."""
+``translation``, its canned GeoTIFFs and LAZ) are accepted, their cameras those of the images
+every submodel is sent (``peers.canned_products_of``: test mode returns one folder for every
+task). As shipped, the canned products are of other images (all 18 of brighton's for a
+submodel of 12, a camera of 4000 x 2250 for 1600 x 900 photos): ``reconstruct`` refuses them."""
 
 from __future__ import annotations
 
@@ -11,6 +14,9 @@ from prefect_odm.models import ProcessingOptions
 
 pytestmark = pytest.mark.integration
 
+SPLIT, OVERLAP_M = 9, 20
+"""brighton in two submodels of 12 images, 6 of them in both."""
+
 
 def test_two_real_nodeodm_nodes_one_failing_complete_through_the_merge(
     prefect_api, brighton_images, tmp_path, odm_home
@@ -20,14 +26,16 @@ def test_two_real_nodeodm_nodes_one_failing_complete_through_the_merge(
     peers.require_node()
     failing = peers.start_nodeodm(tmp_path / "failing", ["--test_fail_tasks"])
     healthy = peers.start_nodeodm(tmp_path / "healthy")
+    shared = peers.images_of_every_submodel(brighton_images, SPLIT, OVERLAP_M)
+    peers.canned_products_of(healthy.work, shared)
     try:
         manifest = reconstruct(
             images=str(brighton_images),
             output=str(tmp_path / "out"),
             nodes=[failing.url, healthy.url],
             options=ProcessingOptions(),
-            split=9,
-            split_overlap_m=20,
+            split=SPLIT,
+            split_overlap_m=OVERLAP_M,
         )
     finally:
         failing.stop()
@@ -36,14 +44,14 @@ def test_two_real_nodeodm_nodes_one_failing_complete_through_the_merge(
     assert len(manifest.submodels) >= 2
     assert {"orthophoto", "dsm"} <= set(manifest.products)
     # the camera calibration ran (on another node when the failing one took it) and every
-    # submodel got its cameras.json, NodeODM's canned one, as ODM's cameras option
+    # submodel got its cameras.json, the node's (canned, made brighton's), as ODM's option
     import json
     from pathlib import Path
 
     survey_dir = Path(manifest.products["orthophoto"]).parents[1]
     plan = json.loads((survey_dir / "plan" / "plan.json").read_text())
     cameras = json.loads(plan["options"]["extra"]["cameras"])
-    assert list(cameras) == ["dji fc300s 4000 2250 perspective 0.5555"]
+    assert list(cameras) == ["dji fc300s 1600 900 perspective 0.5555"]
 
 
 def test_the_same_on_the_embedded_api_from_the_command_line(brighton_images, tmp_path):
@@ -58,12 +66,18 @@ def test_the_same_on_the_embedded_api_from_the_command_line(brighton_images, tmp
     peers.require_node()
     failing = peers.start_nodeodm(tmp_path / "failing", ["--test_fail_tasks"])
     healthy = peers.start_nodeodm(tmp_path / "healthy")
+    peers.canned_products_of(
+        healthy.work, peers.images_of_every_submodel(brighton_images, SPLIT, OVERLAP_M)
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PREFECT_HOME=str(tmp_path / "ph"), PREFECT_ODM_HOME=str(tmp_path / "home"))
     out = tmp_path / "out"
+    command = reconstruct_command(brighton_images, out, "--nodes", failing.url, healthy.url)
+    command[command.index("--split") + 1] = str(SPLIT)  # split 5: no image in all 4 submodels
+    command[command.index("--split-overlap-m") + 1] = str(OVERLAP_M)
     try:
         proc = subprocess.run(
-            reconstruct_command(brighton_images, out, "--nodes", failing.url, healthy.url),
+            command,
             env=env,
             capture_output=True,
             text=True,
@@ -100,6 +114,9 @@ def test_canned_products_of_a_survey_elsewhere_are_refused_before_the_merge(
         )
     peers.require_node()
     node = peers.start_nodeodm(tmp_path / "node")
+    peers.canned_products_of(
+        node.work, peers.images_of_every_submodel(brighton_images, SPLIT, OVERLAP_M)
+    )
     try:
         with pytest.raises(MisplacedProductError) as caught:
             reconstruct(
@@ -107,8 +124,8 @@ def test_canned_products_of_a_survey_elsewhere_are_refused_before_the_merge(
                 output=str(tmp_path / "out"),
                 nodes=[node.url],
                 options=ProcessingOptions(),
-                split=9,
-                split_overlap_m=20,
+                split=SPLIT,
+                split_overlap_m=OVERLAP_M,
             )
     finally:
         node.stop()
@@ -121,3 +138,67 @@ def test_canned_products_of_a_survey_elsewhere_are_refused_before_the_merge(
     [survey] = (tmp_path / "out").iterdir()
     assert len(list(survey.glob("submodels/*/result.json"))) >= 2
     assert not list(survey.glob("merged/*"))
+
+
+def _reconstruct_on(node_url: str, images, tmp_path, pipeline: str = "direct"):
+    """``prefect-odm reconstruct IMAGES --nodes NODE --pipeline PIPELINE`` (split 5, the
+    embedded API), its process."""
+    import os
+    import subprocess
+
+    from odm_server import reconstruct_command
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(tmp_path / "ph"), PREFECT_ODM_HOME=str(tmp_path / "home"))
+    command = reconstruct_command(images, tmp_path / "out", "--nodes", node_url)
+    command[command.index("--pipeline") + 1] = pipeline
+    return subprocess.run(
+        command,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+
+
+def test_canned_products_of_other_images_are_refused_by_reconstruct(brighton_images, tmp_path):
+    """NodeODM's test mode returns the cameras of all 18 of brighton's images for a submodel
+    sent 9 to 12 of them (its cameras.json made brighton's, so the calibration passes): the
+    command refuses the submodel in one line naming it, the node, the task and the first
+    foreign images, exits non-zero and merges nothing."""
+    peers.require_node()
+    node = peers.start_nodeodm(tmp_path / "node")
+    peers.canned_products_of(node.work, [p.name for p in brighton_images.glob("*.JPG")])
+    try:
+        proc = _reconstruct_on(node.url, brighton_images, tmp_path)
+    finally:
+        node.stop()
+    assert proc.returncode != 0, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("  submodel-00") and f" on {node.url} (task " in last, proc.stderr[
+        -3000:
+    ]
+    assert " images it was not sent (DJI_00" in last, last
+    assert "the node's products are of another survey" in last, last
+    [survey] = (tmp_path / "out").iterdir()
+    assert not list(survey.glob("merged/*"))
+    assert not list(survey.glob("submodels/*/result.json"))
+
+
+def test_a_calibration_of_another_camera_is_refused_by_reconstruct(brighton_images, tmp_path):
+    """Test mode's canned cameras.json is brighton's camera at 4000 x 2250, not the 1600 x 900
+    photos sent: the calibration (structure from motion, 4 submodels) is refused in one line
+    naming the node and both camera ids, before any submodel runs."""
+    peers.require_node()
+    node = peers.start_nodeodm(tmp_path / "node")
+    try:
+        proc = _reconstruct_on(node.url, brighton_images, tmp_path, pipeline="sfm")
+    finally:
+        node.stop()
+    assert proc.returncode != 0, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "camera calibration" in last and node.url in last, proc.stderr[-3000:]
+    assert f"describes {peers.CANNED_CAMERA}, no camera of the survey (dji fc300s 1600 900)" in last
+    [survey] = (tmp_path / "out").iterdir()
+    assert not list(survey.glob("merged/*"))
+    assert not list(survey.glob("submodels/*/result.json"))

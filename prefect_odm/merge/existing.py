@@ -18,7 +18,6 @@ matches them to a prefect-odm plan when one is given (:func:`match_plan`) and na
 
 from __future__ import annotations
 
-import json
 import logging
 import posixpath
 import zipfile
@@ -33,6 +32,7 @@ from prefect_odm.fingerprints import fingerprint
 from prefect_odm.layout import ODM_PRODUCT_PATHS, PRODUCT_FILES, join, submodel_of_folder
 from prefect_odm.models import MergeOptions, SplitPlan
 from prefect_odm.ownership import Ownership
+from prefect_odm.product_identity import base_names, foreign_images, listed, shot_names
 from prefect_odm.registry import REPORT_FILES, REPORT_FOLDER
 from prefect_odm.storage import check_inputs_exist, filesystem, is_local
 
@@ -270,20 +270,10 @@ def _shot_names(location: str) -> set[str]:
     """Image names in ``odm_report/shots.geojson`` of an ODM output folder (empty if absent)."""
     for folder in (REPORT_FOLDER, "report"):  # ODM's layout; a prefect-odm submodel folder
         try:
-            raw = storage.read_bytes(join(location, folder, REPORT_FILES["shots"]))
-            shots = json.loads(raw)
-            break
+            return shot_names(storage.read_bytes(join(location, folder, REPORT_FILES["shots"])))
         except (FileNotFoundError, OSError, ValueError):
             continue
-    else:
-        return set()
-    names = {str(f.get("properties", {}).get("filename", "")) for f in shots.get("features", [])}
-    return names - {""}
-
-
-def _base_names(image_names: Sequence[str]) -> set[str]:
-    """A plan's image names (paths under the survey) as a node receives them: file names."""
-    return {name.rsplit("/", 1)[-1] for name in image_names}
+    return set()
 
 
 def match_plan(found: Sequence[ExistingOutput], plan: SplitPlan) -> dict[str, str]:
@@ -302,17 +292,17 @@ def match_plan(found: Sequence[ExistingOutput], plan: SplitPlan) -> dict[str, st
         names = _shot_names(output.location)
         named = [sid for sid in by_id if oid == sid or oid.startswith(f"{sid}-")]
         if len(named) == 1:  # e.g. a prefect-odm folder "submodel-003-<fingerprint>"
-            extra = sorted(names - _base_names(by_id[named[0]].image_names))
+            extra = foreign_images(names, by_id[named[0]].image_names)
             if extra:
                 raise InputError(
                     f"{output.location}: {len(extra)} of its {len(names)} cameras "
-                    f"({', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''}) are not in "
+                    f"({listed(extra)}) are not in "
                     f"{named[0]} of the plan: the plan is not of the run that made it"
                 )
             out[oid] = named[0]
             continue
-        best = max(plan.submodels, key=lambda sm: (len(names & _base_names(sm.image_names)), sm.id))
-        if not names & _base_names(best.image_names):
+        best = max(plan.submodels, key=lambda sm: (len(names & base_names(sm.image_names)), sm.id))
+        if not names & base_names(best.image_names):
             raise InputError(f"{output.location}: no image of it is in any submodel of the plan")
         out[oid] = best.id
     by_submodel: dict[str, list[str]] = {}

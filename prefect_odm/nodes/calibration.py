@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from prefect_odm import storage
 from prefect_odm.errors import NodeError, ProcessingFailedError, TransientNodeError
 from prefect_odm.layout import OutputLayout
-from prefect_odm.models import SplitPlan, Survey
+from prefect_odm.models import ImageRecord, SplitPlan, Survey
 from prefect_odm.nodes.backend import COMPLETED, NodeBackend, task_uuid
 from prefect_odm.nodes.option_stages import early_options
 from prefect_odm.nodes.pool import NodePool
@@ -35,6 +35,7 @@ from prefect_odm.plan.calibration import (
 )
 from prefect_odm.plan.memory import estimate_peak_memory_gib
 from prefect_odm.plan.planning import memory_model_for
+from prefect_odm.product_identity import foreign_cameras, listed, survey_camera_ids
 
 CAMERAS_JSON = "cameras.json"
 
@@ -114,7 +115,8 @@ def _calibrate_on(
             elif state.finished and state.status != COMPLETED and not client.restart(uuid):
                 raise client.classify_failure(state)
             client.wait(uuid)
-            return _downloaded_cameras(client, uuid)
+            by_name = {image.name: image for image in survey.images}
+            return _downloaded_cameras(client, uuid, [by_name[n] for n in names])
         except NodeError as exc:
             failed.append(node.key)
             if isinstance(exc, TransientNodeError):
@@ -125,24 +127,32 @@ def _calibrate_on(
             ) from exc
 
 
-def _downloaded_cameras(client: NodeBackend, uuid: str) -> str:
-    """The ``cameras.json`` of the finished task ``uuid``, checked to hold a camera object."""
+def _downloaded_cameras(client: NodeBackend, uuid: str, images: Sequence[ImageRecord]) -> str:
+    """The ``cameras.json`` of the finished task ``uuid``, checked to hold a camera object of
+    one of ``images``' cameras (:func:`~prefect_odm.product_identity.foreign_cameras`).
+
+    Raises:
+        ProcessingFailedError: no file, not JSON, no camera, or cameras none of which is one of
+            the survey's (naming the node's ids and the survey's); the message is the reason
+            alone, :func:`_calibrate_on` puts the task and the node before it.
+    """
     with tempfile.TemporaryDirectory(prefix="calibration-") as folder:
         path = client.download(uuid, Path(folder)) / CAMERAS_JSON
         if not path.is_file():
-            raise ProcessingFailedError(
-                f"camera calibration: task {uuid} on {client.url} returned no {CAMERAS_JSON}"
-            )
+            raise ProcessingFailedError(f"the task returned no {CAMERAS_JSON}")
         text = path.read_text(encoding="utf-8")
     try:
         cameras = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ProcessingFailedError(
-            f"camera calibration: {CAMERAS_JSON} of task {uuid} on {client.url} is not JSON"
-        ) from exc
+        raise ProcessingFailedError(f"its {CAMERAS_JSON} is not JSON") from exc
     if not isinstance(cameras, dict) or not cameras:
+        raise ProcessingFailedError(f"its {CAMERAS_JSON} has no camera")
+    foreign = foreign_cameras(cameras, images)
+    if foreign:
+        survey = listed(sorted(survey_camera_ids(images)))
         raise ProcessingFailedError(
-            f"camera calibration: {CAMERAS_JSON} of task {uuid} on {client.url} has no camera"
+            f"its {CAMERAS_JSON} describes {listed(foreign)}, no camera of the survey "
+            f"({survey}): the node's products are of another survey"
         )
     return json.dumps(cameras, sort_keys=True, separators=(",", ":"))
 

@@ -9,12 +9,13 @@ import tempfile
 from pathlib import Path
 
 from prefect_odm import progress, storage
-from prefect_odm.errors import StaleTaskError, StorageError
+from prefect_odm.errors import ForeignProductsError, StaleTaskError, StorageError
 from prefect_odm.layout import OutputLayout
 from prefect_odm.models import Submodel, SubmodelResult
 from prefect_odm.nodes.attempt import PhaseClock
 from prefect_odm.nodes.backend import NodeBackend
 from prefect_odm.nodes.products import find_odm_products
+from prefect_odm.product_identity import foreign_images, foreign_products_message, shot_names
 from prefect_odm.registry import PRODUCTS, REPORT_FILES, REPORT_FOLDER
 
 OUTPUTS = [
@@ -86,6 +87,8 @@ def fetch_products(
 
     Raises:
         DownloadError: the download failed.
+        ForeignProductsError: the task's cameras include images it was not sent (nothing of
+            it is stored).
         OutputValidationError: a required product is missing or unreadable.
     """
     sid = submodel.id
@@ -93,6 +96,7 @@ def fetch_products(
     with tempfile.TemporaryDirectory(prefix=f"prefect-odm-{sid}-") as tmp:
         with clock.phase("download"):
             extracted = client.download(uuid, Path(tmp))
+            refuse_foreign_products(extracted, client, submodel, uuid)
             found = find_odm_products(extracted, require=REQUIRED_PRODUCTS)
         stored: dict[str, str] = {}
         with clock.phase("store"):
@@ -108,3 +112,28 @@ def fetch_products(
                         extra, layout.submodel_report_file(sid, submodel.fingerprint, extra.name)
                     )
     return stored
+
+
+def refuse_foreign_products(
+    extracted: Path, client: NodeBackend, submodel: Submodel, uuid: str
+) -> None:
+    """Refuse a task's downloaded products whose ``odm_report/shots.geojson`` holds cameras of
+    images the submodel did not send (:mod:`prefect_odm.product_identity`); a folder without
+    the file, or with one that is not GeoJSON, is left to the product checks.
+
+    Raises:
+        ForeignProductsError: one line naming the submodel, the node, the task and the first
+            foreign image names.
+    """
+    path = extracted / REPORT_FOLDER / REPORT_FILES["shots"]
+    try:
+        returned = shot_names(path.read_bytes())
+    except (OSError, ValueError):
+        return
+    foreign = foreign_images(returned, submodel.image_names)
+    if foreign:
+        raise ForeignProductsError(
+            foreign_products_message(submodel.id, client.url, uuid, foreign),
+            node_url=client.url,
+            task_uuid=uuid,
+        )
