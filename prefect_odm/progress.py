@@ -116,6 +116,9 @@ DONE_STATES = frozenset({"completed", "cached"})
 FAILED_STATES = frozenset({"failed", "crashed", "cancelled"})
 """Submodel states that count as failed (until a retry starts)."""
 
+REATTACHED = "re-attached"
+"""The state of a submodel whose task the node had already finished (products downloaded)."""
+
 WAITING_STATES = frozenset({"waiting", "scheduled", "pending", "late"})
 """Submodel states that count as waiting (planned, not started)."""
 
@@ -139,6 +142,9 @@ class SubmodelRow:
         cluster: where it was routed (a cluster, or the global queue) and ran, in words (empty
             without a cluster directory).
         route: why it was routed there (the router's reason; empty without a directory).
+        reattached: its task had finished on the node before this run asked (a run killed
+            after the node finished, or the built-in engine's task folder, which every run on
+            the machine shares): its products were downloaded, nothing processed.
     """
 
     submodel_id: str
@@ -153,6 +159,7 @@ class SubmodelRow:
     started: float | None = None
     cluster: str = ""
     route: str = ""
+    reattached: bool = False
 
     def elapsed_seconds(self, now: float | None = None) -> float:
         """Seconds since it started (0 while waiting)."""
@@ -163,7 +170,8 @@ class SubmodelRow:
 
 @dataclass(frozen=True)
 class BoardCounts:
-    """Submodels of a run by state: ``done`` includes ``cached``."""
+    """Submodels of a run by state: ``done`` includes ``cached`` (a stored result reused) and
+    ``reattached`` (done from a task the node had finished before the run asked)."""
 
     planned: int
     done: int
@@ -171,11 +179,15 @@ class BoardCounts:
     failed: int
     running: int
     waiting: int
+    reattached: int = 0
 
     def summary(self) -> str:
-        """``"2 of 3 submodels done (1 cached), 1 failed, 0 running, 0 waiting"``."""
+        """``"2 of 3 submodels done (1 cached), 1 failed, 0 running, 0 waiting"``; with
+        re-attached tasks ``"3 of 3 submodels done (0 cached, 3 re-attached to finished
+        tasks), ..."``."""
+        again = f", {self.reattached} re-attached to finished tasks" if self.reattached else ""
         return (
-            f"{self.done} of {self.planned} submodels done ({self.cached} cached), "
+            f"{self.done} of {self.planned} submodels done ({self.cached} cached{again}), "
             f"{self.failed} failed, {self.running} running, {self.waiting} waiting"
         )
 
@@ -198,6 +210,7 @@ class RowFields(TypedDict, total=False):
     error: str
     cluster: str
     route: str
+    reattached: bool
 
 
 class TableRow(TypedDict):
@@ -243,8 +256,11 @@ class SubmodelBoard:
 
     def apply(self, event: SubmodelEvent) -> bool:
         """Apply a submodel event (its state, fraction and node when it names one); returns
-        whether the row changed. A ``reused`` submodel shows as ``cached``."""
+        whether the row changed. A ``reused`` submodel shows as ``cached``; a ``re-attached``
+        one (:data:`REATTACHED`) is marked so, and counted so once done."""
         state = "cached" if event.state == "reused" else event.state
+        if state in (REATTACHED, "uploading"):  # an upload: a new task, processed here
+            self.update(event.submodel_id, reattached=state == REATTACHED)
         if event.node:
             return self.update(
                 event.submodel_id, state=state, fraction=event.fraction, node=event.node
@@ -255,6 +271,7 @@ class SubmodelBoard:
         """How many submodels are in each kind of state."""
         with self._lock:
             states = [r.state for r in self.rows.values()]
+            again = sum(r.reattached and r.state == "completed" for r in self.rows.values())
         done = sum(s in DONE_STATES for s in states)
         failed = sum(s in FAILED_STATES for s in states)
         waiting = sum(s in WAITING_STATES for s in states)
@@ -265,6 +282,7 @@ class SubmodelBoard:
             failed=failed,
             running=len(states) - done - failed - waiting,
             waiting=waiting,
+            reattached=again,
         )
 
     def in_flight(self) -> list[SubmodelRow]:

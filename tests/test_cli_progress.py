@@ -26,7 +26,8 @@ def _command(images: Path, output: Path) -> list[str]:
     subset = output.parent / "images"
     subset.mkdir(exist_ok=True)
     for src in sorted(images.glob("*.JPG"))[:12]:
-        (subset / src.name).symlink_to(src)
+        if not (subset / src.name).is_symlink():  # a second run beside the first
+            (subset / src.name).symlink_to(src)
     return [
         sys.executable, "-m", "prefect_odm.cli", "reconstruct", str(subset),
         "--output", str(output), "--split", "6", "--split-overlap-m", "20",
@@ -105,6 +106,32 @@ def test_piped_output_is_plain_lines(brighton_images, tmp_path, prefect_home):
     ):
         assert any(re.match(expected, line) for line in lines), (expected, proc.stderr)
     assert "submodel-000: " in proc.stdout and "orthophoto: " in proc.stdout
+
+
+def test_a_second_run_elsewhere_counts_the_engines_finished_tasks_it_re_attached(
+    brighton_images, tmp_path, prefect_home
+):
+    """The built-in engine's tasks live under the shared home (``~/.cache/prefect-odm`` by
+    default), so a run into another output folder re-attaches to the tasks the first run
+    finished and only downloads them: its counts say so, where a new user read "(0 cached)"."""
+    env = _env(tmp_path, prefect_home)
+    first = subprocess.run(
+        _command(brighton_images, tmp_path / "first"), capture_output=True, text=True, env=env,
+        timeout=600,
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    assert "re-attached" not in first.stderr, first.stderr
+    second = subprocess.run(
+        _command(brighton_images, tmp_path / "second"), capture_output=True, text=True, env=env,
+        timeout=600,
+    )  # fmt: skip
+    assert second.returncode == 0, second.stderr
+    planned = int(re.search(r"^plan: (\d+) submodels$", second.stderr, re.M).group(1))
+    done = (
+        f"{planned} of {planned} submodels done (0 cached, {planned} re-attached to finished tasks)"
+    )
+    assert done in second.stderr, second.stderr
+    assert not re.search(r"submodel-\d{3}: uploading", second.stderr), second.stderr
 
 
 def test_a_table_printed_into_a_pipe_keeps_each_row_on_one_line(monkeypatch):

@@ -84,6 +84,25 @@ def test_board_applies_state_fraction_and_only_a_named_node() -> None:
     assert board.rows["submodel-001"].state == "cached"
 
 
+def test_the_counts_say_how_many_were_re_attached_to_finished_tasks() -> None:
+    """A task the node had finished before the run asked is neither cached nor processed here:
+    the counts name it (they said "(0 cached)" for a rerun that processed nothing); one that
+    uploads again afterwards (a retry elsewhere) is not counted."""
+    board = SubmodelBoard(["submodel-000", "submodel-001", "submodel-002"])
+    for sid in ("submodel-000", "submodel-001"):
+        board.apply(SubmodelEvent(sid, progress.REATTACHED, 0.9, node=NODE))
+        board.apply(SubmodelEvent(sid, "downloading", 0.95))
+    assert board.counts().summary().startswith("0 of 3 submodels done (0 cached), ")
+    board.apply(SubmodelEvent("submodel-000", "completed", 1.0))
+    board.apply(SubmodelEvent("submodel-001", "uploading", 0.0, node=NODE))
+    board.apply(SubmodelEvent("submodel-001", "completed", 1.0))
+    board.apply(SubmodelEvent("submodel-002", "reused", 1.0))
+    assert board.counts().summary() == (
+        "3 of 3 submodels done (1 cached, 1 re-attached to finished tasks), 0 failed, "
+        "0 running, 0 waiting"
+    )
+
+
 def test_events_are_frozen() -> None:
     event = SubmodelEvent("submodel-000", "processing", 0.5)
     with pytest.raises(dataclasses.FrozenInstanceError):

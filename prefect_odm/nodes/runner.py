@@ -395,6 +395,11 @@ class SubmodelRunner:
             )
         elif state.status == COMPLETED:
             self.log(f"{sid}: task {uuid} already completed on {client.url}; downloading")
+            progress.emit(
+                progress.SubmodelEvent(
+                    submodel_id=sid, state=progress.REATTACHED, fraction=0.9, node=client.url
+                )
+            )
         elif state.finished:
             # Failed or cancelled in an earlier run (this run's attempts use fresh UUIDs): the
             # operator asked again, so restart it; the node keeps the images, nothing is uploaded.
