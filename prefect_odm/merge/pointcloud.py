@@ -38,6 +38,7 @@ from prefect_odm.errors import MergeError
 from prefect_odm.merge.cell_owners import CellOwners
 from prefect_odm.merge.copc import CopcBuilder
 from prefect_odm.merge.decode_ahead import DecodeAhead, read_chunks
+from prefect_odm.merge.decode_thread import DecodeThread
 from prefect_odm.merge.las_points import (
     InputCloud,
     PointMover,
@@ -97,7 +98,7 @@ class _Streamer:
     done: int = 0
     seamlines: OwnerLabels | None = None
     workers: bool = False
-    decoder: DecodeAhead | None = None
+    decoder: DecodeAhead | DecodeThread | None = None
     inputs_done: int = 0
 
     def write_input(self, inp: InputCloud) -> tuple[SubmodelPoints, bool]:
@@ -318,12 +319,13 @@ def _write_all(
 @contextmanager
 def _decoder(
     infos: list[InputCloud], chunk_points: int, wanted: bool
-) -> Iterator[DecodeAhead | None]:
+) -> Iterator[DecodeAhead | DecodeThread | None]:
     """A :class:`.decode_ahead.DecodeAhead` over ``infos`` when wanted, or None."""
-    if not wanted:
-        yield None
-        return
     size = max(int(i.header.point_format.size) for i in infos)
+    if not wanted:
+        with DecodeThread([i.path for i in infos], chunk_points, size) as threaded:
+            yield threaded
+        return
     with DecodeAhead([i.path for i in infos], chunk_points, size) as decoder:
         warm_up()  # numba's first call while the worker decodes the first chunk
         yield decoder
