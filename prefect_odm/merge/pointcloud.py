@@ -141,11 +141,12 @@ class _Streamer:
 
     @contextmanager
     def _chunks(self, inp: InputCloud) -> Iterator[Iterator[laspy.ScaleAwarePointRecord]]:
-        """The chunks of ``inp``: from the decoding worker when there is one, else read here
-        (:func:`.decode_ahead.read_chunks`: one buffer for every chunk).
+        """The chunks of ``inp``: from the decoder (the decoding thread, or the worker process
+        with ``workers``), else read here (:func:`.decode_ahead.read_chunks`: one buffer for
+        every chunk).
 
         Raises:
-            MergeError: the worker could not read the input (naming it).
+            MergeError: the thread or worker could not read the input (naming it).
         """
         if self.decoder is None:
             yield _read_named(inp, self.chunk_points)
@@ -254,8 +255,8 @@ def _check_written(
 def _stream_inputs(
     streamer: _Streamer, infos: list[InputCloud]
 ) -> tuple[list[SubmodelPoints], list[str]]:
-    """Every input through the streamer's sink (decoded ahead in a worker process when the
-    streamer says so, :func:`_decoder`): ``(per-submodel points, reprojected ids)``."""
+    """Every input through the streamer's sink (decoded a chunk ahead in a thread, or in a
+    worker process when the streamer says so, :func:`_decoder`): ``(per-submodel points, reprojected ids)``."""
     per, reprojected = [], []
     with _decoder(infos, streamer.chunk_points, streamer.workers) as streamer.decoder:
         for inp in infos:
@@ -320,7 +321,9 @@ def _write_all(
 def _decoder(
     infos: list[InputCloud], chunk_points: int, wanted: bool
 ) -> Iterator[DecodeAhead | DecodeThread | None]:
-    """A :class:`.decode_ahead.DecodeAhead` over ``infos`` when wanted, or None."""
+    """A :class:`.decode_ahead.DecodeAhead` over ``infos`` when wanted, else a
+    :class:`.decode_thread.DecodeThread` (the default: lazrs in short calls beside the merge's
+    nogil kernels; the same chunks, so the same file)."""
     size = max(int(i.header.point_format.size) for i in infos)
     if not wanted:
         with DecodeThread([i.path for i in infos], chunk_points, size) as threaded:
