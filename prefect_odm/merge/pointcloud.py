@@ -38,7 +38,6 @@ from prefect_odm.errors import MergeError
 from prefect_odm.merge.cell_owners import CellOwners
 from prefect_odm.merge.copc import CopcBuilder
 from prefect_odm.merge.decode_ahead import DecodeAhead, read_chunks
-from prefect_odm.merge.decode_thread import DecodeThread
 from prefect_odm.merge.las_points import (
     InputCloud,
     PointMover,
@@ -98,7 +97,7 @@ class _Streamer:
     done: int = 0
     seamlines: OwnerLabels | None = None
     workers: bool = False
-    decoder: DecodeAhead | DecodeThread | None = None
+    decoder: DecodeAhead | None = None
     inputs_done: int = 0
 
     def write_input(self, inp: InputCloud) -> tuple[SubmodelPoints, bool]:
@@ -141,12 +140,11 @@ class _Streamer:
 
     @contextmanager
     def _chunks(self, inp: InputCloud) -> Iterator[Iterator[laspy.ScaleAwarePointRecord]]:
-        """The chunks of ``inp``: from the decoder (the decoding thread, or the worker process
-        with ``workers``), else read here (:func:`.decode_ahead.read_chunks`: one buffer for
-        every chunk).
+        """The chunks of ``inp``: from the decoding worker when there is one, else read here
+        (:func:`.decode_ahead.read_chunks`: one buffer for every chunk).
 
         Raises:
-            MergeError: the thread or worker could not read the input (naming it).
+            MergeError: the worker could not read the input (naming it).
         """
         if self.decoder is None:
             yield _read_named(inp, self.chunk_points)
@@ -255,8 +253,8 @@ def _check_written(
 def _stream_inputs(
     streamer: _Streamer, infos: list[InputCloud]
 ) -> tuple[list[SubmodelPoints], list[str]]:
-    """Every input through the streamer's sink (decoded a chunk ahead in a thread, or in a
-    worker process when the streamer says so, :func:`_decoder`): ``(per-submodel points, reprojected ids)``."""
+    """Every input through the streamer's sink (decoded ahead in a worker process when the
+    streamer says so, :func:`_decoder`): ``(per-submodel points, reprojected ids)``."""
     per, reprojected = [], []
     with _decoder(infos, streamer.chunk_points, streamer.workers) as streamer.decoder:
         for inp in infos:
@@ -320,15 +318,12 @@ def _write_all(
 @contextmanager
 def _decoder(
     infos: list[InputCloud], chunk_points: int, wanted: bool
-) -> Iterator[DecodeAhead | DecodeThread | None]:
-    """A :class:`.decode_ahead.DecodeAhead` over ``infos`` when wanted, else a
-    :class:`.decode_thread.DecodeThread` (the default: lazrs in short calls beside the merge's
-    nogil kernels; the same chunks, so the same file)."""
-    size = max(int(i.header.point_format.size) for i in infos)
+) -> Iterator[DecodeAhead | None]:
+    """A :class:`.decode_ahead.DecodeAhead` over ``infos`` when wanted, or None."""
     if not wanted:
-        with DecodeThread([i.path for i in infos], chunk_points, size) as threaded:
-            yield threaded
+        yield None
         return
+    size = max(int(i.header.point_format.size) for i in infos)
     with DecodeAhead([i.path for i in infos], chunk_points, size) as decoder:
         warm_up()  # numba's first call while the worker decodes the first chunk
         yield decoder
