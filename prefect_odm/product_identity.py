@@ -72,16 +72,20 @@ def foreign_products_message(submodel_id: str, node_url: str, uuid: str, foreign
 def survey_camera_ids(images: Iterable[CaptureMetadata], *, turned: bool = False) -> set[str]:
     """The ``"make model width height"`` part of OpenSfM's camera id of each image's camera;
     with ``turned``, also with width and height swapped (OpenSfM reads the size after the EXIF
-    orientation)."""
+    orientation), and also with the model whole: OpenSfM takes the make out of the model
+    (``"canon canon powershot ..."`` -> ``"canon powershot ..."``), the built-in engine's ids
+    (:func:`prefect_odm.engine.camera_calibration.odm_camera_id`) keep it."""
     out = set()
     for image in images:
         make = (image.make or "unknown").strip()
-        model = (image.model or "unknown").strip()
+        whole = (image.model or "unknown").strip()
+        models = {whole}
         if make != "unknown":  # OpenSfM exif.camera_id_: the make taken out of the model
-            model = model.replace(make, "").strip()
+            models.add(whole.replace(make, "").strip())
         sizes = [(image.width, image.height)] + [(image.height, image.width)] * turned
-        for width, height in sizes:
-            out.add(f"{make} {model} {int(width)} {int(height)}".lower())
+        for model in models:
+            for width, height in sizes:
+                out.add(f"{make} {model} {int(width)} {int(height)}".lower())
     return out
 
 

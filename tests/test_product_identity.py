@@ -79,5 +79,10 @@ def test_the_engine_keys_its_cameras_json_by_an_id_the_check_accepts(
 
 
 def test_the_make_is_taken_out_of_the_model_as_opensfm_does(brighton: list[ImageRecord]) -> None:
+    """OpenSfM's id takes the make out of the model; the built-in engine's keeps it (seneca's
+    ``Canon`` / ``Canon PowerShot ELPH 300 HS``): both name the survey's camera."""
     image = brighton[0].model_copy(update={"make": "DJI", "model": "DJI FC300S"})
-    assert survey_camera_ids([image]) == {"dji fc300s 1600 900"}
+    assert survey_camera_ids([image]) == {"dji fc300s 1600 900", "dji dji fc300s 1600 900"}
+    for key in ("dji fc300s 1600 900 brown 0.5555", "dji dji fc300s 1600 900 brown 0.5555"):
+        assert foreign_cameras({key: {}}, [image]) == []
+    assert foreign_cameras({"dji fc300s 4000 2250 brown 0.5555": {}}, [image]) != []

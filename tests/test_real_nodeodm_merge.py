@@ -140,8 +140,8 @@ def test_canned_products_of_a_survey_elsewhere_are_refused_before_the_merge(
     assert not list(survey.glob("merged/*"))
 
 
-def _reconstruct_on(node_url: str, images, tmp_path, pipeline: str = "direct"):
-    """``prefect-odm reconstruct IMAGES --nodes NODE --pipeline PIPELINE`` (split 5, the
+def _reconstruct_on(node_url: str, images, tmp_path, pipeline: str = "direct", split: str = "5"):
+    """``prefect-odm reconstruct IMAGES --nodes NODE --pipeline PIPELINE --split SPLIT`` (the
     embedded API), its process."""
     import os
     import subprocess
@@ -152,6 +152,7 @@ def _reconstruct_on(node_url: str, images, tmp_path, pipeline: str = "direct"):
     env.update(PREFECT_HOME=str(tmp_path / "ph"), PREFECT_ODM_HOME=str(tmp_path / "home"))
     command = reconstruct_command(images, tmp_path / "out", "--nodes", node_url)
     command[command.index("--pipeline") + 1] = pipeline
+    command[command.index("--split") + 1] = split
     return subprocess.run(
         command,
         env=env,
@@ -199,6 +200,30 @@ def test_a_calibration_of_another_camera_is_refused_by_reconstruct(brighton_imag
     last = proc.stderr.strip().splitlines()[-1]
     assert "camera calibration" in last and node.url in last, proc.stderr[-3000:]
     assert f"describes {peers.CANNED_CAMERA}, no camera of the survey (dji fc300s 1600 900)" in last
+    [survey] = (tmp_path / "out").iterdir()
+    assert not list(survey.glob("merged/*"))
+    assert not list(survey.glob("submodels/*/result.json"))
+
+
+def test_one_submodel_of_another_camera_is_refused_by_reconstruct(brighton_images, tmp_path):
+    """One submodel of all 18 images (no calibration runs for one submodel): test mode's canned
+    products carry the same 18 file names, but its cameras.json is of brighton's originals at
+    4000 x 2250, not the 1600 x 900 photos sent (a new user's trial merged them, exit 0, a
+    0.5 m orthophoto of one point). Refused in one line naming the submodel, the node, the task
+    and both camera ids; nothing stored, nothing merged."""
+    peers.require_node()
+    node = peers.start_nodeodm(tmp_path / "node")
+    try:
+        proc = _reconstruct_on(node.url, brighton_images, tmp_path, split="100")
+    finally:
+        node.stop()
+    assert proc.returncode != 0, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "submodel-000" in last and f" on {node.url} (task " in last, proc.stderr[-3000:]
+    assert (
+        f"returned a cameras.json of {peers.CANNED_CAMERA}, no camera of the images it was sent (dji fc300s 1600 900)"
+        in last
+    ), last
     [survey] = (tmp_path / "out").iterdir()
     assert not list(survey.glob("merged/*"))
     assert not list(survey.glob("submodels/*/result.json"))

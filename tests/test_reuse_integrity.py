@@ -133,3 +133,27 @@ def test_an_unwritable_merged_folder_keeps_the_manifest(
     finally:
         subprocess.run(["chattr", "-i", str(merged)], check=True)
     assert (copy / "manifest.json").read_bytes() == before
+
+
+def test_a_plan_written_by_a_later_unfinished_run_is_not_answered_from(
+    brighton_split, tmp_path: Path
+) -> None:
+    """A rerun refused after planning (a new user's trial: another option, a node's calibration
+    refused) left its own ``plan/plan.json``; the first command repeated was answered "nothing
+    changed" with that plan in place (a ``merge --plan`` of it describes a run that never
+    finished). The shortcut now sees it and plans again."""
+    from prefect_odm.cli.last_run_checks import _plan_since_last_run
+
+    copy, manifest = _copy_run(brighton_split, tmp_path)
+    output = str(tmp_path / "out")
+    assert _plan_since_last_run(output, manifest) is None  # the run's own plan
+    plan_file = copy / "plan" / "plan.json"
+    plan = json.loads(plan_file.read_text())
+    assert plan["fingerprint"] == manifest.plan_fingerprint
+    plan_file.write_text(json.dumps({**plan, "fingerprint": "823e" + "0" * 60}))
+    why = _plan_since_last_run(output, manifest)
+    assert why is not None and why.endswith(
+        "plan.json is not the last run's plan (a later run did not finish); planning again"
+    ), why
+    plan_file.unlink()
+    assert _plan_since_last_run(output, manifest) is not None

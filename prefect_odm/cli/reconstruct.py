@@ -21,6 +21,7 @@ from prefect_odm import __version__, storage
 from prefect_odm.cli.args import merge_options, processing_options
 from prefect_odm.cli.clusters import routing_options
 from prefect_odm.cli.console import quiet_prefect_console
+from prefect_odm.cli.last_run_checks import _damage_since_last_run, _plan_since_last_run
 from prefect_odm.cli.process import EmbeddedAPIStart, prefect_environment
 from prefect_odm.errors import InputError, PlanningError
 from prefect_odm.layout import LAST_RUN_FILE, OutputLayout, join
@@ -164,7 +165,7 @@ def _unchanged_since_last_run(output: str, request: RunRequest) -> Manifest | No
     manifest = rebased_manifest(manifest, OutputLayout(output, manifest.survey_fingerprint))
     if manifest.failed_submodels:
         return None
-    why = _damage_since_last_run(manifest)
+    why = _damage_since_last_run(manifest) or _plan_since_last_run(output, manifest)
     if why is not None:
         from prefect_odm.cli.console import table_console
 
@@ -175,20 +176,6 @@ def _unchanged_since_last_run(output: str, request: RunRequest) -> Manifest | No
             "submodels": [r.model_copy(update={"status": "reused"}) for r in manifest.submodels]
         }
     )
-
-
-def _damage_since_last_run(manifest: Manifest) -> str | None:
-    """The one line saying which product of the last run is missing or damaged (a submodel's
-    first, as the run will process it again), or ``None`` when all are whole. One stat per file
-    (a header open for records without sizes)."""
-    from prefect_odm.product_files import damaged_products
-
-    for result in manifest.submodels:
-        damage = damaged_products(result.products, result.product_sizes)
-        if damage is not None:
-            return f"{result.submodel_id}: its products are {damage}; processing it again"
-    damage = damaged_products(manifest.products, manifest.product_sizes)
-    return None if damage is None else f"merged products are {damage}; merging again"
 
 
 def _record_last_run(output: str, request: RunRequest, manifest: Manifest) -> None:

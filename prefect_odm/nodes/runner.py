@@ -27,7 +27,7 @@ from prefect_odm.errors import (
 )
 from prefect_odm.fingerprints import submodel_fingerprint
 from prefect_odm.layout import OutputLayout
-from prefect_odm.models import SplitPlan, Submodel, SubmodelResult, Survey
+from prefect_odm.models import ImageRecord, SplitPlan, Submodel, SubmodelResult, Survey
 from prefect_odm.nodes.attempt import Options, PhaseClock, SubmodelAttempt, first_line
 from prefect_odm.nodes.backend import (
     COMPLETED,
@@ -167,7 +167,12 @@ class SubmodelRunner:
                 # The task is done: its slot and memory go to the next submodel while this one
                 # downloads (a node idled for every download, issue 14).
                 products = fetch_products(
-                    self.layout, self.clients[node.key], submodel, uuid, clock
+                    self.layout,
+                    self.clients[node.key],
+                    submodel,
+                    uuid,
+                    clock,
+                    self._sent_images(submodel),
                 )
                 self.pool.record(lambda book: book.task_completed(node.key))
                 return self._store(record.completed(products, node_key, uuid, attempt + 1))
@@ -311,13 +316,25 @@ class SubmodelRunner:
                 if not client.restart(previous.task_uuid, {**options, "rerun-from": stage}):
                     return None
                 self._wait(client, submodel, previous.task_uuid, clock)
-            products = fetch_products(self.layout, client, submodel, previous.task_uuid, clock)
+            products = fetch_products(
+                self.layout,
+                client,
+                submodel,
+                previous.task_uuid,
+                clock,
+                self._sent_images(submodel),
+            )
         except NodeError as exc:
             self.log(
                 f"{sid}: rerun-from on {client.url} failed ({str(exc).splitlines()[0]}); processing from scratch"
             )
             return None
         return self._store(record.completed(products, holder, previous.task_uuid, 1, stage))
+
+    def _sent_images(self, submodel: Submodel) -> list[ImageRecord]:
+        """The survey's records of the images ``submodel`` sends its node."""
+        names = set(submodel.image_names)
+        return [image for image in self.survey.images if image.name in names]
 
     def _store(self, result: SubmodelResult) -> SubmodelResult:
         """Write the completed ``result``; its ``result.json`` last: its presence means every

@@ -5,17 +5,26 @@ begun under a task UUID, and the products and report files of a finished task.
 
 from __future__ import annotations
 
+import json
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from prefect_odm import progress, storage
 from prefect_odm.errors import ForeignProductsError, StaleTaskError, StorageError
 from prefect_odm.layout import OutputLayout
-from prefect_odm.models import Submodel, SubmodelResult
+from prefect_odm.models import CaptureMetadata, Submodel, SubmodelResult
 from prefect_odm.nodes.attempt import PhaseClock
 from prefect_odm.nodes.backend import NodeBackend
 from prefect_odm.nodes.products import find_odm_products
-from prefect_odm.product_identity import foreign_images, foreign_products_message, shot_names
+from prefect_odm.product_identity import (
+    foreign_cameras,
+    foreign_images,
+    foreign_products_message,
+    listed,
+    shot_names,
+    survey_camera_ids,
+)
 from prefect_odm.registry import PRODUCTS, REPORT_FILES, REPORT_FOLDER
 
 OUTPUTS = [
@@ -78,17 +87,25 @@ def mark_upload(layout: OutputLayout, client: NodeBackend, submodel: Submodel, u
 
 
 def fetch_products(
-    layout: OutputLayout, client: NodeBackend, submodel: Submodel, uuid: str, clock: PhaseClock
+    layout: OutputLayout,
+    client: NodeBackend,
+    submodel: Submodel,
+    uuid: str,
+    clock: PhaseClock,
+    images: Sequence[CaptureMetadata] = (),
 ) -> dict[str, str]:
     """Download, verify and store a completed task's products and report files.
+
+    ``images`` are the records of the images the task was sent (their cameras' make, model and
+    size); with none, the task's ``cameras.json`` is not checked.
 
     Returns:
         Product name -> stored URL.
 
     Raises:
         DownloadError: the download failed.
-        ForeignProductsError: the task's cameras include images it was not sent (nothing of
-            it is stored).
+        ForeignProductsError: the task's cameras include images it was not sent, or its
+            ``cameras.json`` describes none of their cameras (nothing of it is stored).
         OutputValidationError: a required product is missing or unreadable.
     """
     sid = submodel.id
@@ -97,6 +114,7 @@ def fetch_products(
         with clock.phase("download"):
             extracted = client.download(uuid, Path(tmp))
             refuse_foreign_products(extracted, client, submodel, uuid)
+            refuse_foreign_cameras(extracted, client, submodel, uuid, images)
             found = find_odm_products(extracted, require=REQUIRED_PRODUCTS)
         stored: dict[str, str] = {}
         with clock.phase("store"):
@@ -134,6 +152,43 @@ def refuse_foreign_products(
     if foreign:
         raise ForeignProductsError(
             foreign_products_message(submodel.id, client.url, uuid, foreign),
+            node_url=client.url,
+            task_uuid=uuid,
+        )
+
+
+def refuse_foreign_cameras(
+    extracted: Path,
+    client: NodeBackend,
+    submodel: Submodel,
+    uuid: str,
+    images: Sequence[CaptureMetadata],
+) -> None:
+    """Refuse a task's downloaded products whose ``cameras.json`` describes no camera of the
+    images it was sent (make, model and image size, :func:`~prefect_odm.product_identity.
+    foreign_cameras`): products of the same file names taken by another camera or at another
+    size (NodeODM's test mode returns brighton's 18 images reconstructed at 4000 x 2250 for
+    every task). A folder without the file, or one that is not a JSON object, is left as it is.
+
+    Raises:
+        ForeignProductsError: one line naming the submodel, the node, the task and the ids.
+    """
+    path = extracted / REPORT_FILES["cameras"]
+    if not images:
+        return
+    try:
+        cameras = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return
+    if not isinstance(cameras, dict) or not cameras:
+        return
+    foreign = foreign_cameras(cameras, images)
+    if foreign:
+        sent = listed(sorted(survey_camera_ids(images)))
+        raise ForeignProductsError(
+            f"{submodel.id} on {client.url} (task {uuid}) returned a cameras.json of "
+            f"{listed(foreign)}, no camera of the images it was sent ({sent}): the node's "
+            "products are of another survey",
             node_url=client.url,
             task_uuid=uuid,
         )
