@@ -103,3 +103,15 @@ def foreign_cameras(cameras: Mapping[str, object], images: Iterable[CaptureMetad
     if any(camera_id_prefix(str(key)) in survey for key in cameras):
         return []
     return sorted(str(key) for key in cameras)
+
+
+def camera_mismatch(
+    cameras: Mapping[str, object], images: Iterable[CaptureMetadata]
+) -> tuple[str, str] | None:
+    """``(the ids of cameras, the survey's ids)`` as listed in a refusal when no id of
+    ``cameras`` (a ``cameras.json`` object) is a camera of ``images``; ``None`` when one is."""
+    images = list(images)
+    foreign = foreign_cameras(cameras, images)
+    if not foreign:
+        return None
+    return listed(foreign), listed(sorted(survey_camera_ids(images)))

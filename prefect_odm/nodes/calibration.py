@@ -35,7 +35,7 @@ from prefect_odm.plan.calibration import (
 )
 from prefect_odm.plan.memory import estimate_peak_memory_gib
 from prefect_odm.plan.planning import memory_model_for
-from prefect_odm.product_identity import foreign_cameras, listed, survey_camera_ids
+from prefect_odm.product_identity import camera_mismatch
 
 CAMERAS_JSON = "cameras.json"
 
@@ -147,12 +147,11 @@ def _downloaded_cameras(client: NodeBackend, uuid: str, images: Sequence[ImageRe
         raise ProcessingFailedError(f"its {CAMERAS_JSON} is not JSON") from exc
     if not isinstance(cameras, dict) or not cameras:
         raise ProcessingFailedError(f"its {CAMERAS_JSON} has no camera")
-    foreign = foreign_cameras(cameras, images)
-    if foreign:
-        survey = listed(sorted(survey_camera_ids(images)))
+    mismatch = camera_mismatch(cameras, images)
+    if mismatch:
         raise ProcessingFailedError(
-            f"its {CAMERAS_JSON} describes {listed(foreign)}, no camera of the survey "
-            f"({survey}): the node's products are of another survey"
+            f"its {CAMERAS_JSON} describes {mismatch[0]}, no camera of the survey "
+            f"({mismatch[1]}): the node's products are of another survey"
         )
     return json.dumps(cameras, sort_keys=True, separators=(",", ":"))
 

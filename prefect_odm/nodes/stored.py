@@ -18,12 +18,10 @@ from prefect_odm.nodes.attempt import PhaseClock
 from prefect_odm.nodes.backend import NodeBackend
 from prefect_odm.nodes.products import find_odm_products
 from prefect_odm.product_identity import (
-    foreign_cameras,
+    camera_mismatch,
     foreign_images,
     foreign_products_message,
-    listed,
     shot_names,
-    survey_camera_ids,
 )
 from prefect_odm.registry import PRODUCTS, REPORT_FILES, REPORT_FOLDER
 
@@ -182,12 +180,11 @@ def refuse_foreign_cameras(
         return
     if not isinstance(cameras, dict) or not cameras:
         return
-    foreign = foreign_cameras(cameras, images)
-    if foreign:
-        sent = listed(sorted(survey_camera_ids(images)))
+    mismatch = camera_mismatch(cameras, images)
+    if mismatch:
         raise ForeignProductsError(
             f"{submodel.id} on {client.url} (task {uuid}) returned a cameras.json of "
-            f"{listed(foreign)}, no camera of the images it was sent ({sent}): the node's "
+            f"{mismatch[0]}, no camera of the images it was sent ({mismatch[1]}): the node's "
             "products are of another survey",
             node_url=client.url,
             task_uuid=uuid,
